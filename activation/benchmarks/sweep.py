@@ -1,0 +1,154 @@
+"""Sweep of the activation ops against PyTorch eager and torch.compile, in the same run (CUDA).
+
+    python activation/benchmarks/sweep.py [--quick] [--out PATH]
+
+Loads the *built* kernel (activation/build, via kernels.get_local_kernel), checks each op
+against the fp32 reference before timing it, then times ours, eager and torch.compile of the
+eager code with CUDA-graph replay (scripts/benchlib.py). Sizes: decode and prefill token counts
+(1 … 32768) × the gated widths of Llama-2-7B (2×11008), Llama-3-8B (2×14336) and 2×4096.
+Bytes per call: gated ops read tokens×2d and write tokens×d elements; unary ops read and write
+tokens×n. Writes benchmarks/results/<device>.json with device, versions and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(KERNEL_DIR.parent / "scripts"))
+import benchlib  # noqa: E402
+
+
+def _halves(x):
+    d = x.shape[-1] // 2
+    return x[..., :d], x[..., d:]
+
+
+# The eager code users write today (in the activation dtype); torch.compile gets the same code.
+GATED_EAGER = {
+    "silu_and_mul": lambda x: F.silu(_halves(x)[0]) * _halves(x)[1],
+    "mul_and_silu": lambda x: _halves(x)[0] * F.silu(_halves(x)[1]),
+    "gelu_and_mul": lambda x: F.gelu(_halves(x)[0]) * _halves(x)[1],
+    "gelu_tanh_and_mul": lambda x: F.gelu(_halves(x)[0], approximate="tanh") * _halves(x)[1],
+    "fatrelu_and_mul": lambda x: F.threshold(_halves(x)[0], 0.0, 0.0) * _halves(x)[1],
+    "swigluoai_and_mul": lambda x: (x[..., 1::2].clamp(-7.0, 7.0) + 1)
+    * x[..., ::2].clamp(max=7.0)
+    * torch.sigmoid(1.702 * x[..., ::2].clamp(max=7.0)),
+}
+UNARY_EAGER = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608 * x * (1.0 + 0.044715 * x * x))),
+    "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3))),
+    "gelu_quick": lambda x: x * torch.sigmoid(1.702 * x),
+}
+
+TOKENS = [1, 4, 16, 64, 128, 512, 2048, 8192, 32768]
+GATED_WIDTHS = {"llama3-8b": 14336, "llama2-7b": 11008, "4096": 4096}
+
+
+def cases(quick: bool):
+    """(op, tokens, width) with width = the output width d (gated) or n (unary)."""
+    headline = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
+    tokens = [1, 128, 8192] if quick else TOKENS
+    for op in headline:
+        for t in tokens:
+            yield op, t, GATED_WIDTHS["llama3-8b"]
+        for width in (GATED_WIDTHS["llama2-7b"], GATED_WIDTHS["4096"]):
+            for t in ([8192] if quick else [1, 128, 8192, 32768]):
+                yield op, t, width
+    for op in ("mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul"):
+        for t in (1, 8192):
+            yield op, t, GATED_WIDTHS["llama3-8b"]
+    for op in UNARY_EAGER:
+        for t in (1, 128, 8192):  # 8192 × 14336 bf16 = 235 MB in, 235 MB out
+            yield op, t, 14336
+
+
+def run_case(kernel, op, tokens, width, dtype, compiled_cache):
+    gated = op in GATED_EAGER
+    eager = GATED_EAGER[op] if gated else UNARY_EAGER[op]
+    x = torch.randn(tokens, 2 * width if gated else width, dtype=dtype, device="cuda")
+    out = torch.empty(tokens, width, dtype=dtype, device="cuda")
+    ours = getattr(kernel, op)
+
+    # Verify before timing: our output against the fp32 reference rounded once.
+    ours(out, x)
+    reference = eager(x.float()).to(dtype)
+    if not torch.allclose(out.float(), reference.float(), rtol=2 ** -7, atol=1e-3):
+        err = (out.float() - reference.float()).abs().max().item()
+        raise SystemExit(f"verification failed for {op} tokens={tokens} width={width}: max err {err}")
+
+    if op not in compiled_cache:
+        compiled_cache[op] = torch.compile(eager, dynamic=False)
+    compiled = compiled_cache[op]
+    element = x.element_size()
+    nbytes = (x.numel() + out.numel()) * element
+    times = {
+        "ours": benchlib.gpu_time_us(lambda: ours(out, x)),
+        "eager": benchlib.gpu_time_us(lambda: eager(x)),
+        "compile": benchlib.gpu_time_us(lambda: compiled(x)),
+    }
+    return {
+        "op": op,
+        "dtype": str(dtype).replace("torch.", ""),
+        "tokens": tokens,
+        "width": width,
+        "bytes": nbytes,
+        "us": times,
+        "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in times.items()},
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer sizes")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/<device>.json)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("the sweep times CUDA kernels; no GPU is available")
+
+    import kernels
+
+    kernel = kernels.get_local_kernel(KERNEL_DIR / "build", backend="cuda")
+    torch._dynamo.config.cache_size_limit = 256
+    dtype = getattr(torch, args.dtype)
+    env = benchlib.environment(kernel)
+    copy_gbs = benchlib.copy_bandwidth_gbs()
+    print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s", flush=True)
+    results, compiled_cache = [], {}
+    for op, tokens, width in cases(args.quick):
+        r = run_case(kernel, op, tokens, width, dtype, compiled_cache)
+        r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
+        r["speedup_vs_compile"] = r["us"]["compile"] / r["us"]["ours"]
+        r["speedup_vs_eager"] = r["us"]["eager"] / r["us"]["ours"]
+        results.append(r)
+        print(
+            f"{op:18s} T={tokens:6d} w={width:6d}  ours {r['us']['ours']:9.2f} us "
+            f"{r['gbs']['ours']:7.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)  "
+            f"compile {r['us']['compile']:9.2f} us (x{r['speedup_vs_compile']:.2f})  "
+            f"eager {r['us']['eager']:9.2f} us (x{r['speedup_vs_eager']:.2f})",
+            flush=True,
+        )
+    payload = {
+        "kernel": "activation",
+        "environment": env,
+        "method": "median GPU time of CUDA-graph replay (triton do_bench_cudagraph); bytes = "
+        "inputs read once + outputs written once; copy ceiling = 1 GiB device-to-device copy, same run",
+        "copy_gbs": copy_gbs,
+        "results": results,
+    }
+    path = args.out or KERNEL_DIR / "benchmarks" / "results" / f"{benchlib.device_slug(env['device'])}.json"
+    benchlib.save(path, payload)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
