@@ -1,0 +1,136 @@
+"""`kernelize` layers: drop-in forwards for activation modules.
+
+Each layer follows the kernels layer rules: no ``__init__``, no members besides ``forward`` and
+the two flags, and host-module state declared by annotation (``FatreluAndMul.threshold``,
+``SwigluOAIAndMul.alpha`` / ``.limit``), read from the module the forward is bound to.
+``forward`` allocates its output through the differentiable custom ops, so the layers work in
+TRAINING mode and under torch.compile; the flags say so.
+"""
+
+import torch
+import torch.nn as nn
+
+from ._custom_ops import FORWARD
+
+
+class SiluAndMul(nn.Module):
+    """``silu(x[..., :d]) * x[..., d:]``."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["silu_and_mul"](x)
+
+
+class MulAndSilu(nn.Module):
+    """``x[..., :d] * silu(x[..., d:])``."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["mul_and_silu"](x)
+
+
+class GeluAndMul(nn.Module):
+    """``gelu(x[..., :d]) * x[..., d:]`` (exact GELU)."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_and_mul"](x)
+
+
+class GeluTanhAndMul(nn.Module):
+    """``gelu_tanh(x[..., :d]) * x[..., d:]``."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_tanh_and_mul"](x)
+
+
+class FatreluAndMul(nn.Module):
+    """``where(x1 > threshold, x1, 0) * x2``; reads ``threshold`` from the host module."""
+
+    threshold: float
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["fatrelu_and_mul"](x, float(self.threshold))
+
+
+class SwigluOAIAndMul(nn.Module):
+    """gpt-oss SwiGLU on interleaved gate/up columns; reads ``alpha`` and ``limit`` from the host module."""
+
+    alpha: float
+    limit: float
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["swigluoai_and_mul"](x, float(self.alpha), float(self.limit))
+
+
+class Silu(nn.Module):
+    """``x * sigmoid(x)``."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["silu"](x)
+
+
+class Gelu(nn.Module):
+    """Exact (erf) GELU."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu"](x)
+
+
+class GeluTanh(nn.Module):
+    """Tanh-approximated GELU."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_tanh"](x)
+
+
+class FastGELU(nn.Module):
+    """transformers FastGELUActivation."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_fast"](x)
+
+
+class NewGELU(nn.Module):
+    """transformers NewGELUActivation (GPT-2)."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_new"](x)
+
+
+class QuickGELU(nn.Module):
+    """transformers QuickGELUActivation, ``x * sigmoid(1.702 * x)``."""
+
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_quick"](x)
