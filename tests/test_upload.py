@@ -1,0 +1,194 @@
+"""scripts/upload.py against the local Hub, with small fake builds (no compilation)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from localhub import LocalHub
+from localhub.builds import edit_metadata, make_fake_kernel, rehash
+from localhub.client import client_env
+
+REPO = Path(__file__).resolve().parents[1]
+UPLOAD = REPO / "scripts" / "upload.py"
+VARIANT = "torch-cpu"
+
+
+def upload(env, *args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(UPLOAD), *map(str, args)], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def repo_exists(hub: LocalHub, repo_id: str) -> bool:
+    return ("kernel", repo_id) in hub.state.repos
+
+
+def test_upload_layout_and_second_upload_is_a_noop(local_hub, hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    env = hub_env()
+    r = upload(env, kdir, "--org", "up-layout", "--output-json", tmp_path / "out.json")
+    assert r.returncode == 0, r.stderr
+    repo_id = "up-layout/fakek"
+    main_files, v1_files = local_hub.files(repo_id, "main"), local_hub.files(repo_id, "v1")
+    assert main_files["README.md"] == (kdir / "build" / "CARD.md").read_bytes()
+    assert not any(p.startswith(("build/", "benchmarks/")) for p in main_files)
+    assert {p for p in v1_files if p.startswith(("build/", "benchmarks/"))} == {
+        f"build/{VARIANT}/__init__.py", f"build/{VARIANT}/_ops.py", f"build/{VARIANT}/metadata.json",
+        "benchmarks/benchmark.py",
+    }
+    assert v1_files[f"build/{VARIANT}/metadata.json"] == (kdir / "build" / VARIANT / "metadata.json").read_bytes()
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["status"] == "uploaded" and out["repo_id"] == repo_id and out["branch"] == "v1"
+    assert out["branches"]["v1"]["commit"] == local_hub.branches(repo_id)["v1"]
+
+    heads, commits = local_hub.branches(repo_id), local_hub.commit_count(repo_id)
+    r = upload(env, kdir, "--org", "up-layout", "--output-json", tmp_path / "again.json")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "fakek: no changes"
+    assert local_hub.branches(repo_id) == heads and local_hub.commit_count(repo_id) == commits
+    assert json.loads((tmp_path / "again.json").read_text())["status"] == "no_changes"
+
+
+def test_dry_run_changes_nothing(local_hub, hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    env = hub_env()
+    repo_id = "up-dry/fakek"
+    r = upload(env, kdir, "--org", "up-dry", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"add     build/{VARIANT}/__init__.py" in r.stdout and "add     README.md" in r.stdout
+    assert "dry run: nothing was changed" in r.stdout
+    assert not repo_exists(local_hub, repo_id)
+
+    assert upload(env, kdir, "--org", "up-dry").returncode == 0
+    heads, commits = local_hub.branches(repo_id), local_hub.commit_count(repo_id)
+    (kdir / "build" / VARIANT / "__init__.py").write_text("CHANGED = True\n")
+    (kdir / "build" / VARIANT / "new.py").write_text("NEW = 1\n")
+    rehash(kdir / "build" / VARIANT)
+    r = upload(env, kdir, "--org", "up-dry", "--dry-run", "--output-json", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["status"] == "dry_run"
+    assert plan["branches"]["v1"]["replace"] == [f"build/{VARIANT}/__init__.py", f"build/{VARIANT}/metadata.json"]
+    assert plan["branches"]["v1"]["add"] == [f"build/{VARIANT}/new.py"]
+    assert local_hub.branches(repo_id) == heads and local_hub.commit_count(repo_id) == commits
+    assert b"CHANGED" not in local_hub.files(repo_id, "v1")[f"build/{VARIANT}/__init__.py"]
+
+
+def _dirty_provenance(vdir):
+    edit_metadata(vdir, provenance={"kernel-builder": {"version": "0.17.0"},
+                                    "kernel": {"commit": "ab" * 20, "dirty": True}})
+
+
+def _dirty_id(vdir):
+    edit_metadata(vdir, id="_fakek_cpu_abc1234_dirty")
+
+
+def _tampered(vdir):
+    (vdir / "_ops.py").write_text("ops = 'tampered'\n")
+
+
+def _extra_file(vdir):
+    (vdir / "sneaky.py").write_text("X = 1\n")
+
+
+def _no_digest(vdir):
+    edit_metadata(vdir, digest=None)
+
+
+def _version(vdir):
+    edit_metadata(vdir, version=2)
+
+
+@pytest.mark.parametrize(
+    "spoil, expected, allow",
+    [
+        (_dirty_provenance, "dirty build", "--allow-dirty"),
+        (_dirty_id, "dirty build (id '_fakek_cpu_abc1234_dirty'", "--allow-dirty"),
+        (_tampered, "digest mismatch: _ops.py has a different hash", "--allow-digest-mismatch"),
+        (_extra_file, "digest mismatch: sneaky.py is not in the digest", "--allow-digest-mismatch"),
+        (_no_digest, "metadata.json has no digest", "--allow-digest-mismatch"),
+        (_version, "metadata version 2 differs from build.toml version 1", "--allow-version-mismatch"),
+    ],
+    ids=["dirty-provenance", "dirty-id", "digest-hash", "digest-extra-file", "no-digest", "version-mismatch"],
+)
+def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
+    kdir = make_fake_kernel(tmp_path, variants=(VARIANT, "torch213-cxx11-cpu-x86_64-linux"))
+    spoil(kdir / "build" / VARIANT)
+    org = f"up-refuse-{spoil.__name__.strip('_').replace('_', '-')}"
+    env = hub_env()
+    r = upload(env, kdir, "--org", org, "--output-json", tmp_path / "out.json")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr  # only the spoiled variant is refused, in one line
+    assert lines[0].startswith(f"error: fakek: variant {VARIANT}: ") and expected in lines[0], lines[0]
+    assert json.loads((tmp_path / "out.json").read_text())["status"] == "error"
+    assert not repo_exists(local_hub, f"{org}/fakek")
+    # Told otherwise, the upload goes through (--branch: the version check is off for a mixed build).
+    r = upload(env, kdir, "--org", org, allow, "--branch", "v1")
+    assert r.returncode == 0, r.stderr
+    assert f"build/{VARIANT}/_ops.py" in local_hub.files(f"{org}/fakek", "v1")
+
+
+def test_existing_branch_keeps_other_variants(local_hub, hub_env, tmp_path):
+    old, new = "torch212-cxx11-cpu-x86_64-linux", "torch213-cxx11-cpu-x86_64-linux"
+    kdir = make_fake_kernel(tmp_path, variants=(old, new))
+    (kdir / "build" / new / "stale.py").write_text("STALE = 1\n")
+    rehash(kdir / "build" / new)
+    env = hub_env()
+    repo_id = "up-keep/fakek"
+    assert upload(env, kdir, "--org", "up-keep").returncode == 0
+    before = local_hub.files(repo_id, "v1")
+    assert f"build/{new}/stale.py" in before and f"build/{old}/__init__.py" in before
+
+    # The next build only produces the new variant, without stale.py.
+    shutil.rmtree(kdir / "build" / old)
+    (kdir / "build" / new / "stale.py").unlink()
+    rehash(kdir / "build" / new)
+    r = upload(env, kdir, "--org", "up-keep")
+    assert r.returncode == 0, r.stderr
+    assert f"delete  build/{new}/stale.py" in r.stdout
+    after = local_hub.files(repo_id, "v1")
+    assert f"build/{new}/stale.py" not in after
+    assert {p: c for p, c in after.items() if p.startswith(f"build/{old}/")} == {
+        p: c for p, c in before.items() if p.startswith(f"build/{old}/")
+    }
+    # --variant selects a subset; an unknown one is a clear error.
+    r = upload(env, kdir, "--org", "up-keep", "--variant", "torch299-cxx11-cpu-x86_64-linux")
+    assert r.returncode == 1 and "variant torch299-cxx11-cpu-x86_64-linux not found" in r.stderr
+
+
+def test_org_resolution(hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    env = hub_env()
+
+    def repo_for(env_, *args):
+        r = upload(env_, kdir, "--dry-run", "--output-json", tmp_path / "o.json", *args)
+        assert r.returncode == 0, r.stderr
+        return json.loads((tmp_path / "o.json").read_text())["repo_id"]
+
+    assert repo_for(env) == "open-kernels/fakek"  # build.toml [general.hub] repo-id
+    assert repo_for({**env, "KERNELS_ORG": "env-org"}) == "env-org/fakek"
+    assert repo_for({**env, "KERNELS_ORG": "env-org"}, "--org", "flag-org") == "flag-org/fakek"
+
+
+def test_token_is_never_printed(tmp_path):
+    secret = "hf_very_secret_value_42"
+    kdir = make_fake_kernel(tmp_path)
+    with LocalHub(tmp_path / "store", tokens={secret}) as hub:
+        env = client_env(hub.endpoint, tmp_path / "client", token=None)
+        bad = "hf_wrong_secret_value_43"
+        r = upload(env, kdir, "--org", "tok", "--token", bad, "--output-json", tmp_path / "bad.json")
+        assert r.returncode == 1
+        assert len(r.stderr.strip().splitlines()) == 1 and "401" in r.stderr, r.stderr
+        r2 = upload({**env, "HF_TOKEN": secret}, kdir, "--org", "tok", "--output-json", tmp_path / "ok.json")
+        assert r2.returncode == 0, r2.stderr
+        assert "v1" in hub.branches("tok/fakek")
+        r3 = upload(env, kdir, "--org", "tok")  # no token at all
+        assert r3.returncode == 1 and "no Hugging Face token" in r3.stderr
+    for text in (r.stdout, r.stderr, r2.stdout, r2.stderr, (tmp_path / "bad.json").read_text(),
+                 (tmp_path / "ok.json").read_text()):
+        assert bad not in text and secret not in text
