@@ -53,6 +53,13 @@
         kernelPackages = name: kernelOutputs.${name}.packages.${system};
         kernelShells = name: kernelOutputs.${name}.devShells.${system} or { };
 
+        # Kernels with at least one build variant on this system. Upstream's
+        # dev shells and ci-test throw ("No build variant is compatible with
+        # this system") for the others, e.g. a CUDA-only kernel on darwin.
+        buildsOnSystem = name: ((kernelPackages name).variants or [ "?" ]) != [ ];
+        applicableKernels = builtins.filter buildsOnSystem kernelNames;
+        concatForApplicable = f: builtins.listToAttrs (builtins.concatMap f applicableKernels);
+
         # Upstream's build-and-copy writes to ./build of the *current*
         # directory, so this wrapper first cds into the kernel folder. It is
         # meant to run from the repository root (or gets the root as $1).
@@ -75,12 +82,12 @@
         buildAndCopyWrappers = forKernels wrapBuildAndCopy;
 
         # Other per-kernel derivations passed through as <name>-<output>,
-        # when kernel-builder provides them.
-        passThrough = [
+        # when kernel-builder provides them (ci-test only where the kernel
+        # has a variant for this system).
+        passThrough = name: [
           "build-and-upload"
           "ci"
-          "ci-test"
-        ];
+        ] ++ (if buildsOnSystem name then [ "ci-test" ] else [ ]);
       in
       {
         packages =
@@ -96,7 +103,7 @@
             map (output: {
               name = "${name}-${output}";
               value = (kernelPackages name).${output};
-            }) (builtins.filter (output: (kernelPackages name) ? ${output}) passThrough)
+            }) (builtins.filter (output: (kernelPackages name) ? ${output}) (passThrough name))
           )
           // {
             default = pkgs.linkFarm "kernel-bundles" (
@@ -124,17 +131,26 @@
         # ...), e.g. `nix build .#activation.redistributable.<variant>`.
         legacyPackages = forKernels kernelPackages;
 
-        devShells = forKernels (name: (kernelShells name).default) // concatForKernels (
+        # devShells.<system>.<name> (and <name>-test) for kernels that build here.
+        devShells = concatForApplicable (
           name:
-          if (kernelShells name) ? test then
-            [
-              {
-                name = "${name}-test";
-                value = (kernelShells name).test;
-              }
-            ]
-          else
-            [ ]
+          [
+            {
+              inherit name;
+              value = (kernelShells name).default;
+            }
+          ]
+          ++ (
+            if (kernelShells name) ? test then
+              [
+                {
+                  name = "${name}-test";
+                  value = (kernelShells name).test;
+                }
+              ]
+            else
+              [ ]
+          )
         );
       }
     );
