@@ -423,8 +423,6 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
                 f"{kernel}: found multiple versions in build variants ({', '.join(map(str, versions))}); pass --branch"
             )
         branch = f"v{versions[0]}"
-    if branch == "main":
-        raise UploadError(f"{kernel}: refusing to upload build variants to main; use a version branch")
     repo_id = resolve_repo_id(args, build)
     result.update(repo_id=repo_id, branch=branch, variants=[v.name for v in variants])
 
@@ -435,6 +433,10 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
         for rel, lf in v.files.items():
             branch_local[f"build/{v.name}/{rel}"] = lf
     branch_local.update(benchmark_files(build_dir, kernel_dir))
+    if branch == "main":
+        # `--branch main` (kernels-community also publishes version-1 kernels there): one plan, README included.
+        branch_local.update(main_local)
+        main_local = {}
 
     # 2. Hub state.
     from huggingface_hub import HfApi, get_token
@@ -490,7 +492,7 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
     branch_plan = plan_branch(branch, exists, base, branch_local, _remote_files(api, repo_id, base), owned)
 
     plans = ([main_plan] if main_local else []) + [branch_plan]
-    if not main_local:
+    if not main_local and branch != "main":
         say(f"main: no {card} to publish as README.md; main is left as is")
     if not args.quiet:
         print_plan(plans, out)

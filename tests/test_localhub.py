@@ -11,7 +11,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from localhub import LocalHub
 from localhub.client import FAKE_TOKEN
 
-SO_BYTES = b"\x7fELF" + os.urandom(1_500_000) + b"\0tail"
+SO_BYTES = b"\x7fELF\x02\x01\x01\x00" + os.urandom(1_500_000)
 
 
 @pytest.fixture(autouse=True)

@@ -192,3 +192,14 @@ def test_token_is_never_printed(tmp_path):
     for text in (r.stdout, r.stderr, r2.stdout, r2.stderr, (tmp_path / "bad.json").read_text(),
                  (tmp_path / "ok.json").read_text()):
         assert bad not in text and secret not in text
+
+
+def test_branch_main(local_hub, hub_env, tmp_path):
+    """`--branch main` (how kernels-community also publishes version-1 kernels): one commit on main."""
+    kdir = make_fake_kernel(tmp_path)
+    r = upload(hub_env(), kdir, "--org", "up-main", "--branch", "main")
+    assert r.returncode == 0, r.stderr
+    assert set(local_hub.branches("up-main/fakek")) == {"main"}
+    files = local_hub.files("up-main/fakek", "main")
+    assert {"README.md", f"build/{VARIANT}/__init__.py", "benchmarks/benchmark.py"} <= set(files)
+    assert local_hub.commit_count("up-main/fakek") == 2  # the repo's initial commit and the upload

@@ -71,6 +71,17 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
+def looks_binary(data: bytes) -> bool:
+    """NUL bytes or invalid UTF-8 (a multi-byte character cut at the end of a sample is fine)."""
+    if b"\0" in data:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return not (e.reason == "unexpected end of data" and e.start >= len(data) - 3)
+    return False
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
@@ -336,7 +347,7 @@ class HubState:
                     if value.get("encoding", "base64") != "base64":
                         raise HubError(400, f"Unsupported encoding for {path}")
                     data = base64.b64decode(value.get("content", ""))
-                    if b"\0" in data[:8000] and data:
+                    if looks_binary(data):
                         raise HubError(
                             400,
                             f"Your push was rejected because it contains binary files ({path}). "
@@ -773,7 +784,7 @@ class _Handler(BaseHTTPRequestHandler):
             name = path.rsplit("/", 1)[-1]
             is_lfs = (
                 size >= LFS_SIZE_THRESHOLD
-                or b"\0" in sample
+                or looks_binary(sample)
                 or any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(name, p) for p in patterns)
             )
             existing = tree.get(path)
