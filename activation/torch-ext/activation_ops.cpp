@@ -9,12 +9,18 @@
 // Layout rules: a written tensor (out, grad_input) needs unit stride along its last dimension and
 // leading dimensions that collapse into one row stride; anything else is an error, since writing
 // into a copy would lose the result. A read tensor (input, grad_out) that does not fit the 2-D
-// view is read through a contiguous copy.
+// view is read through a contiguous copy. Written tensors must not share memory with read ones
+// (no in-place calls); for two strided views of one buffer this check is conservative and
+// rejects views whose address ranges interleave even when no element is shared.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
 #include <optional>
+#include <utility>
+#include <string_view>
 #include <vector>
 
 #include "activation_params.h"
@@ -43,6 +49,9 @@ using activation::UnaryActFwdParams;
 
 // ---- validation ----
 
+// The dtype as Python names it without the "torch." prefix ("float32", "bfloat16", "int64").
+std::string_view dtype_name(at::ScalarType t) { return c10::getDtypeNames(t).first; }
+
 DType check_dtype(const char* op, const char* name, const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat:
@@ -55,7 +64,7 @@ DType check_dtype(const char* op, const char* name, const at::Tensor& t) {
       return DType::kFloat64;
     default:
       TORCH_CHECK(false, op, ": ", name, " must be float32, float16, bfloat16 or float64, got ",
-                  t.scalar_type());
+                  dtype_name(t.scalar_type()));
   }
 }
 
@@ -63,7 +72,8 @@ DType check_dtype(const char* op, const char* name, const at::Tensor& t) {
 void check_like(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
                 const at::Tensor& ref) {
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have the dtype of ",
-              ref_name, " (expected ", ref.scalar_type(), ", got ", t.scalar_type(), ")");
+              ref_name, " (expected ", dtype_name(ref.scalar_type()), ", got ",
+              dtype_name(t.scalar_type()), ")");
   TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the device of ", ref_name,
               " (expected ", ref.device(), ", got ", t.device(), ")");
 }
@@ -127,11 +137,43 @@ at::Tensor readable(const at::Tensor& t) {
 
 int64_t read_row_stride(const at::Tensor& t) { return collapsed_row_stride(t).value(); }
 
+// [first, last] byte addresses spanned by a non-empty tensor (strides are never negative).
+std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    last += (t.size(i) - 1) * t.stride(i);
+  }
+  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size()) - 1};
+}
+
+// The kernels read and write in place of nothing: a written tensor must not share memory with a
+// read one. ATen answers exactly for dense tensors; for strided views of one buffer it cannot
+// ("too hard"), and then any overlap of the address spans is rejected (conservative).
 void check_no_overlap(const char* op, const char* name, const at::Tensor& written,
                       const char* read_name, const at::Tensor& read) {
-  const at::MemOverlapStatus status = at::get_overlap_status(written, read);
-  TORCH_CHECK(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial, op,
-              ": ", name, " must not share memory with ", read_name,
+  if (written.numel() == 0 || read.numel() == 0) {
+    return;
+  }
+  bool overlap = false;
+  switch (at::get_overlap_status(written, read)) {
+    case at::MemOverlapStatus::Full:
+    case at::MemOverlapStatus::Partial:
+      overlap = true;
+      break;
+    case at::MemOverlapStatus::No:
+      overlap = false;
+      break;
+    case at::MemOverlapStatus::TooHard: {
+      const auto w = byte_span(written);
+      const auto r = byte_span(read);
+      overlap = written.is_alias_of(read) && w.first <= r.second && r.first <= w.second;
+      break;
+    }
+    default:
+      TORCH_CHECK(false, op, ": unexpected memory overlap status");
+  }
+  TORCH_CHECK(!overlap, op, ": ", name, " must not share memory with ", read_name,
               " (in-place calls are not supported)");
 }
 
@@ -208,11 +250,11 @@ void unary_fwd(const char* op, UnaryAct act, at::Tensor& out, const at::Tensor& 
   const DType dtype = check_dtype(op, "input", input);
   check_like(op, "out", out, "input", input);
   check_shape(op, "out", out, input.sizes(), "the input shape");
-  const int64_t out_stride = written_row_stride(op, "out", out);
-  check_no_overlap(op, "out", out, "input", input);
   if (out.numel() == 0) {
     return;
   }
+  const int64_t out_stride = written_row_stride(op, "out", out);
+  check_no_overlap(op, "out", out, "input", input);
   const at::Tensor in = readable(input);
   const int64_t n = last_dim(input);
   const UnaryActFwdParams params{out.data_ptr(), in.data_ptr(), input.numel() / n, n,
@@ -227,12 +269,12 @@ void unary_bwd(const char* op, UnaryAct act, at::Tensor& grad_input, const at::T
   check_like(op, "grad_input", grad_input, "input", input);
   check_shape(op, "grad_out", grad_out, input.sizes(), "the input shape");
   check_shape(op, "grad_input", grad_input, input.sizes(), "the input shape");
-  const int64_t grad_input_stride = written_row_stride(op, "grad_input", grad_input);
-  check_no_overlap(op, "grad_input", grad_input, "grad_out", grad_out);
-  check_no_overlap(op, "grad_input", grad_input, "input", input);
   if (grad_input.numel() == 0) {
     return;
   }
+  const int64_t grad_input_stride = written_row_stride(op, "grad_input", grad_input);
+  check_no_overlap(op, "grad_input", grad_input, "grad_out", grad_out);
+  check_no_overlap(op, "grad_input", grad_input, "input", input);
   const at::Tensor go = readable(grad_out);
   const at::Tensor in = readable(input);
   const int64_t n = last_dim(input);
@@ -250,11 +292,11 @@ void gated_fwd(const char* op, GatedAct act, at::Tensor& out, const at::Tensor& 
   const int64_t d = gated_half_width(op, input);
   check_shape(op, "out", out, halved_last_dim(input),
               "the input shape with the last dimension halved");
-  const int64_t out_stride = written_row_stride(op, "out", out);
-  check_no_overlap(op, "out", out, "input", input);
   if (out.numel() == 0) {
     return;
   }
+  const int64_t out_stride = written_row_stride(op, "out", out);
+  check_no_overlap(op, "out", out, "input", input);
   const at::Tensor in = readable(input);
   const GatedActFwdParams params{out.data_ptr(), in.data_ptr(),       out.numel() / d, d,
                                  out_stride,     read_row_stride(in), scalars};
@@ -270,12 +312,12 @@ void gated_bwd(const char* op, GatedAct act, at::Tensor& grad_input, const at::T
   check_shape(op, "grad_out", grad_out, halved_last_dim(input),
               "the input shape with the last dimension halved");
   check_shape(op, "grad_input", grad_input, input.sizes(), "the input shape");
-  const int64_t grad_input_stride = written_row_stride(op, "grad_input", grad_input);
-  check_no_overlap(op, "grad_input", grad_input, "grad_out", grad_out);
-  check_no_overlap(op, "grad_input", grad_input, "input", input);
   if (grad_input.numel() == 0) {
     return;
   }
+  const int64_t grad_input_stride = written_row_stride(op, "grad_input", grad_input);
+  check_no_overlap(op, "grad_input", grad_input, "grad_out", grad_out);
+  check_no_overlap(op, "grad_input", grad_input, "input", input);
   const at::Tensor go = readable(grad_out);
   const at::Tensor in = readable(input);
   const GatedActBwdParams params{grad_input.data_ptr(), go.data_ptr(),

@@ -26,11 +26,16 @@ from ._ops import add_op_namespace_prefix, ops
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """The dtype without the "torch." prefix, as the C++ messages print it."""
+    return str(dtype).replace("torch.", "")
+
+
 @dataclass(frozen=True)
 class _OpSpec:
     name: str
     gated: bool
-    # Schema fragment of the scalar parameters, e.g. ", float threshold".
+    # Schema fragment of the scalar parameters (defaults as in the C++ schemas).
     scalars: str = ""
 
     @property
@@ -43,8 +48,8 @@ _SPECS = (
     _OpSpec("mul_and_silu", gated=True),
     _OpSpec("gelu_and_mul", gated=True),
     _OpSpec("gelu_tanh_and_mul", gated=True),
-    _OpSpec("fatrelu_and_mul", gated=True, scalars=", float threshold"),
-    _OpSpec("swigluoai_and_mul", gated=True, scalars=", float alpha, float limit"),
+    _OpSpec("fatrelu_and_mul", gated=True, scalars=", float threshold=0.0"),
+    _OpSpec("swigluoai_and_mul", gated=True, scalars=", float alpha=1.702, float limit=7.0"),
     _OpSpec("gelu", gated=False),
     _OpSpec("gelu_tanh", gated=False),
     _OpSpec("silu", gated=False),
@@ -77,14 +82,14 @@ def output_shape(name: str, gated: bool, x: torch.Tensor) -> Tuple[int, ...]:
 def _check_dtype(name: str, arg: str, t: torch.Tensor) -> None:
     torch._check(
         t.dtype in _FLOAT_DTYPES,
-        lambda: f"{name}: {arg} must be float32, float16, bfloat16 or float64, got {t.dtype}",
+        lambda: f"{name}: {arg} must be float32, float16, bfloat16 or float64, got {_dtype_name(t.dtype)}",
     )
 
 
 def _check_like(name: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
     torch._check(
         t.dtype == ref.dtype,
-        lambda: f"{name}: {arg} must have the dtype of {ref_arg} (expected {ref.dtype}, got {t.dtype})",
+        lambda: f"{name}: {arg} must have the dtype of {ref_arg} (expected {_dtype_name(ref.dtype)}, got {_dtype_name(t.dtype)})",
     )
     torch._check(
         t.device == ref.device,
