@@ -442,6 +442,11 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import RepositoryNotFoundError
 
+    if args.quiet:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
     token = args.token or get_token()
     result["_token"] = token
     if token is None and not args.dry_run:
@@ -547,7 +552,7 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result: dict = {"status": "error", "kernel": args.kernel}
+    result: dict = {"status": "error", "kernel": args.kernel, "_token": args.token}
     code = 1
     try:
         code = run(args, sys.stdout, result)

@@ -65,7 +65,8 @@ def load(ws: Workspace, code: str, env: dict | None = None) -> dict:
 
 
 def _git(src: Path, *args: str) -> None:
-    run(["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", *args], None, cwd=src).check_returncode()
+    run(["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "-c", "commit.gpgsign=false", *args],
+        None, cwd=src).check_returncode()
 
 
 def _build(ws: Workspace) -> Path:
@@ -169,8 +170,17 @@ def test_v1_every_op_matches_reference(v1):
     ws = v1
     repo_id = f"{TRUSTED}/activation"
     assert ws.results["v1"]["status"] == "uploaded"
-    so = [p for p in ws.hub.files(repo_id, "v1") if p.endswith(".abi3.so")]
+    files = ws.hub.files(repo_id, "v1")
+    so = [p for p in files if p.endswith(".abi3.so")]
     assert so and set(so) == ws.hub.lfs_paths(repo_id, "v1")  # the .so went through LFS
+    variant_files = {p.relative_to(ws.build_v1).as_posix(): p.read_bytes()
+                     for p in (ws.build_v1 / ws.variant).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert {p: c for p, c in files.items() if p.startswith("build/")} == {f"build/{p}": c for p, c in variant_files.items()}
+    benches = {f"benchmarks/{p.name}": p.read_bytes() for p in (ws.build_v1 / "benchmarks").glob("benchmark*.py")}
+    assert {p: c for p, c in files.items() if p.startswith("benchmarks/")} == benches
+    card = ws.build_v1 / "CARD.md"
+    if card.is_file():  # the rendered card becomes README.md on main
+        assert ws.hub.files(repo_id, "main")["README.md"] == card.read_bytes()
     ws.hub.clear_requests()
     out = load(ws, f"REPO_ID = {repo_id!r}\nOPS = {OPS!r}\n" + CALL_EVERY_OP)
     meta = json.loads((ws.build_v1 / ws.variant / "metadata.json").read_text())
@@ -314,7 +324,7 @@ print(json.dumps({{"names": [k1.__name__, k2.__name__], "files": [k1.__file__, k
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="kernels 0.17.2 passes user_agent='' when HF_HUB_DISABLE_TELEMETRY is set; huggingface_hub 2.4.0 then "
     "sends a User-Agent ending in '; ', which httpx rejects (LocalProtocolError: Illegal header value), so "
     "get_kernel cannot reach any Hub. Remove this xfail (and client_env's telemetry switch) once fixed.",
