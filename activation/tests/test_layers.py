@@ -3,10 +3,10 @@
 A small model (Linear -> activation host module) is kernelized with a `LocalLayerRepository`
 mapping that names each mode explicitly and `use_fallback=False`, so a layer that the loader
 rejects, or that lacks a mode, fails instead of silently keeping the host forward. The
-kernelized model must match the host (reference) model in outputs and in parameter gradients.
+kernelized layer's output, and in TRAINING mode the gradient it passes back to the Linear, must
+match float64 autograd of the reference within the tolerance table of activation_cases.py.
 """
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -79,7 +79,6 @@ def test_layer_flags(kernel, layer_name):
 @pytest.mark.parametrize("layer_name", list(LAYERS))
 def test_kernelize_inference(kernel, device, layer_name):
     model, case = _model(kernel, layer_name, device)
-    reference = copy.deepcopy(model)
     model.eval()
     with use_kernel_mapping(_mapping(kernel, layer_name, device, [Mode.INFERENCE]), inherit_mapping=False):
         kernelize(model, mode=Mode.INFERENCE, device=device, use_fallback=False)
@@ -88,30 +87,32 @@ def test_kernelize_inference(kernel, device, layer_name):
     with torch.no_grad():
         hidden = model[0](x)
         out = model(x)
-    ref = case.reference(kernel, hidden)
-    assert_within_bound(out, ref, magnitude(case, hidden), layer_name)
-    with torch.no_grad():
-        torch.testing.assert_close(out, reference(x), rtol=1e-5, atol=1e-6)  # fp32 host forward
+    assert_within_bound(out, case.reference(kernel, hidden), magnitude(case, hidden), layer_name)
 
 
 @pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compile"])
 @pytest.mark.parametrize("layer_name", list(LAYERS))
 def test_kernelize_training(kernel, device, layer_name, compile_):
     model, case = _model(kernel, layer_name, device)
-    reference = copy.deepcopy(model).double()
     mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_ else Mode.TRAINING
     with use_kernel_mapping(_mapping(kernel, layer_name, device, [mode]), inherit_mapping=False):
         kernelize(model, mode=mode, device=device, use_fallback=False)
-    assert _is_kernel_forward(model[1], layer_name)
+    linear, act = model[0], model[1]
+    assert _is_kernel_forward(act, layer_name)
     if compile_:
         torch._dynamo.reset()
-        model = torch.compile(model, fullgraph=True)
+        act = torch.compile(act, fullgraph=True)
 
     x = make_input((9, 16), torch.float32, device)
-    grad_out = make_input((9, HIDDEN), torch.float32, device, scale=1.0, seed=1)
-    model(x).backward(grad_out)
-    reference(x.double()).backward(grad_out.double())
-    # fp32 vs float64 through one Linear: the activation part is bounded by the table; the
-    # Linear's fp32 matmul adds ~K * 2**-24 relative (K = 16), far below the 1e-5 used here.
-    for (name, p), (_, p_ref) in zip(model.named_parameters(), reference.named_parameters()):
-        torch.testing.assert_close(p.grad, p_ref.grad.float(), rtol=1e-5, atol=1e-5, msg=f"{layer_name} {name}")
+    hidden = linear(x)
+    hidden.retain_grad()
+    out = act(hidden)
+    grad_out = make_input(out.shape, torch.float32, device, scale=1.0, seed=1)
+    out.backward(grad_out)
+    # The gradient the layer hands back to the Linear, vs float64 autograd of the reference.
+    h64 = hidden.detach().double().requires_grad_()
+    (ref,) = torch.autograd.grad(case.reference(kernel, h64), h64, grad_out.double())
+    assert_within_bound(hidden.grad, ref, magnitude(case, hidden.detach(), grad_out), f"{layer_name} grad")
+    assert_within_bound(out, case.reference(kernel, hidden.detach()), magnitude(case, hidden.detach()), layer_name)
+    for name, p in linear.named_parameters():
+        assert p.grad is not None and bool(p.grad.isfinite().all()), f"{layer_name}: no gradient for {name}"
