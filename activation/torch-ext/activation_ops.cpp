@@ -19,8 +19,8 @@
 
 #include <cstdint>
 #include <optional>
-#include <utility>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "activation_params.h"
@@ -143,13 +143,13 @@ std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
   for (int64_t i = 0; i < t.dim(); ++i) {
     last += (t.size(i) - 1) * t.stride(i);
   }
-  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
   return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size()) - 1};
 }
 
-// The kernels read and write in place of nothing: a written tensor must not share memory with a
-// read one. ATen answers exactly for dense tensors; for strided views of one buffer it cannot
-// ("too hard"), and then any overlap of the address spans is rejected (conservative).
+// The kernels do not run in place: a written tensor must not share memory with a read one. ATen
+// answers exactly for dense tensors; for strided views of one buffer it cannot ("too hard"), and
+// then any overlap of the address spans is rejected (conservative).
 void check_no_overlap(const char* op, const char* name, const at::Tensor& written,
                       const char* read_name, const at::Tensor& read) {
   if (written.numel() == 0 || read.numel() == 0) {
@@ -257,8 +257,13 @@ void unary_fwd(const char* op, UnaryAct act, at::Tensor& out, const at::Tensor& 
   check_no_overlap(op, "out", out, "input", input);
   const at::Tensor in = readable(input);
   const int64_t n = last_dim(input);
-  const UnaryActFwdParams params{out.data_ptr(), in.data_ptr(), input.numel() / n, n,
-                                 out_stride,     read_row_stride(in)};
+  UnaryActFwdParams params;
+  params.out = out.mutable_data_ptr();
+  params.input = in.const_data_ptr();
+  params.rows = input.numel() / n;
+  params.n = n;
+  params.out_row_stride = out_stride;
+  params.input_row_stride = read_row_stride(in);
   launch(op, input.device(), act, dtype, params);
 }
 
@@ -278,10 +283,15 @@ void unary_bwd(const char* op, UnaryAct act, at::Tensor& grad_input, const at::T
   const at::Tensor go = readable(grad_out);
   const at::Tensor in = readable(input);
   const int64_t n = last_dim(input);
-  const UnaryActBwdParams params{grad_input.data_ptr(), go.data_ptr(),
-                                 in.data_ptr(),         input.numel() / n,
-                                 n,                     grad_input_stride,
-                                 read_row_stride(go),   read_row_stride(in)};
+  UnaryActBwdParams params;
+  params.grad_input = grad_input.mutable_data_ptr();
+  params.grad_out = go.const_data_ptr();
+  params.input = in.const_data_ptr();
+  params.rows = input.numel() / n;
+  params.n = n;
+  params.grad_input_row_stride = grad_input_stride;
+  params.grad_out_row_stride = read_row_stride(go);
+  params.input_row_stride = read_row_stride(in);
   launch(op, input.device(), act, dtype, params);
 }
 
@@ -298,8 +308,14 @@ void gated_fwd(const char* op, GatedAct act, at::Tensor& out, const at::Tensor& 
   const int64_t out_stride = written_row_stride(op, "out", out);
   check_no_overlap(op, "out", out, "input", input);
   const at::Tensor in = readable(input);
-  const GatedActFwdParams params{out.data_ptr(), in.data_ptr(),       out.numel() / d, d,
-                                 out_stride,     read_row_stride(in), scalars};
+  GatedActFwdParams params;
+  params.out = out.mutable_data_ptr();
+  params.input = in.const_data_ptr();
+  params.rows = out.numel() / d;
+  params.d = d;
+  params.out_row_stride = out_stride;
+  params.input_row_stride = read_row_stride(in);
+  params.scalars = scalars;
   launch(op, input.device(), act, dtype, params);
 }
 
@@ -320,11 +336,16 @@ void gated_bwd(const char* op, GatedAct act, at::Tensor& grad_input, const at::T
   check_no_overlap(op, "grad_input", grad_input, "input", input);
   const at::Tensor go = readable(grad_out);
   const at::Tensor in = readable(input);
-  const GatedActBwdParams params{grad_input.data_ptr(), go.data_ptr(),
-                                 in.data_ptr(),         grad_out.numel() / d,
-                                 d,                     grad_input_stride,
-                                 read_row_stride(go),   read_row_stride(in),
-                                 scalars};
+  GatedActBwdParams params;
+  params.grad_input = grad_input.mutable_data_ptr();
+  params.grad_out = go.const_data_ptr();
+  params.input = in.const_data_ptr();
+  params.rows = grad_out.numel() / d;
+  params.d = d;
+  params.grad_input_row_stride = grad_input_stride;
+  params.grad_out_row_stride = read_row_stride(go);
+  params.input_row_stride = read_row_stride(in);
+  params.scalars = scalars;
   launch(op, input.device(), act, dtype, params);
 }
 
