@@ -502,8 +502,12 @@ def write_ninja(
             includes += [project.path / inc for inc in comp.include]
             cxx_extra += comp.cxx_flags
             cuda_extra += comp.cuda_flags
+    system_includes = [*tc.torch_includes, tc.python_include]
+    if backend == "cuda":
+        system_includes.append(str(Path(tc.nvcc).resolve().parent.parent / "include"))
     include_flags = [f"-I{p}" for p in [gen_dir, *includes]]
-    include_flags += [f"-isystem{p}" for p in [*tc.torch_includes, tc.python_include]]
+    for path in system_includes:
+        include_flags += ["-isystem", str(path)]  # separate arguments: nvcc rejects "-isystem<dir>"
     defines = [
         f"-DTORCH_EXTENSION_NAME={ops_name}",
         "-DPy_LIMITED_API=0x03090000",  # abi3, Python 3.9 (kernel-builder.md §11.1)
@@ -592,7 +596,7 @@ def run_ninja(prefix: str, scratch: Path, jobs: int, objects: dict[str, str], pr
         line = line.rstrip()
         if line.startswith("ninja: Entering directory") or not line:
             continue
-        match = re.match(r"FAILED: (\S+)", line)
+        match = re.match(r"FAILED: (?:\[code=\d+\] )?(\S+)", line)
         if match:
             failed.append(objects.get(match.group(1), match.group(1)))
         log(prefix, line)
@@ -777,7 +781,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{project.name}] skipping the CUDA variant: {why}")
                 backends.remove("cuda")
             ident = git_identity(project.path)
-            if ident.dirty:
+            if ident.commit is None:
+                print(f"[{project.name}] note: not a git checkout, random ops id {ident.unique_id}")
+            elif ident.dirty:
                 print(f"[{project.name}] note: tracked files changed, ops id {ident.unique_id}")
             jobs += [(project, b, ident) for b in backends]
         if not jobs:

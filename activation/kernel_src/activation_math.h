@@ -34,7 +34,19 @@ ACT_HD double act_tanh(double x) { return tanh(x); }
 ACT_HD float act_erf(float x) { return erff(x); }
 ACT_HD double act_erf(double x) { return erf(x); }
 
-template <typename T> ACT_HD T sigmoid(T x) { return T(1) / (T(1) + act_exp(-x)); }
+// Math policy: the primitive functions every formula below is written in. PreciseMath is the
+// libm-accurate one (host and device). CUDA code may pass a faster policy for fp16/bf16 data,
+// whose fp32 results are rounded to 8 or 11 significant bits anyway (activation_cuda.cu).
+struct PreciseMath {
+  template <typename T> static ACT_HD T exp(T x) { return act_exp(x); }
+  template <typename T> static ACT_HD T tanh(T x) { return act_tanh(x); }
+  template <typename T> static ACT_HD T erf(T x) { return act_erf(x); }
+  template <typename T> static ACT_HD T div(T a, T b) { return a / b; }
+};
+
+template <typename T, typename M = PreciseMath> ACT_HD T sigmoid(T x) {
+  return M::div(T(1), T(1) + M::exp(-x));
+}
 
 // Constants as written by PyTorch / transformers.
 constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2 / pi)
@@ -45,72 +57,80 @@ constexpr double kGeluFastScale = 0.7978845608;      // transformers FastGELUAct
 constexpr double kQuickGeluAlpha = 1.702;
 
 // ---- forward formulas ----
-template <typename T> ACT_HD T silu(T x) { return x / (T(1) + act_exp(-x)); }
-
-template <typename T> ACT_HD T gelu_erf(T x) {
-  return T(0.5) * x * (T(1) + act_erf(x * T(kInvSqrt2)));
+template <typename T, typename M = PreciseMath> ACT_HD T silu(T x) {
+  return M::div(x, T(1) + M::exp(-x));
 }
 
-template <typename T> ACT_HD T gelu_tanh(T x) {
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + M::erf(x * T(kInvSqrt2)));
+}
+
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_tanh(T x) {
   const T inner = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
-  return T(0.5) * x * (T(1) + act_tanh(inner));
+  return T(0.5) * x * (T(1) + M::tanh(inner));
 }
 
-template <typename T> ACT_HD T gelu_fast(T x) {
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_fast(T x) {
   const T inner = T(kGeluFastScale) * x * (T(1) + T(kGeluCubic) * x * x);
-  return T(0.5) * x * (T(1) + act_tanh(inner));
+  return T(0.5) * x * (T(1) + M::tanh(inner));
 }
 
-template <typename T> ACT_HD T gelu_quick(T x) { return x * sigmoid(T(kQuickGeluAlpha) * x); }
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_quick(T x) {
+  return x * sigmoid<T, M>(T(kQuickGeluAlpha) * x);
+}
 
-template <typename T> ACT_HD T fatrelu(T x, T threshold) { return x > threshold ? x : T(0); }
+template <typename T, typename M = PreciseMath> ACT_HD T fatrelu(T x, T threshold) {
+  return x > threshold ? x : T(0);
+}
 
-template <typename T> ACT_HD T swigluoai(T gate, T up, T alpha, T limit) {
+template <typename T, typename M = PreciseMath> ACT_HD T swigluoai(T gate, T up, T alpha, T limit) {
   const T g = gate < limit ? gate : limit;
   const T u = up < -limit ? -limit : (up > limit ? limit : up);
-  return (u + T(1)) * g * sigmoid(alpha * g);
+  return (u + T(1)) * g * sigmoid<T, M>(alpha * g);
 }
 
 // ---- derivatives d act / d x ----
-template <typename T> ACT_HD T silu_grad(T x) {
-  const T s = sigmoid(x);
+template <typename T, typename M = PreciseMath> ACT_HD T silu_grad(T x) {
+  const T s = sigmoid<T, M>(x);
   return s * (T(1) + x * (T(1) - s));
 }
 
-template <typename T> ACT_HD T gelu_erf_grad(T x) {
-  const T cdf = T(0.5) * (T(1) + act_erf(x * T(kInvSqrt2)));
-  const T pdf = T(kInvSqrt2Pi) * act_exp(T(-0.5) * x * x);
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_erf_grad(T x) {
+  const T cdf = T(0.5) * (T(1) + M::erf(x * T(kInvSqrt2)));
+  const T pdf = T(kInvSqrt2Pi) * M::exp(T(-0.5) * x * x);
   return cdf + x * pdf;
 }
 
-template <typename T> ACT_HD T gelu_tanh_grad(T x) {
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_tanh_grad(T x) {
   const T x2 = x * x;
-  const T t = act_tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x2 * x));
+  const T t = M::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x2 * x));
   const T dinner = T(kSqrt2OverPi) * (T(1) + T(3.0 * kGeluCubic) * x2);
   return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
 }
 
-template <typename T> ACT_HD T gelu_fast_grad(T x) {
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_fast_grad(T x) {
   const T x2 = x * x;
-  const T t = act_tanh(T(kGeluFastScale) * x * (T(1) + T(kGeluCubic) * x2));
+  const T t = M::tanh(T(kGeluFastScale) * x * (T(1) + T(kGeluCubic) * x2));
   const T dinner = T(kGeluFastScale) * (T(1) + T(3.0 * kGeluCubic) * x2);
   return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
 }
 
-template <typename T> ACT_HD T gelu_quick_grad(T x) {
-  const T s = sigmoid(T(kQuickGeluAlpha) * x);
+template <typename T, typename M = PreciseMath> ACT_HD T gelu_quick_grad(T x) {
+  const T s = sigmoid<T, M>(T(kQuickGeluAlpha) * x);
   return s + T(kQuickGeluAlpha) * x * s * (T(1) - s);
 }
 
-template <typename T> ACT_HD T fatrelu_grad(T x, T threshold) { return x > threshold ? T(1) : T(0); }
+template <typename T, typename M = PreciseMath> ACT_HD T fatrelu_grad(T x, T threshold) {
+  return x > threshold ? T(1) : T(0);
+}
 
 // Partial derivatives of swigluoai. Clamp passes the gradient on the closed interval, as
 // torch.clamp's backward does (gate <= limit; -limit <= up <= limit).
-template <typename T>
+template <typename T, typename M = PreciseMath>
 ACT_HD void swigluoai_grad(T gate, T up, T alpha, T limit, T* d_gate, T* d_up) {
   const T g = gate < limit ? gate : limit;
   const T u = up < -limit ? -limit : (up > limit ? limit : up);
-  const T s = sigmoid(alpha * g);
+  const T s = sigmoid<T, M>(alpha * g);
   const T glu = g * s;
   *d_gate = gate <= limit ? (u + T(1)) * (s + alpha * g * s * (T(1) - s)) : T(0);
   *d_up = (up >= -limit && up <= limit) ? glu : T(0);
