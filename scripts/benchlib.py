@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -35,7 +36,8 @@ def git_commit() -> str:
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
-        return "unknown"
+        # A copy without .git (the GPU machine's working tree): the caller names the commit.
+        return os.environ.get("KERNELS_COMMIT", "unknown")
 
 
 def environment(kernel_module=None) -> dict:

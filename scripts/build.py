@@ -757,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--no-smoke", action="store_true", help="skip the get_local_kernel smoke load")
     parser.add_argument("--strict-abi", action="store_true", help="fail on ABI findings")
+    parser.add_argument("--unique-id", help="ops id to use instead of the git tree id "
+                        "(kernel-builder create-pyproject --unique-id), e.g. on a copy without .git")
     args = parser.parse_args(argv)
 
     try:
@@ -781,6 +783,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{project.name}] skipping the CUDA variant: {why}")
                 backends.remove("cuda")
             ident = git_identity(project.path)
+            if args.unique_id:
+                if not re.fullmatch(r"[a-z0-9_]+", args.unique_id):
+                    raise BuildError(f"--unique-id {args.unique_id!r}: use lowercase letters, digits and _")
+                ident = GitIdentity(args.unique_id, ident.commit, ident.dirty)
             if ident.commit is None:
                 print(f"[{project.name}] note: not a git checkout, random ops id {ident.unique_id}")
             elif ident.dirty:

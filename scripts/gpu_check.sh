@@ -19,6 +19,8 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 arch_flag=()
 [ -n "${CUDA_ARCHS:-}" ] && arch_flag=(--cuda-archs "$CUDA_ARCHS")
+# Without .git (a copied tree) name the ops id and the commit: UNIQUE_ID, KERNELS_COMMIT.
+[ -n "${UNIQUE_ID:-}" ] && arch_flag+=(--unique-id "$UNIQUE_ID")
 CXX=${GPU_CXX:-${CXX:-c++}} $PY scripts/build.py "${kernels_list[@]}" --backend cuda "${arch_flag[@]}" 2>&1 | tee "$OUT/build.log" \
   || { echo "BUILD FAILED"; exit 1; }
 for k in "${kernels_list[@]}"; do

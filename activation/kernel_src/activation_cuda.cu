@@ -71,13 +71,12 @@ struct LaunchConfig {
   static constexpr int kThreads = 128;
   static constexpr int kVectorBytes = 16;
   // Outputs per thread per loop step, per family; the vector count follows from the vector
-  // width, capped at kMaxItems. More outputs per thread raise registers, hence lower occupancy,
-  // for about the same bytes in flight per SM. With 2 bf16 vectors per step the gated kernels
-  // reached 64 registers and ptxas started spilling; these keep every kernel spill-free at
-  // <= 72 registers on sm_75..sm_120 (ptxas -v); silu_and_mul bf16: 1 vector, 43 on sm_90a.
+  // width, capped at kMaxItems. Gated fwd takes 2 bf16/fp16 vectors: with the fast fp16/bf16
+  // math it stays spill-free on sm_75/sm_90a/sm_120 (ptxas -v) and halves the index work per
+  // output. The others keep the counts that were spill-free with the precise math.
   static constexpr int kUnaryFwdOutputs = 16;
   static constexpr int kUnaryBwdOutputs = 8;
-  static constexpr int kGatedFwdOutputs = 8;
+  static constexpr int kGatedFwdOutputs = 16;
   static constexpr int kGatedBwdOutputs = 4;
   static constexpr int kMaxItems = 4;
 

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 #include <optional>
-#include <string_view>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,7 +50,9 @@ using activation::UnaryActFwdParams;
 // ---- validation ----
 
 // The dtype as Python names it without the "torch." prefix ("float32", "bfloat16", "int64").
-std::string_view dtype_name(at::ScalarType t) { return c10::getDtypeNames(t).first; }
+// c10::getDtypeNames returns std::string by value in Torch 2.11 and static views in 2.13: copy,
+// as a view into the 2.11 temporary dangles (it garbled these messages on CUDA).
+std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
 
 DType check_dtype(const char* op, const char* name, const at::Tensor& t) {
   switch (t.scalar_type()) {
