@@ -32,6 +32,11 @@ def _activation_rows(result: dict) -> bool:
 ROW_FILTERS = {"activation": _activation_rows}
 
 
+def _per_call(result: dict) -> str:
+    wall = result.get("wall_us")
+    return f"{wall['ours']:.1f} / {wall['compile']:.1f}" if wall else "–"
+
+
 def render(kernel: str, payload: dict) -> str:
     env = payload["environment"]
     keep = ROW_FILTERS.get(kernel, lambda r: True)
@@ -40,8 +45,9 @@ def render(kernel: str, payload: dict) -> str:
         f"commit `{env['commit'][:12]}`, build `{env.get('kernel_id', '?')}`, {env['date'][:10]}. "
         f"Copy ceiling measured in the same run: {payload['copy_gbs']:.0f} GB/s.",
         "",
-        "| op | dtype | tokens × width | ours (µs) | ours (GB/s) | % of copy | vs torch.compile | vs eager |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| op | dtype | tokens × width | ours (µs) | ours (GB/s) | % of copy | vs torch.compile | vs eager "
+        "| per call: ours / compile (µs) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in payload["results"]:
         if not keep(r):
@@ -49,10 +55,14 @@ def render(kernel: str, payload: dict) -> str:
         lines.append(
             f"| `{r['op']}` | {r['dtype']} | {r['tokens']} × {r['width']} | {r['us']['ours']:.2f} "
             f"| {r['gbs']['ours']:.0f} | {100 * r['copy_fraction']:.1f}% "
-            f"| {r['speedup_vs_compile']:.2f}× | {r['speedup_vs_eager']:.2f}× |"
+            f"| {r['speedup_vs_compile']:.2f}× | {r['speedup_vs_eager']:.2f}× | {_per_call(r)} |"
         )
     lines.append("")
-    lines.append(f"Full results: `{kernel}/benchmarks/results/`. Method: {payload['method']}.")
+    lines.append(
+        f"GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
+        f"contender); the last column is the per-call time an eager caller sees. Full results: "
+        f"`{kernel}/benchmarks/results/`. Method: {payload['method']}."
+    )
     return "\n".join(lines)
 
 
