@@ -74,14 +74,19 @@ def environment(kernel_module=None) -> dict:
     return env
 
 
+def _warm_up(fn) -> None:
+    """A few calls before timing: compiles, allocator, autotuning (and, for graphs, outside the
+    capture)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+
+
 def gpu_time_us(fn, *, rep_ms: int = 100) -> float:
     """Median GPU time of one call of `fn` in µs, from CUDA-graph replay."""
     import triton.testing
 
-    # Warm up outside the graph (compiles, allocator, autotuning).
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+    _warm_up(fn)
     return 1000.0 * triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
 
 
@@ -90,9 +95,7 @@ def wall_time_us(fn, *, rep_ms: int = 100) -> float:
     CPU launch overhead included (triton.testing.do_bench)."""
     import triton.testing
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+    _warm_up(fn)
     return 1000.0 * triton.testing.do_bench(fn, rep=rep_ms, return_mode="median")
 
 

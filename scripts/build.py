@@ -438,7 +438,7 @@ def _string_list(path: Path, variable: str) -> list[str]:
 
 
 def make_metadata(
-    project: KernelProject, backend: str, ops_name: str, ident: GitIdentity, archs: list[str] | None
+    project: KernelProject, backend: str, ops_name: str, archs: list[str] | None
 ) -> dict:
     """metadata.json without digest, keys in kernel-builder's order (kernel-builder.md §4.5)."""
     meta: dict = {"name": project.name, "id": ops_name, "version": project.version}
@@ -680,7 +680,7 @@ def build_variant(
             shutil.copy2(src, staging / rel)
         (staging / "_ops.py").write_text(OPS_PY.format(ops_name=ops_name))
         shutil.copy2(so_path, staging / so_path.name)
-        meta = make_metadata(project, backend, ops_name, ident, archs)
+        meta = make_metadata(project, backend, ops_name, archs)
         meta = add_digest_and_provenance(meta, staging, ident)
         (staging / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         import kernels._rust as kernels_rust

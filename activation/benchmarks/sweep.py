@@ -24,21 +24,41 @@ sys.path.insert(0, str(KERNEL_DIR.parent / "scripts"))
 import benchlib  # noqa: E402
 
 
-def _halves(x):
-    d = x.shape[-1] // 2
-    return x[..., :d], x[..., d:]
+def _act_and_mul(act):
+    """act(x[..., :d]) * x[..., d:], as users write it."""
+
+    def eager(x):
+        d = x.shape[-1] // 2
+        return act(x[..., :d]) * x[..., d:]
+
+    return eager
+
+
+def _mul_and_act(act):
+    """x[..., :d] * act(x[..., d:])."""
+
+    def eager(x):
+        d = x.shape[-1] // 2
+        return x[..., :d] * act(x[..., d:])
+
+    return eager
+
+
+def _swigluoai(x, alpha=1.702, limit=7.0):
+    """gpt-oss: interleaved gate/up, as vLLM's native SwigluOAIAndMul writes it."""
+    gate = x[..., ::2].clamp(max=limit)
+    up = x[..., 1::2].clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
 # The eager code users write today (in the activation dtype); torch.compile gets the same code.
 GATED_EAGER = {
-    "silu_and_mul": lambda x: F.silu(_halves(x)[0]) * _halves(x)[1],
-    "mul_and_silu": lambda x: _halves(x)[0] * F.silu(_halves(x)[1]),
-    "gelu_and_mul": lambda x: F.gelu(_halves(x)[0]) * _halves(x)[1],
-    "gelu_tanh_and_mul": lambda x: F.gelu(_halves(x)[0], approximate="tanh") * _halves(x)[1],
-    "fatrelu_and_mul": lambda x: F.threshold(_halves(x)[0], 0.0, 0.0) * _halves(x)[1],
-    "swigluoai_and_mul": lambda x: (x[..., 1::2].clamp(-7.0, 7.0) + 1)
-    * x[..., ::2].clamp(max=7.0)
-    * torch.sigmoid(1.702 * x[..., ::2].clamp(max=7.0)),
+    "silu_and_mul": _act_and_mul(F.silu),
+    "mul_and_silu": _mul_and_act(F.silu),
+    "gelu_and_mul": _act_and_mul(F.gelu),
+    "gelu_tanh_and_mul": _act_and_mul(lambda a: F.gelu(a, approximate="tanh")),
+    "fatrelu_and_mul": _act_and_mul(lambda a: F.threshold(a, 0.0, 0.0)),
+    "swigluoai_and_mul": _swigluoai,
 }
 UNARY_EAGER = {
     "silu": F.silu,

@@ -67,7 +67,8 @@ namespace {
 // Launch configuration: the only place where the launch heuristics live.
 // ---------------------------------------------------------------------------------------------
 struct LaunchConfig {
-  // 4 warps: a 1-token row of 14336 outputs (1792 bf16 vectors) spreads over 14 SMs.
+  // 4 warps: a 1-token row of 14336 outputs (1792 bf16 vectors, 2 per thread in the gated
+  // forward) spreads over 7 SMs.
   static constexpr int kThreads = 128;
   static constexpr int kVectorBytes = 16;
   // Outputs per thread per loop step, per family; the vector count follows from the vector
@@ -578,7 +579,7 @@ __global__ void __launch_bounds__(LaunchConfig::kThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side: cached device queries, grid sizing and dispatch.
+// Host side: alignment checks, grid sizing and dispatch.
 // ---------------------------------------------------------------------------------------------
 
 bool aligned16(const void* p) {
