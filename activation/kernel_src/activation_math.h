@@ -26,6 +26,14 @@
 
 namespace activation {
 
+// Constants as written by PyTorch / transformers.
+constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kInvSqrt2 = 0.7071067811865476;     // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.3989422804014327;   // 1 / sqrt(2 pi)
+constexpr double kGeluCubic = 0.044715;
+constexpr double kGeluFastScale = 0.7978845608;      // transformers FastGELUActivation literal
+constexpr double kQuickGeluAlpha = 1.702;
+
 // ---- precise math, overloaded for float and double (valid in host and device code) ----
 ACT_HD float act_exp(float x) { return expf(x); }
 ACT_HD double act_exp(double x) { return exp(x); }
@@ -40,29 +48,26 @@ ACT_HD double act_erf(double x) { return erf(x); }
 struct PreciseMath {
   template <typename T> static ACT_HD T exp(T x) { return act_exp(x); }
   template <typename T> static ACT_HD T tanh(T x) { return act_tanh(x); }
-  template <typename T> static ACT_HD T erf(T x) { return act_erf(x); }
   template <typename T> static ACT_HD T div(T a, T b) { return a / b; }
+  // Standard normal CDF, Phi(x) = P(N(0, 1) <= x), PyTorch's way: 0.5 (1 + erf(x / sqrt 2)).
+  template <typename T> static ACT_HD T normal_cdf(T x) {
+    return T(0.5) * (T(1) + act_erf(x * T(kInvSqrt2)));
+  }
 };
 
 template <typename T, typename M = PreciseMath> ACT_HD T sigmoid(T x) {
   return M::div(T(1), T(1) + M::exp(-x));
 }
 
-// Constants as written by PyTorch / transformers.
-constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kInvSqrt2 = 0.7071067811865476;     // 1 / sqrt(2)
-constexpr double kInvSqrt2Pi = 0.3989422804014327;   // 1 / sqrt(2 pi)
-constexpr double kGeluCubic = 0.044715;
-constexpr double kGeluFastScale = 0.7978845608;      // transformers FastGELUActivation literal
-constexpr double kQuickGeluAlpha = 1.702;
-
 // ---- forward formulas ----
 template <typename T, typename M = PreciseMath> ACT_HD T silu(T x) {
   return M::div(x, T(1) + M::exp(-x));
 }
 
+// x * Phi(x); with PreciseMath the same as 0.5 x (1 + erf(x / sqrt 2)): scaling by 0.5 is exact
+// (short of subnormal results).
 template <typename T, typename M = PreciseMath> ACT_HD T gelu_erf(T x) {
-  return T(0.5) * x * (T(1) + M::erf(x * T(kInvSqrt2)));
+  return x * M::normal_cdf(x);
 }
 
 template <typename T, typename M = PreciseMath> ACT_HD T gelu_tanh(T x) {
@@ -96,7 +101,7 @@ template <typename T, typename M = PreciseMath> ACT_HD T silu_grad(T x) {
 }
 
 template <typename T, typename M = PreciseMath> ACT_HD T gelu_erf_grad(T x) {
-  const T cdf = T(0.5) * (T(1) + M::erf(x * T(kInvSqrt2)));
+  const T cdf = M::normal_cdf(x);
   const T pdf = T(kInvSqrt2Pi) * M::exp(T(-0.5) * x * x);
   return cdf + x * pdf;
 }
