@@ -2,9 +2,10 @@
 //
 // Computes exactly the math of rmsnorm_params.h (its header comment is the specification) on
 // row-strided [rows, hidden] views: fp32, fp16 and bf16 data, all arithmetic in fp32, every
-// rounding to fp16/bf16 through c10::Half / c10::BFloat16 (round to nearest even), and each
-// stored value rounded once to its tensor's dtype. Any hidden size works (the row buffers are on
-// the heap, 2 to 4 rows of fp32 per thread).
+// rounding to fp16/bf16 to nearest even (c10::BFloat16; c10::Half, or the F16C instructions,
+// which round identically, on x86-64 CPUs that have them), and each stored value rounded once to
+// its tensor's dtype. Any hidden size works (the row buffers are on the heap: 2 rows of fp32 per
+// thread in the forward, 7 in the backward).
 //
 // Work split: rows are spread over ATen's thread pool (at::parallel_for, so torch.set_num_threads
 // applies), with a grain of at least kGrainElems elements per task so that small calls (decode
@@ -49,7 +50,8 @@ namespace {
 
 // Minimum number of elements one thread-pool task processes, so that tiny calls stay serial.
 constexpr int64_t kGrainElems = 16384;
-// Independent fp32 partial sums in the row reductions (one AVX-512 or two AVX2 registers).
+// Independent fp32 partial sums in the row reductions (four SSE registers at the baseline x86-64
+// target of the build).
 constexpr int64_t kLanes = 16;
 // Elements of one row summed on their own before they join the row's total (row_sum).
 constexpr int64_t kReduceBlock = 1024;

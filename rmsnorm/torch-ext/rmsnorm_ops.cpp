@@ -37,9 +37,10 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -125,6 +126,14 @@ void check_shape(const char* op, const char* name, const at::Tensor& t,
                  at::IntArrayRef expected, const char* what) {
   TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", expected, " (", what,
               "), got ", t.sizes());
+}
+
+// `t` must have the device, dtype and shape of input.
+void check_like_input(const char* op, const char* name, const at::Tensor& t,
+                      const at::Tensor& input) {
+  check_device(op, name, t, input);
+  check_dtype_of(op, name, t, "input", input);
+  check_shape(op, name, t, input.sizes(), "the input shape");
 }
 
 // epsilon is stored as float: it must stay finite and > 0 there.
@@ -310,11 +319,11 @@ void check_overlaps(const char* op, const std::vector<Arg>& written, const std::
       if (r.tensor == nullptr) {
         continue;
       }
-      bool allowed = false;
-      for (const auto& pair : in_place) {
-        allowed = allowed || (std::string(pair.first) == w.name && std::string(pair.second) == r.name);
-      }
-      if (allowed) {
+      const bool in_place_pair =
+          std::any_of(in_place.begin(), in_place.end(), [&](const auto& pair) {
+            return std::strcmp(pair.first, w.name) == 0 && std::strcmp(pair.second, r.name) == 0;
+          });
+      if (in_place_pair) {
         TORCH_CHECK(same_view(*w.tensor, *r.tensor) || !may_overlap(op, *w.tensor, *r.tensor), op,
                     ": ", w.name, " must be ", r.name,
                     " itself (in place: same data pointer, dtype, shape and strides) or not "
@@ -366,7 +375,8 @@ void launch(const char* op, const at::Device& device, RmsNormBwdParams& params) 
     at::Tensor workspace;
     const int64_t workspace_floats = rmsnorm::cuda::rms_norm_bwd_workspace_floats(params);
     if (workspace_floats > 0) {
-      workspace = at::empty({workspace_floats}, at::TensorOptions().dtype(at::kFloat).device(device));
+      workspace =
+          at::empty({workspace_floats}, at::TensorOptions().dtype(at::kFloat).device(device));
       params.workspace = workspace.mutable_data_ptr<float>();
     }
     const cudaError_t err = rmsnorm::cuda::rms_norm_bwd(params, stream);
@@ -412,12 +422,8 @@ void forward(const char* op, at::Tensor& out, const at::Tensor& input, const Fwd
               ": residual and residual_out must be given together (fused add) or not at all, got ",
               present(a.residual) ? "residual only" : "residual_out only");
   if (present(a.residual)) {
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"residual", &*a.residual},
-                                  {a.residual_out_name, &*a.residual_out}}) {
-      check_device(op, name, *t, input);
-      check_dtype_of(op, name, *t, "input", input);
-      check_shape(op, name, *t, input.sizes(), "the input shape");
-    }
+    check_like_input(op, "residual", *a.residual, input);
+    check_like_input(op, a.residual_out_name, *a.residual_out, input);
   }
   TORCH_CHECK(present(a.scale) == present(a.shift), op,
               ": scale and shift must be given together (modulation) or not at all, got ",
@@ -434,7 +440,8 @@ void forward(const char* op, at::Tensor& out, const at::Tensor& input, const Fwd
   }
   if (a.norm_dtype.has_value()) {
     const std::optional<DType> norm = to_dtype(*a.norm_dtype);
-    TORCH_CHECK(norm.has_value(), op, ": norm_dtype must be float32, float16, bfloat16 or None, got ",
+    TORCH_CHECK(norm.has_value(), op,
+                ": norm_dtype must be float32, float16, bfloat16 or None, got ",
                 dtype_name(*a.norm_dtype));
     params.round_norm = true;
     params.norm_dtype = *norm;
@@ -454,11 +461,11 @@ void forward(const char* op, at::Tensor& out, const at::Tensor& input, const Fwd
     TORCH_CHECK(a.rstd->is_contiguous(), op, ": rstd must be contiguous, got strides ",
                 a.rstd->strides());
   }
-  check_overlaps(op,
-                 {arg(a.out_name, out), arg(a.residual_out_name, a.residual_out), arg("rstd", a.rstd)},
-                 {arg("input", input), arg("residual", a.residual), arg("weight", a.weight),
-                  arg("scale", a.scale), arg("shift", a.shift)},
-                 {{a.out_name, "input"}, {a.residual_out_name, "residual"}});
+  check_overlaps(
+      op, {arg(a.out_name, out), arg(a.residual_out_name, a.residual_out), arg("rstd", a.rstd)},
+      {arg("input", input), arg("residual", a.residual), arg("weight", a.weight),
+       arg("scale", a.scale), arg("shift", a.shift)},
+      {{a.out_name, "input"}, {a.residual_out_name, "residual"}});
 
   // In place, out is input itself and fits the row view, so `in` is input, not a copy.
   const at::Tensor in = readable(input);
@@ -492,10 +499,11 @@ void forward(const char* op, at::Tensor& out, const at::Tensor& input, const Fwd
 }
 
 // LlamaRMSNorm / vLLM: n rounded to the input dtype, then multiplied by weight.
-FwdArgs llama_args(const OptTensor& weight, double epsilon) {
+FwdArgs llama_args(const at::Tensor& input, const OptTensor& weight, double epsilon) {
   FwdArgs a;
   a.weight = weight;
   a.epsilon = epsilon;
+  a.norm_dtype = input.scalar_type();
   return a;
 }
 
@@ -522,16 +530,12 @@ void fused_add_in_place(const char* op, at::Tensor& input, at::Tensor& residual,
 // ---- the ops of torch_binding.h ----
 
 void rms_norm(at::Tensor& out, const at::Tensor& input, const OptTensor& weight, double epsilon) {
-  FwdArgs a = llama_args(weight, epsilon);
-  a.norm_dtype = input.scalar_type();
-  forward("rms_norm", out, input, a);
+  forward("rms_norm", out, input, llama_args(input, weight, epsilon));
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const OptTensor& weight,
                         double epsilon) {
-  FwdArgs a = llama_args(weight, epsilon);
-  a.norm_dtype = input.scalar_type();
-  fused_add_in_place("fused_add_rms_norm", input, residual, a);
+  fused_add_in_place("fused_add_rms_norm", input, residual, llama_args(input, weight, epsilon));
 }
 
 void gemma_rms_norm(at::Tensor& out, const at::Tensor& input, const OptTensor& weight,
@@ -586,9 +590,7 @@ void rms_norm_bwd(at::Tensor& grad_input, const OptTensor& grad_weight, const Op
   check_device(op, "grad_out", grad_out, input);
   params.out_dtype = check_input_dtype_or_float32(op, "grad_out", grad_out, input);
   check_shape(op, "grad_out", grad_out, input.sizes(), "the input shape");
-  check_device(op, "grad_input", grad_input, input);
-  check_dtype_of(op, "grad_input", grad_input, "input", input);
-  check_shape(op, "grad_input", grad_input, input.sizes(), "the input shape");
+  check_like_input(op, "grad_input", grad_input, input);
   if (present(weight)) {
     params.weight_dtype = check_weight(op, "weight", *weight, input);
   } else {
@@ -602,9 +604,7 @@ void rms_norm_bwd(at::Tensor& grad_input, const OptTensor& grad_weight, const Op
     check_shape(op, "grad_weight", *grad_weight, weight->sizes(), "the weight shape");
   }
   if (present(grad_residual)) {
-    check_device(op, "grad_residual", *grad_residual, input);
-    check_dtype_of(op, "grad_residual", *grad_residual, "input", input);
-    check_shape(op, "grad_residual", *grad_residual, input.sizes(), "the input shape");
+    check_like_input(op, "grad_residual", *grad_residual, input);
   }
   if (present(scale)) {
     check_modulation(op, "scale", *scale, input);
@@ -622,7 +622,8 @@ void rms_norm_bwd(at::Tensor& grad_input, const OptTensor& grad_weight, const Op
   }
   if (norm_dtype.has_value()) {
     const std::optional<DType> norm = to_dtype(*norm_dtype);
-    TORCH_CHECK(norm.has_value(), op, ": norm_dtype must be float32, float16, bfloat16 or None, got ",
+    TORCH_CHECK(norm.has_value(), op,
+                ": norm_dtype must be float32, float16, bfloat16 or None, got ",
                 dtype_name(*norm_dtype));
     params.round_norm = true;
     params.norm_dtype = *norm;
