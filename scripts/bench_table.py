@@ -29,56 +29,132 @@ def _activation_rows(result: dict) -> bool:
     return result["tokens"] == 8192
 
 
-ROW_FILTERS = {"activation": _activation_rows}
+def _rmsnorm_rows(result: dict) -> bool:
+    """bf16 at the Llama-3-8B and -70B hidden sizes; decode (1, 64) and prefill (4096, 65536)
+    token counts; forward, fused add and backward (the sweep measures these first)."""
+    return (
+        result["dtype"] == "bfloat16"
+        and result["hidden"] in (4096, 8192)
+        and result["tokens"] in (1, 64, 4096, 65536)
+    )
 
 
-def _per_call(result: dict) -> str:
-    wall = result.get("wall_us")
-    return f"{wall['ours']:.1f} / {wall['compile']:.1f}" if wall else "–"
+ROW_FILTERS = {"activation": _activation_rows, "rmsnorm": _rmsnorm_rows}
+
+
+def _speedup(key: str):
+    return lambda r: f"{r[key]:.2f}×" if key in r else "–"
+
+
+def _per_call(*names: str):
+    """Per-call times (`wall_us`, measured at decode sizes only) of the named contenders."""
+
+    def cell(r: dict) -> str:
+        wall = r.get("wall_us")
+        return " / ".join(f"{wall[n]:.1f}" for n in names) if wall else "–"
+
+    return cell
+
+
+def _copy_fraction(r: dict) -> str:
+    return f"{100 * r['copy_fraction']:.1f}%" + ("†" if r.get("l2_resident") else "")
+
+
+# (header, alignment, cell) per column. Activation rows are tokens × width (the output width).
+_COMMON = [
+    ("op", "---", lambda r: f"`{r['op']}`"),
+    ("dtype", "---", lambda r: r["dtype"]),
+]
+_OURS = [
+    ("ours (µs)", "---:", lambda r: f"{r['us']['ours']:.2f}"),
+    ("ours (GB/s)", "---:", lambda r: f"{r['gbs']['ours']:.0f}"),
+    ("% of copy", "---:", _copy_fraction),
+]
+DEFAULT_COLUMNS = [
+    *_COMMON,
+    ("tokens × width", "---", lambda r: f"{r['tokens']} × {r['width']}"),
+    *_OURS,
+    ("vs torch.compile", "---:", _speedup("speedup_vs_compile")),
+    ("vs eager", "---:", _speedup("speedup_vs_eager")),
+    ("per call: ours / compile (µs)", "---:", _per_call("ours", "compile")),
+]
+COLUMNS = {
+    "rmsnorm": [
+        *_COMMON,
+        ("tokens × hidden", "---", lambda r: f"{r['tokens']} × {r['hidden']}"),
+        *_OURS,
+        ("vs F.rms_norm", "---:", _speedup("speedup_vs_F.rms_norm")),
+        ("vs torch.compile", "---:", _speedup("speedup_vs_compile")),
+        ("vs eager", "---:", _speedup("speedup_vs_eager")),
+        ("per call: ours / F.rms_norm / compile (µs)", "---:", _per_call("ours", "F.rms_norm", "compile")),
+    ],
+}
 
 
 def render(kernel: str, payload: dict) -> str:
     env = payload["environment"]
     keep = ROW_FILTERS.get(kernel, lambda r: True)
+    columns = COLUMNS.get(kernel, DEFAULT_COLUMNS)
+    rows = [r for r in payload["results"] if keep(r)]
     lines = [
         f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}, triton {env.get('triton')}, "
         f"commit `{env['commit'][:12]}`, build `{env.get('kernel_id', '?')}`, {env['date'][:10]}. "
         f"Copy ceiling measured in the same run: {payload['copy_gbs']:.0f} GB/s.",
         "",
-        "| op | dtype | tokens × width | ours (µs) | ours (GB/s) | % of copy | vs torch.compile | vs eager "
-        "| per call: ours / compile (µs) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(header for header, _, _ in columns) + " |",
+        "|" + "|".join(align for _, align, _ in columns) + "|",
     ]
-    for r in payload["results"]:
-        if not keep(r):
-            continue
-        lines.append(
-            f"| `{r['op']}` | {r['dtype']} | {r['tokens']} × {r['width']} | {r['us']['ours']:.2f} "
-            f"| {r['gbs']['ours']:.0f} | {100 * r['copy_fraction']:.1f}% "
-            f"| {r['speedup_vs_compile']:.2f}× | {r['speedup_vs_eager']:.2f}× | {_per_call(r)} |"
-        )
+    lines += ["| " + " | ".join(cell(r) for _, _, cell in columns) + " |" for r in rows]
     lines.append("")
     lines.append(
         f"GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
         f"contender); the last column is the per-call time an eager caller sees. Full results: "
         f"`{kernel}/benchmarks/results/`. Method: {payload['method']}."
     )
+    if "baselines" in payload:
+        lines.append(f"Baselines: {payload['baselines']}.")
+    if any(r.get("l2_resident") for r in rows):
+        lines.append(
+            "† The bytes moved fit in the L2 cache: replays read cached data (for every contender "
+            "alike), so GB/s may exceed the copy ceiling."
+        )
     return "\n".join(lines)
 
 
-def generated_readme(text: str) -> str:
-    for results_dir in sorted(REPO_ROOT.glob("*/benchmarks/results")):
-        kernel = results_dir.parent.parent.name
-        files = sorted(results_dir.glob("*.json"))
-        if not files:
-            continue
-        body = "\n\n".join(render(kernel, json.loads(f.read_text())) for f in files)
+def no_results(kernel: str) -> str:
+    return (
+        f"No results yet: this table is generated from `{kernel}/benchmarks/results/*.json` and "
+        f"appears after the first GPU run of `{kernel}/benchmarks/sweep.py`."
+    )
+
+
+_BEGIN = re.compile(r"<!-- BEGIN bench:([^\s>]+) -->")
+
+
+def generated_readme(text: str, root: Path = REPO_ROOT) -> str:
+    """`text` with each kernel's table regenerated: from its result files, or a line saying that
+    none exist yet for a kernel whose markers are in the README but that has no results."""
+    with_results = {
+        d.parent.parent.name: files
+        for d in sorted(root.glob("*/benchmarks/results"))
+        if (files := sorted(d.glob("*.json")))
+    }
+    for kernel in sorted(set(with_results) | set(_BEGIN.findall(text))):
         pattern = re.compile(
             rf"(<!-- BEGIN bench:{re.escape(kernel)} -->\n).*?(<!-- END bench:{re.escape(kernel)} -->)",
             re.S,
         )
         if not pattern.search(text):
-            raise SystemExit(f"README.md has no markers for bench:{kernel}")
+            raise SystemExit(
+                f"README.md has no `<!-- BEGIN bench:{kernel} -->` … `<!-- END bench:{kernel} -->` pair"
+            )
+        files = with_results.get(kernel)
+        if files:
+            body = "\n\n".join(render(kernel, json.loads(f.read_text())) for f in files)
+        elif (root / kernel).is_dir():
+            body = no_results(kernel)
+        else:
+            raise SystemExit(f"README.md has markers for bench:{kernel} but there is no {kernel}/ kernel folder")
         text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
     return text
 

@@ -36,3 +36,90 @@ def test_table_follows_the_numbers(tmp_path):
     }
     table = bench_table.render("activation", payload)
     assert "| `silu_and_mul` | bfloat16 | 8192 × 14336 | 200.00 | 3600 | 90.0% | 1.05× | 3.00× | – |" in table
+
+
+def _rmsnorm_row(op, dtype, tokens, hidden, us, **extra):
+    """A result row as rmsnorm/benchmarks/sweep.py writes it."""
+    nbytes = 2 * tokens * hidden * 2 + hidden * 2
+    row = {"op": op, "dtype": dtype, "tokens": tokens, "hidden": hidden, "bytes": nbytes,
+           "l2_resident": nbytes <= 50 * 2**20, "us": us,
+           "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
+           "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0}
+    for name in ("eager", "F.rms_norm", "compile"):
+        row[f"speedup_vs_{name}"] = us[name] / us["ours"]
+    row.update(extra)
+    return row
+
+
+def test_rmsnorm_table_follows_the_numbers():
+    payload = {
+        "environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc", "date": "2026-11-21",
+                        "kernel_id": "_rmsnorm_cuda_abc1234"},
+        "copy_gbs": 4000.0, "method": "m", "baselines": "b",
+        "results": [
+            _rmsnorm_row("rms_norm", "bfloat16", 1, 4096, {"ours": 2.0, "eager": 8.0, "F.rms_norm": 3.0, "compile": 2.5},
+                         wall_us={"ours": 5.0, "F.rms_norm": 7.5, "compile": 20.25}),
+            _rmsnorm_row("rms_norm", "bfloat16", 65536, 8192, {"ours": 500.0, "eager": 6000.0, "F.rms_norm": 600.0,
+                                                               "compile": 750.0}),
+            _rmsnorm_row("rms_norm", "float16", 4096, 4096, {"ours": 1.0, "eager": 1.0, "F.rms_norm": 1.0, "compile": 1.0}),
+            _rmsnorm_row("rms_norm", "bfloat16", 4096, 2048, {"ours": 1.0, "eager": 1.0, "F.rms_norm": 1.0, "compile": 1.0}),
+        ],
+    }
+    table = bench_table.render("rmsnorm", payload)
+    assert ("| op | dtype | tokens × hidden | ours (µs) | ours (GB/s) | % of copy | vs F.rms_norm | vs torch.compile "
+            "| vs eager | per call: ours / F.rms_norm / compile (µs) |") in table
+    assert "| `rms_norm` | bfloat16 | 1 × 4096 | 2.00 | 12 | 0.3%† | 1.50× | 1.25× | 4.00× | 5.0 / 7.5 / 20.2 |" in table
+    assert "| `rms_norm` | bfloat16 | 65536 × 8192 | 500.00 | 4295 | 107.4% | 1.20× | 1.50× | 12.00× | – |" in table
+    assert "| float16 |" not in table and "× 2048" not in table  # outside the README's rows
+    assert "Baselines: b." in table and "† The bytes moved fit in the L2 cache" in table
+
+
+def _readme(*kernels):
+    return "# r\n" + "".join(f"\n<!-- BEGIN bench:{k} -->\nstale\n<!-- END bench:{k} -->\n" for k in kernels)
+
+
+def test_markers_without_results_say_so(tmp_path):
+    (tmp_path / "rmsnorm" / "benchmarks" / "results").mkdir(parents=True)  # no JSON yet
+    text = bench_table.generated_readme(_readme("rmsnorm"), root=tmp_path)
+    assert "stale" not in text
+    assert f"<!-- BEGIN bench:rmsnorm -->\n{bench_table.no_results('rmsnorm')}\n<!-- END bench:rmsnorm -->" in text
+    assert bench_table.generated_readme(text, root=tmp_path) == text  # --check passes on its own output
+
+    # the first result file replaces the line with the table
+    payload = {"environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc",
+                               "date": "2026-11-21"}, "copy_gbs": 4000.0, "method": "m",
+               "results": [_rmsnorm_row("fused_add_rms_norm", "bfloat16", 64, 4096,
+                                        {"ours": 2.0, "eager": 8.0, "F.rms_norm": 4.0, "compile": 3.0})]}
+    (tmp_path / "rmsnorm" / "benchmarks" / "results" / "gpu-x.json").write_text(json.dumps(payload))
+    table = bench_table.generated_readme(text, root=tmp_path)
+    assert "No results yet" not in table and "| `fused_add_rms_norm` | bfloat16 | 64 × 4096 |" in table
+
+
+def test_markers_and_results_must_match(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="no typo/ kernel folder"):
+        bench_table.generated_readme(_readme("typo"), root=tmp_path)
+    results = tmp_path / "rmsnorm" / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "gpu.json").write_text("{}")
+    with pytest.raises(SystemExit, match="bench:rmsnorm"):
+        bench_table.generated_readme(_readme(), root=tmp_path)
+
+
+def test_rmsnorm_sweep_measures_the_readme_rows_first():
+    """The sweep stops at its time budget: the rows the README shows must come first, and the
+    full list must be the whole grid."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rmsnorm_sweep", REPO / "rmsnorm" / "benchmarks" / "sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sweep  # dataclasses look their module up there
+    spec.loader.exec_module(sweep)
+    full = sweep.cases(quick=False)
+    assert len(set(full)) == len(full)
+    forward = {(c.dtype, c.tokens, c.hidden) for c in full if c.op in (sweep.FWD, sweep.FUSED)}
+    assert forward == {(d, t, h) for d in ("bfloat16", "float16") for t in sweep.TOKENS for h in sweep.HIDDEN}
+    shown = [bench_table.ROW_FILTERS["rmsnorm"](sweep.asdict(c)) for c in full]
+    assert all(shown[: sum(shown)]) and sum(shown) == 3 * 2 * 4  # fwd, fused, bwd × 2 hidden × 4 token counts
+    assert set(sweep.cases(quick=True)) <= set(full)
