@@ -107,14 +107,17 @@ def test_markers_and_results_must_match(tmp_path):
         bench_table.generated_readme(_readme(), root=tmp_path)
 
 
-def test_rmsnorm_sweep_measures_the_readme_rows_first():
+def test_rmsnorm_sweep_measures_the_readme_rows_first(monkeypatch, request):
     """The sweep stops at its time budget: the rows the README shows must come first, and the
     full list must be the whole grid."""
     import importlib.util
 
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/ and benchmarks/
+    assert "benchmark" not in sys.modules
+    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))  # the sweep imports benchmark.py
     spec = importlib.util.spec_from_file_location("rmsnorm_sweep", REPO / "rmsnorm" / "benchmarks" / "sweep.py")
     sweep = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = sweep  # dataclasses look their module up there
+    monkeypatch.setitem(sys.modules, spec.name, sweep)  # dataclasses look their module up there
     spec.loader.exec_module(sweep)
     full = sweep.cases(quick=False)
     assert len(set(full)) == len(full)
