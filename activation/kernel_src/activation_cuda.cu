@@ -14,47 +14,42 @@
 // Dtypes: fp32, fp16, bf16 computed in fp32 and rounded once on store; fp64 computed in fp64.
 // Layout: every tensor is [rows, width] with unit stride along the width and an arbitrary row
 // stride in elements; sizes and offsets are 64-bit (rows * width may exceed 2^32). Inputs must
-// not overlap outputs (they are read through the non-coherent read-only path).
+// not overlap outputs.
 // Builds for sm_75 .. sm_120; bf16 only goes through conversions (emulated on sm_75).
 //
 // Design (memory-bound ops: the goals are the device-to-device copy bandwidth for large shapes
-// and a single short wave for decode-sized ones):
-// - One flat index space over (row, vector column), so 1 token x 14336 and 32K tokens x 14336
-//   both fill the GPU, and narrow rows leave no thread idle as a block-per-row scheme would.
-//   A thread finds its first (row, column) with a host-precomputed 64-bit magic multiplier and
-//   then steps by the grid size with two adds and a carry: no 64-bit division in the loop.
-// - 16-byte vectors (8 x fp16/bf16, 4 x fp32, 2 x fp64) when every row start of every tensor is
-//   16-byte aligned: aligned base pointers, row strides multiple of the vector width, and, for
-//   the split layout, d multiple of it (the second half starts at d). When the width is not a
-//   multiple of the vector width, the last elements of each row go through a second,
-//   element-wise loop, keeping partial-vector code (and its registers) out of the hot loop.
-//   Otherwise the same kernel body runs with VEC = 1, still coalesced. Contiguous unary tensors
-//   are seen as one long row, so any shape vectorizes.
-// - Each thread takes a few vectors per loop step, spaced one grid apart (coalesced), and
-//   issues all of their loads before any math. Per-thread work is small (8-16 outputs) so that
-//   registers stay under 64 without spills: occupancy, rather than long per-thread batches,
-//   keeps 32-64 bytes per thread, ~48 KB per SM, in flight.
-// - Grid = one loop step per thread (not a persistent grid): every thread issues its loads at
-//   once and the block scheduler refills SMs as blocks retire. A persistent grid of one
-//   resident wave, looping one vector per step, reached only 88% of Inductor's bandwidth on an
-//   H200. The grid-stride loop remains for shapes beyond the 2^31 - 1 grid limit.
-// - Streaming hints: inputs are read once through ld.global.nc.L1::no_allocate (read-only path,
-//   no L1 allocation); outputs are written with st.global.cs (evict-first) as this kernel never
-//   reads them back.
+// and the shortest possible launch for decode-sized ones). Measured on an H200 against
+// Inductor's kernel for the same op (silu_and_mul, bf16, 2 x 14336; notes in LaunchConfig and
+// at the memory accesses):
+// - One thread per 16-byte vector (8 x fp16/bf16, 4 x fp32, 2 x fp64), one kernel step: block
+//   (x, y) covers vector columns of a row and block rows; no division, no grid-stride loop (it
+//   remains only for more than 65535 row blocks). An earlier flat index space (64-bit magic
+//   division, grid-stride stepping, a separate tail loop) cost ~0.3 us per decode launch
+//   (1.47 vs 1.17 us at 1 token) and a persistent grid reached only 88% of Inductor's bandwidth.
+// - 16-byte vectors when every row start of every tensor is 16-byte aligned: aligned base
+//   pointers, row strides multiple of the vector width, and, for the split layout, d multiple of
+//   it (the second half starts at d). When the width is not a multiple of the vector width, the
+//   threads after a row's last vector take its last elements one each. Otherwise the same
+//   kernel body runs with one element per thread, still coalesced. Contiguous unary tensors are
+//   seen as one long row, so any shape vectorizes.
+// - Programmatic dependent launch on sm_90+: a call that follows another PDL kernel overlaps
+//   its launch with that kernel's tail (0.81 vs 1.25 us per back-to-back decode call).
 // - Math: the activation_math.h formulas; fp32/fp64 with precise expf/erff/tanhf and IEEE
 //   division, fp16/bf16 with hardware approximations whose error is far below their output
 //   rounding (FastFloatMath below says why and by how much).
-// - One grid loop for all ops; one kernel per family (unary fwd, unary bwd, gated fwd, gated
-//   bwd), templated on the element type, the vector width and the op functor.
+// - One kernel per family (unary fwd, unary bwd, gated fwd, gated bwd), templated on the
+//   element type, the vector width and the op functor.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <type_traits>
 
 #include "activation_cuda.h"
@@ -69,31 +64,13 @@ namespace {
 // Launch configuration: the only place where the launch heuristics live.
 // ---------------------------------------------------------------------------------------------
 struct LaunchConfig {
-  // 4 warps: a 1-token row of 14336 outputs (1792 bf16 vectors, 1 per thread in the gated
-  // forward) spreads over 14 SMs.
+  // 128 threads, one 16-B vector (or, off the vector path, one element) each: a 1-token row of
+  // 14336 bf16 outputs spreads over 14 SMs. Measured on an H200 (silu_and_mul bf16, 2 x 14336),
+  // 64 and 256 threads were no faster at any size, and more vectors per thread cost 4% at 8192
+  // tokens (two per thread: 170 vs 163 us) and lengthen the serial work of a decode launch.
   static constexpr int kThreads = 128;
   static constexpr int kVectorBytes = 16;
-  // Outputs per thread per loop step, per family; the vector count follows from the vector
-  // width, capped at kMaxItems. Gated fwd takes one 16-B vector per operand, as Inductor's
-  // kernel does: on an H200 at 8192 x 2*14336 bf16, two vectors per thread cost silu_and_mul
-  // 4% (170 vs 163 us); they only paid for erff-bound gelu_and_mul (205 vs 216 us), whose
-  // normal CDF is now cheap (FastFloatMath). Fewer outputs per thread also shorten the
-  // serial work of a decode-sized launch, where one warp per scheduler hides no latency. The
-  // others keep the counts that were spill-free with the precise math.
-  static constexpr int kUnaryFwdOutputs = 16;
-  static constexpr int kUnaryBwdOutputs = 8;
-  static constexpr int kGatedFwdOutputs = 8;
-  static constexpr int kGatedBwdOutputs = 4;
-  static constexpr int kMaxItems = 4;
-
-  // Vectors of kVec elements per thread per step. fp64: one 16-B vector (two scalars on the
-  // element-wise path); its math is several times longer and calls out-of-line division slow
-  // paths, around which ptxas spilled when more values were live.
-  template <typename T, int kVec> static constexpr int items(int outputs) {
-    if (sizeof(T) == 8) return kVec == 1 ? 2 : 1;
-    const int n = outputs / kVec;
-    return n < 1 ? 1 : (n > kMaxItems ? kMaxItems : n);
-  }
+  static constexpr unsigned kMaxGridY = 65535;
 };
 
 template <typename T>
@@ -152,9 +129,9 @@ __device__ __forceinline__ Vec<T, kVec> round_vec(const compute_t<T> (&c)[kVec])
 }
 
 // ---------------------------------------------------------------------------------------------
-// Global memory accesses with streaming hints. Inputs never alias outputs (launcher contract),
-// so the read-only (.nc) path is valid, and the loads are not volatile so the compiler may
-// schedule them early.
+// Global memory accesses. Loads are plain (ld.global): on an H200, ld.global.nc.L1::no_allocate
+// made silu_and_mul at 8192 x 2*14336 bf16 5% slower (169 vs 161 us). Stores are st.global.cs
+// (evict-first): this kernel never reads its output back (no measurable cost or gain there).
 // ---------------------------------------------------------------------------------------------
 template <int kBytes> struct RawBits;
 template <> struct RawBits<2> { using type = unsigned short; };
@@ -162,20 +139,6 @@ template <> struct RawBits<4> { using type = unsigned int; };
 template <> struct RawBits<8> { using type = unsigned long long; };
 template <> struct RawBits<16> { using type = uint4; };
 
-__device__ __forceinline__ void ld_raw(unsigned short& r, const void* p) {
-  asm("ld.global.nc.L1::no_allocate.b16 %0, [%1];" : "=h"(r) : "l"(p));
-}
-__device__ __forceinline__ void ld_raw(unsigned int& r, const void* p) {
-  asm("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(r) : "l"(p));
-}
-__device__ __forceinline__ void ld_raw(unsigned long long& r, const void* p) {
-  asm("ld.global.nc.L1::no_allocate.b64 %0, [%1];" : "=l"(r) : "l"(p));
-}
-__device__ __forceinline__ void ld_raw(uint4& r, const void* p) {
-  asm("ld.global.nc.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-}
 __device__ __forceinline__ void st_raw(void* p, unsigned short v) {
   asm volatile("st.global.cs.b16 [%0], %1;" ::"l"(p), "h"(v));
 }
@@ -192,11 +155,10 @@ __device__ __forceinline__ void st_raw(void* p, uint4 v) {
 
 // One access of kVec elements at p, which must be aligned to sizeof(Vec<T, kVec>).
 template <typename T, int kVec> __device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
-  using V = Vec<T, kVec>;
-  typename RawBits<sizeof(V)>::type bits;
-  ld_raw(bits, p);
-  V v;
-  memcpy(&v, &bits, sizeof(V));
+  using Bits = typename RawBits<sizeof(Vec<T, kVec>)>::type;
+  const Bits bits = *reinterpret_cast<const Bits*>(p);
+  Vec<T, kVec> v;
+  memcpy(&v, &bits, sizeof(v));
   return v;
 }
 template <typename T, int kVec>
@@ -207,83 +169,23 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Index space. Vector item i = row * vecs + col covers elements [col * kVec, col * kVec + kVec)
-// of its row; tail item j = row * tail + t covers element tail_start + t (width % kVec != 0).
+// Index space: a 2-D grid of 2-D blocks. Block (tx, ty) covers ty rows and tx vector columns;
+// thread column j of a row handles the vector j (elements [j kVec, j kVec + kVec)) when
+// j < vecs, else tail element tail_start + (j - vecs) when width % kVec != 0. Narrow rows get
+// narrow, tall blocks so that no thread idles; rows beyond the grid's y limit loop.
 // ---------------------------------------------------------------------------------------------
-
-// n / divisor for n < 2^63 with one 64-bit multiply-high: magic = floor(2^64 (2^s - d) / d) + 1,
-// s = ceil(log2 d), q = (umulhi(n, magic) + n) >> s. This is the (N+1)-bit magic 2^64 + magic
-// of Granlund & Montgomery (1994), exact for every n < 2^64; the sum cannot overflow for
-// n < 2^63.
-struct FastDiv64 {
-  uint64_t divisor;
-  uint64_t magic;
-  unsigned shift;
-
-  __device__ __forceinline__ uint64_t div(uint64_t n) const {
-    return (__umul64hi(n, magic) + n) >> shift;
-  }
-};
-
-FastDiv64 make_fast_div(uint64_t d) {  // 1 <= d < 2^62 here
-  unsigned s = 0;
-  while ((uint64_t(1) << s) < d) ++s;
-  const unsigned __int128 num = static_cast<unsigned __int128>((uint64_t(1) << s) - d) << 64;
-  return FastDiv64{d, static_cast<uint64_t>(num / d) + 1, s};
-}
-
-struct Space {
+struct RowSpace {
   int64_t rows;
-  int64_t vecs;            // full vectors per row (may be 0)
-  FastDiv64 vecs_div;      // divides by max(vecs, 1): a thread's first (row, col)
-  // One grid-stride step of S = gridDim.x * kThreads items in (row, col): S / vecs rows and
-  // S % vecs columns, set by launch() once the grid is known. Stepping costs a few adds where a
-  // division per item would cost ~20 instructions (these kernels are near the issue limit for
-  // the erf/tanh ops on an H200).
-  int64_t step_rows;
-  int64_t step_cols;
-  uint64_t tail_total;     // rows * tail
-  FastDiv64 tail_div;      // divides by max(tail, 1)
-  int64_t tail_start;      // vecs * kVec
+  int64_t vecs;        // full vectors per row
+  int64_t tail;        // width - vecs * kVec elements after them
+  int64_t tail_start;  // vecs * kVec
 };
 
-Space make_space(int64_t rows, int64_t width, int vec) {
+RowSpace make_space(int64_t rows, int64_t width, int vec) {
   const int64_t vecs = width / vec;
-  const int64_t tail = width - vecs * vec;
-  Space s{};
-  s.rows = rows;
-  s.vecs = vecs;
-  s.vecs_div = make_fast_div(static_cast<uint64_t>(vecs > 0 ? vecs : 1));
-  s.tail_total = static_cast<uint64_t>(rows) * static_cast<uint64_t>(tail);
-  s.tail_div = make_fast_div(static_cast<uint64_t>(tail > 0 ? tail : 1));
-  s.tail_start = vecs * vec;
-  return s;
+  return RowSpace{rows, vecs, width - vecs * vec, vecs * vec};
 }
 
-// Items of the vector loop (full vectors) and of the tail loop (single elements).
-uint64_t vector_items(const Space& s) {
-  return static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.vecs);
-}
-
-struct Pos {
-  int64_t row;
-  int64_t col;
-};
-
-__device__ __forceinline__ Pos advance(Pos p, const Space& s) {
-  p.row += s.step_rows;
-  p.col += s.step_cols;
-  if (p.col >= s.vecs) {
-    p.col -= s.vecs;
-    ++p.row;
-  }
-  return p;
-}
-
-// Thread t of S = gridDim.x * kThreads handles vector items t, t + S, t + 2S, ... (coalesced
-// across the warp), kItems per step with all loads of a step issued before its math, then the
-// tail elements t, t + S, ... The family F provides load<V>(row, elem) -> Frag<V> and
-// finish<V>(frag, row, elem) (compute and store) for V = kVec and V = 1.
 // Programmatic dependent launch (sm_90+; no-ops when the launch did not ask for it, and not
 // compiled for older targets). The wait comes before any global memory access: a grid launched
 // early by its predecessor must see all of the predecessor's writes, and must not overwrite
@@ -301,37 +203,22 @@ __device__ __forceinline__ void release_dependent_grid() {
 #endif
 }
 
-template <int kVec, int kItems, typename F>
-__device__ __forceinline__ void grid_loop(const F& f, const Space& s) {
-  using Frag = typename F::template Frag<kVec>;
+// The family F provides load<V>(row, elem) -> Frag<V> and finish<V>(frag, row, elem) (compute
+// and store) for V = kVec and V = 1. No division and, below 65536 rows, no loop: a decode-sized
+// launch is one short dependent chain per thread.
+template <int kVec, typename F>
+__device__ __forceinline__ void for_each_item(const F& f, const RowSpace& s) {
   wait_for_prerequisite_grid();
   release_dependent_grid();
-  const uint64_t tid = static_cast<uint64_t>(blockIdx.x) * LaunchConfig::kThreads + threadIdx.x;
-  if (s.vecs > 0) {
-    const int64_t row0 = static_cast<int64_t>(s.vecs_div.div(tid));
-    Pos p{row0, static_cast<int64_t>(tid) - row0 * s.vecs};
-    while (p.row < s.rows) {
-      Frag frag[kItems];
-      Pos at[kItems];
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        at[k] = p;
-        if (p.row < s.rows) frag[k] = f.template load<kVec>(p.row, p.col * kVec);
-        p = advance(p, s);
-      }
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        if (at[k].row < s.rows) f.template finish<kVec>(frag[k], at[k].row, at[k].col * kVec);
-      }
-    }
-  }
-  if constexpr (kVec > 1) {
-    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * LaunchConfig::kThreads;
-    for (uint64_t idx = tid; idx < s.tail_total; idx += stride) {
-      const uint64_t r = s.tail_div.div(idx);
-      const int64_t row = static_cast<int64_t>(r);
-      const int64_t elem = s.tail_start + static_cast<int64_t>(idx - r * s.tail_div.divisor);
-      f.template finish<1>(f.template load<1>(row, elem), row, elem);
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < s.rows;
+       row += row_step) {
+    if (j < s.vecs) {
+      f.template finish<kVec>(f.template load<kVec>(row, j * kVec), row, j * kVec);
+    } else if constexpr (kVec > 1) {
+      const int64_t e = s.tail_start + (j - s.vecs);
+      if (j - s.vecs < s.tail) f.template finish<1>(f.template load<1>(row, e), row, e);
     }
   }
 }
@@ -602,28 +489,28 @@ template <typename T, typename Op, bool kInterleaved> struct GatedBwd {
 // ---------------------------------------------------------------------------------------------
 // Kernels: one per family, all running the same grid loop.
 // ---------------------------------------------------------------------------------------------
-template <int kVec, int kItems, typename T, typename Op>
+template <int kVec, typename T, typename Op>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
-    unary_act_fwd_kernel(const UnaryFwd<T, Op> f, const Space s) {
-  grid_loop<kVec, kItems>(f, s);
+    unary_act_fwd_kernel(const UnaryFwd<T, Op> f, const RowSpace s) {
+  for_each_item<kVec>(f, s);
 }
 
-template <int kVec, int kItems, typename T, typename Op>
+template <int kVec, typename T, typename Op>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
-    unary_act_bwd_kernel(const UnaryBwd<T, Op> f, const Space s) {
-  grid_loop<kVec, kItems>(f, s);
+    unary_act_bwd_kernel(const UnaryBwd<T, Op> f, const RowSpace s) {
+  for_each_item<kVec>(f, s);
 }
 
-template <int kVec, int kItems, typename T, typename Op, bool kInterleaved>
+template <int kVec, typename T, typename Op, bool kInterleaved>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
-    gated_act_fwd_kernel(const GatedFwd<T, Op, kInterleaved> f, const Space s) {
-  grid_loop<kVec, kItems>(f, s);
+    gated_act_fwd_kernel(const GatedFwd<T, Op, kInterleaved> f, const RowSpace s) {
+  for_each_item<kVec>(f, s);
 }
 
-template <int kVec, int kItems, typename T, typename Op, bool kInterleaved>
+template <int kVec, typename T, typename Op, bool kInterleaved>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
-    gated_act_bwd_kernel(const GatedBwd<T, Op, kInterleaved> f, const Space s) {
-  grid_loop<kVec, kItems>(f, s);
+    gated_act_bwd_kernel(const GatedBwd<T, Op, kInterleaved> f, const RowSpace s) {
+  for_each_item<kVec>(f, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -636,13 +523,6 @@ bool aligned16(const void* p) {
 
 // A row stride keeps every row start aligned; irrelevant for a single row.
 bool stride_ok(int64_t stride, int64_t rows, int vec) { return rows == 1 || stride % vec == 0; }
-
-// Grid: one loop step per thread (kItems vectors), i.e. no persistent grid. Measured on an
-// H200 (8192 x 2*14336 bf16 silu_and_mul): a persistent grid of SMs x resident blocks looping
-// one vector per step reached 3.82 TB/s, against 4.35 TB/s for Inductor's one-tile-per-block
-// kernel; with every thread issuing its loads at once, new blocks take over as old ones retire.
-// The grid-stride loop remains for shapes beyond the grid limit.
-constexpr uint64_t kMaxGrid = (uint64_t(1) << 31) - 1;
 
 // Launch with programmatic dependent launch (PDL) on sm_90+ devices, unless the environment sets
 // ACTIVATION_PDL=0 (read once per process). With PDL a decode-sized launch that follows another
@@ -667,21 +547,21 @@ bool use_pdl() {
   return major >= 9;
 }
 
-template <auto kKernel, int kItems, typename F>
-cudaError_t launch(const F& family, Space space, cudaStream_t stream) {
-  const uint64_t vec_items = vector_items(space);
-  const uint64_t items = vec_items > space.tail_total ? vec_items : space.tail_total;
-  const uint64_t per_block = static_cast<uint64_t>(LaunchConfig::kThreads) * kItems;
-  const uint64_t wanted = (items + per_block - 1) / per_block;
-  const uint64_t grid = wanted < kMaxGrid ? wanted : kMaxGrid;
-  if (space.vecs > 0) {
-    const int64_t stride = static_cast<int64_t>(grid) * LaunchConfig::kThreads;
-    space.step_rows = stride / space.vecs;
-    space.step_cols = stride % space.vecs;
-  }
+// Block shape: 128 threads, as wide as the row's items (power of two >= 1) and as tall as that
+// leaves; grid: enough blocks across for the row, and down for the rows up to the y limit.
+template <auto kKernel, typename F>
+cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) {
+  const int64_t items = space.vecs + space.tail;  // per row, > 0
+  unsigned tx = LaunchConfig::kThreads;
+  while (tx > 1 && static_cast<int64_t>(tx / 2) >= items) tx /= 2;
+  const unsigned ty = LaunchConfig::kThreads / tx;
+  const int64_t blocks_x = (items + tx - 1) / tx;
+  const int64_t blocks_y = (space.rows + ty - 1) / ty;
+  if (blocks_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(LaunchConfig::kThreads);
+  config.gridDim = dim3(static_cast<unsigned>(blocks_x),
+                        static_cast<unsigned>(std::min<int64_t>(blocks_y, LaunchConfig::kMaxGridY)));
+  config.blockDim = dim3(tx, ty);
   config.stream = stream;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -758,16 +638,14 @@ cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t
     rows = 1;
   }
   constexpr int V = kVecWidth<T>;
-  constexpr int kVecItems = LaunchConfig::items<T, V>(LaunchConfig::kUnaryFwdOutputs);
-  constexpr int kScalarItems = LaunchConfig::items<T, 1>(LaunchConfig::kUnaryFwdOutputs);
   const UnaryFwd<T, Op> f{static_cast<T*>(p.out), static_cast<const T*>(p.input),
                           p.out_row_stride, p.input_row_stride, op};
   if (all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, rows, V)) {
-    return launch<unary_act_fwd_kernel<V, kVecItems, T, Op>, kVecItems>(
+    return launch<unary_act_fwd_kernel<V, T, Op>>(
         f, make_space(rows, n, V), stream);
   }
-  return launch<unary_act_fwd_kernel<1, kScalarItems, T, Op>, kScalarItems>(
+  return launch<unary_act_fwd_kernel<1, T, Op>>(
       f, make_space(rows, n, 1), stream);
 }
 
@@ -782,18 +660,16 @@ cudaError_t run_unary_bwd(const Op& op, const UnaryActBwdParams& p, cudaStream_t
     rows = 1;
   }
   constexpr int V = kVecWidth<T>;
-  constexpr int kVecItems = LaunchConfig::items<T, V>(LaunchConfig::kUnaryBwdOutputs);
-  constexpr int kScalarItems = LaunchConfig::items<T, 1>(LaunchConfig::kUnaryBwdOutputs);
   const UnaryBwd<T, Op> f{static_cast<T*>(p.grad_input), static_cast<const T*>(p.grad_out),
                           static_cast<const T*>(p.input), p.grad_input_row_stride,
                           p.grad_out_row_stride, p.input_row_stride, op};
   if (all_aligned({p.grad_input, p.grad_out, p.input}) &&
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride}, rows,
                      V)) {
-    return launch<unary_act_bwd_kernel<V, kVecItems, T, Op>, kVecItems>(
+    return launch<unary_act_bwd_kernel<V, T, Op>>(
         f, make_space(rows, n, V), stream);
   }
-  return launch<unary_act_bwd_kernel<1, kScalarItems, T, Op>, kScalarItems>(
+  return launch<unary_act_bwd_kernel<1, T, Op>>(
       f, make_space(rows, n, 1), stream);
 }
 
@@ -808,16 +684,14 @@ cudaError_t run_gated_fwd(const Op& op, const GatedActFwdParams& p, cudaStream_t
   if (p.rows < 0 || p.d < 0) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   constexpr int V = kVecWidth<T>;
-  constexpr int kVecItems = LaunchConfig::items<T, V>(LaunchConfig::kGatedFwdOutputs);
-  constexpr int kScalarItems = LaunchConfig::items<T, 1>(LaunchConfig::kGatedFwdOutputs);
   const GatedFwd<T, Op, kInterleaved> f{static_cast<T*>(p.out), static_cast<const T*>(p.input),
                                         p.out_row_stride, p.input_row_stride, p.d, op};
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, p.rows, V)) {
-    return launch<gated_act_fwd_kernel<V, kVecItems, T, Op, kInterleaved>, kVecItems>(
+    return launch<gated_act_fwd_kernel<V, T, Op, kInterleaved>>(
         f, make_space(p.rows, p.d, V), stream);
   }
-  return launch<gated_act_fwd_kernel<1, kScalarItems, T, Op, kInterleaved>, kScalarItems>(
+  return launch<gated_act_fwd_kernel<1, T, Op, kInterleaved>>(
       f, make_space(p.rows, p.d, 1), stream);
 }
 
@@ -826,8 +700,6 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
   if (p.rows < 0 || p.d < 0) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   constexpr int V = kVecWidth<T>;
-  constexpr int kVecItems = LaunchConfig::items<T, V>(LaunchConfig::kGatedBwdOutputs);
-  constexpr int kScalarItems = LaunchConfig::items<T, 1>(LaunchConfig::kGatedBwdOutputs);
   const GatedBwd<T, Op, kInterleaved> f{
       static_cast<T*>(p.grad_input), static_cast<const T*>(p.grad_out),
       static_cast<const T*>(p.input), p.grad_input_row_stride, p.grad_out_row_stride,
@@ -835,10 +707,10 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.grad_input, p.grad_out, p.input}) &&
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride},
                      p.rows, V)) {
-    return launch<gated_act_bwd_kernel<V, kVecItems, T, Op, kInterleaved>, kVecItems>(
+    return launch<gated_act_bwd_kernel<V, T, Op, kInterleaved>>(
         f, make_space(p.rows, p.d, V), stream);
   }
-  return launch<gated_act_bwd_kernel<1, kScalarItems, T, Op, kInterleaved>, kScalarItems>(
+  return launch<gated_act_bwd_kernel<1, T, Op, kInterleaved>>(
       f, make_space(p.rows, p.d, 1), stream);
 }
 
