@@ -71,6 +71,9 @@ struct LaunchConfig {
   static constexpr int kThreads = 128;
   static constexpr int kVectorBytes = 16;
   static constexpr unsigned kMaxGridY = 65535;
+  // The unary forward moves only 16 B in and 16 B out per vector: with one vector per thread it
+  // reached 80% of the copy bandwidth (8192 x 14336 bf16 silu, H200), against 96% for two.
+  static constexpr int kUnaryFwdItems = 2;
 };
 
 template <typename T>
@@ -204,21 +207,34 @@ __device__ __forceinline__ void release_dependent_grid() {
 }
 
 // The family F provides load<V>(row, elem) -> Frag<V> and finish<V>(frag, row, elem) (compute
-// and store) for V = kVec and V = 1. No division and, below 65536 rows, no loop: a decode-sized
-// launch is one short dependent chain per thread.
-template <int kVec, typename F>
+// and store) for V = kVec and V = 1. A block covers kItems * blockDim.x item columns; thread t
+// takes columns t, t + blockDim.x, ... (coalesced), issuing all loads before any math. No
+// division and, below 65536 row blocks, no loop: a decode-sized launch is one short dependent
+// chain per thread.
+template <int kVec, int kItems, typename F>
 __device__ __forceinline__ void for_each_item(const F& f, const RowSpace& s) {
   wait_for_prerequisite_grid();
   release_dependent_grid();
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  using Frag = typename F::template Frag<kVec>;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
   const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < s.rows;
        row += row_step) {
-    if (j < s.vecs) {
-      f.template finish<kVec>(f.template load<kVec>(row, j * kVec), row, j * kVec);
-    } else if constexpr (kVec > 1) {
-      const int64_t e = s.tail_start + (j - s.vecs);
-      if (j - s.vecs < s.tail) f.template finish<1>(f.template load<1>(row, e), row, e);
+    Frag frag[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = j0 + k * blockDim.x;
+      if (j < s.vecs) frag[k] = f.template load<kVec>(row, j * kVec);
+    }
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = j0 + k * blockDim.x;
+      if (j < s.vecs) {
+        f.template finish<kVec>(frag[k], row, j * kVec);
+      } else if constexpr (kVec > 1) {
+        const int64_t e = s.tail_start + (j - s.vecs);
+        if (j - s.vecs < s.tail) f.template finish<1>(f.template load<1>(row, e), row, e);
+      }
     }
   }
 }
@@ -489,28 +505,28 @@ template <typename T, typename Op, bool kInterleaved> struct GatedBwd {
 // ---------------------------------------------------------------------------------------------
 // Kernels: one per family, all running the same grid loop.
 // ---------------------------------------------------------------------------------------------
-template <int kVec, typename T, typename Op>
+template <int kVec, int kItems, typename T, typename Op>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
     unary_act_fwd_kernel(const UnaryFwd<T, Op> f, const RowSpace s) {
-  for_each_item<kVec>(f, s);
+  for_each_item<kVec, kItems>(f, s);
 }
 
-template <int kVec, typename T, typename Op>
+template <int kVec, int kItems, typename T, typename Op>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
     unary_act_bwd_kernel(const UnaryBwd<T, Op> f, const RowSpace s) {
-  for_each_item<kVec>(f, s);
+  for_each_item<kVec, kItems>(f, s);
 }
 
-template <int kVec, typename T, typename Op, bool kInterleaved>
+template <int kVec, int kItems, typename T, typename Op, bool kInterleaved>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
     gated_act_fwd_kernel(const GatedFwd<T, Op, kInterleaved> f, const RowSpace s) {
-  for_each_item<kVec>(f, s);
+  for_each_item<kVec, kItems>(f, s);
 }
 
-template <int kVec, typename T, typename Op, bool kInterleaved>
+template <int kVec, int kItems, typename T, typename Op, bool kInterleaved>
 __global__ void __launch_bounds__(LaunchConfig::kThreads)
     gated_act_bwd_kernel(const GatedBwd<T, Op, kInterleaved> f, const RowSpace s) {
-  for_each_item<kVec>(f, s);
+  for_each_item<kVec, kItems>(f, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,15 +563,16 @@ bool use_pdl() {
   return major >= 9;
 }
 
-// Block shape: 128 threads, as wide as the row's items (power of two >= 1) and as tall as that
-// leaves; grid: enough blocks across for the row, and down for the rows up to the y limit.
-template <auto kKernel, typename F>
+// Block shape: 128 threads, as wide as the row's items need (a power of two) and as tall as
+// that leaves; grid: enough blocks across for the row, and down for the rows up to the y limit.
+template <auto kKernel, int kItems, typename F>
 cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) {
   const int64_t items = space.vecs + space.tail;  // per row, > 0
   unsigned tx = LaunchConfig::kThreads;
-  while (tx > 1 && static_cast<int64_t>(tx / 2) >= items) tx /= 2;
+  while (tx > 1 && static_cast<int64_t>(tx / 2) * kItems >= items) tx /= 2;
   const unsigned ty = LaunchConfig::kThreads / tx;
-  const int64_t blocks_x = (items + tx - 1) / tx;
+  const int64_t per_block = static_cast<int64_t>(tx) * kItems;
+  const int64_t blocks_x = (items + per_block - 1) / per_block;
   const int64_t blocks_y = (space.rows + ty - 1) / ty;
   if (blocks_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   cudaLaunchConfig_t config = {};
@@ -638,14 +655,16 @@ cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t
     rows = 1;
   }
   constexpr int V = kVecWidth<T>;
+  // fp64 keeps one vector: its long precise math spilled with two in flight.
+  constexpr int kItems = sizeof(T) == 8 ? 1 : LaunchConfig::kUnaryFwdItems;
   const UnaryFwd<T, Op> f{static_cast<T*>(p.out), static_cast<const T*>(p.input),
                           p.out_row_stride, p.input_row_stride, op};
   if (all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, rows, V)) {
-    return launch<unary_act_fwd_kernel<V, T, Op>>(
+    return launch<unary_act_fwd_kernel<V, kItems, T, Op>, kItems>(
         f, make_space(rows, n, V), stream);
   }
-  return launch<unary_act_fwd_kernel<1, T, Op>>(
+  return launch<unary_act_fwd_kernel<1, kItems, T, Op>, kItems>(
       f, make_space(rows, n, 1), stream);
 }
 
@@ -666,10 +685,10 @@ cudaError_t run_unary_bwd(const Op& op, const UnaryActBwdParams& p, cudaStream_t
   if (all_aligned({p.grad_input, p.grad_out, p.input}) &&
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride}, rows,
                      V)) {
-    return launch<unary_act_bwd_kernel<V, T, Op>>(
+    return launch<unary_act_bwd_kernel<V, 1, T, Op>, 1>(
         f, make_space(rows, n, V), stream);
   }
-  return launch<unary_act_bwd_kernel<1, T, Op>>(
+  return launch<unary_act_bwd_kernel<1, 1, T, Op>, 1>(
       f, make_space(rows, n, 1), stream);
 }
 
@@ -688,10 +707,10 @@ cudaError_t run_gated_fwd(const Op& op, const GatedActFwdParams& p, cudaStream_t
                                         p.out_row_stride, p.input_row_stride, p.d, op};
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, p.rows, V)) {
-    return launch<gated_act_fwd_kernel<V, T, Op, kInterleaved>>(
+    return launch<gated_act_fwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
         f, make_space(p.rows, p.d, V), stream);
   }
-  return launch<gated_act_fwd_kernel<1, T, Op, kInterleaved>>(
+  return launch<gated_act_fwd_kernel<1, 1, T, Op, kInterleaved>, 1>(
       f, make_space(p.rows, p.d, 1), stream);
 }
 
@@ -707,10 +726,10 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.grad_input, p.grad_out, p.input}) &&
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride},
                      p.rows, V)) {
-    return launch<gated_act_bwd_kernel<V, T, Op, kInterleaved>>(
+    return launch<gated_act_bwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
         f, make_space(p.rows, p.d, V), stream);
   }
-  return launch<gated_act_bwd_kernel<1, T, Op, kInterleaved>>(
+  return launch<gated_act_bwd_kernel<1, 1, T, Op, kInterleaved>, 1>(
       f, make_space(p.rows, p.d, 1), stream);
 }
 
