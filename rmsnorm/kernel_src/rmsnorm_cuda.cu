@@ -1,0 +1,1407 @@
+// rmsnorm_cuda.cu: CUDA kernels and host launchers of the RMSNorm ops (rmsnorm_cuda.h).
+//
+// What it computes: the forward and backward of rmsnorm_params.h, per row of a [rows, hidden]
+// matrix: r = input (+ residual, rounded to the input dtype, written to residual_out),
+// rstd = rsqrtf(sum(r^2) / hidden + eps) with the sum in fp32, n = r * rstd, optionally rounded
+// to norm_dtype (LlamaRMSNorm), times weight_offset + weight (Gemma: offset 1), optionally
+// modulated per sample (y * (1 + scale[b]) + shift[b]), rounded once to the output dtype. The
+// backward recomputes rstd from the normalized tensor and writes grad_input (+ grad_residual) and
+// the column sums grad_weight, and per sample grad_scale and grad_shift.
+// Dtypes: input fp32/fp16/bf16; weight and out the input dtype or fp32 (9 combinations, one
+// template instance each); all math in fp32. bf16 only goes through conversions (emulated on
+// sm_75), so it builds for sm_75 .. sm_120.
+// Layout: unit stride along hidden, any row stride (elements), 64-bit sizes and offsets. In
+// place: out may be input and residual_out may be residual (forward), grad_input may be grad_out
+// or grad_residual (backward), with the same dtype and strides: every element is written only by
+// the thread that read it, after it read it.
+//
+// Design (memory-bound: the goals are the device copy bandwidth for large shapes and one short
+// wave for decode-sized ones; bytes = each tensor read once and written once):
+// - A row is handled by a group of `group` consecutive threads: a power of two up to 32, or whole
+//   warps up to 1024. Thread `lane` of the group owns the chunks lane + k * group, k < kChunks,
+//   of the row, a chunk being one 16-byte vector of the input dtype (8 x fp16/bf16, 4 x fp32)
+//   when every row start of every tensor is 16-byte aligned and hidden is a multiple of it, else
+//   one element (the scalar path: same kernels with kVec = 1). Chunks stay in registers in the
+//   input dtype (r is rounded to it by definition, so this is exact) between the sum of squares
+//   and the scaling: each tensor is read once, with all of a thread's loads in flight at once.
+// - Forward shape (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per
+//   thread in flight) and group = chunks / 4 threads, with several rows per CTA below 128
+//   threads; decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits, so a
+//   row spreads over up to 1024 threads and no thread loops over the row. hidden up to 4096
+//   chunks (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stays in registers;
+//   wider rows run a two-pass kernel (one CTA per row; sum, then scale, the second read mostly
+//   served by L2).
+// - Sums: fp32 per chunk, then per thread, then a warp butterfly and (groups of several warps)
+//   one shared-memory step, in a fixed order, so all threads of a row hold the same bits.
+// - Backward: persistent CTAs, each over a contiguous range of rows of one sample (BwdPartition),
+//   with the same register-resident rows (kChunks x kVec <= 16 columns per thread) and two sums
+//   per row (sum r^2 and sum gn * r). Each thread keeps fp32 column partial sums of grad_weight
+//   (and of grad_scale / grad_shift) for its columns over all rows of its CTA; at the end the CTA
+//   writes one row of partials into the workspace, [partials, hidden] per reduction, and a second
+//   small kernel sums the partials of each column in a fixed order into grad_weight (all
+//   partials) and grad_scale / grad_shift (the partials of each sample), rounded once. No atomics:
+//   results are deterministic. Rows wider than the register path take a two-pass kernel that
+//   accumulates its partials in its own workspace row.
+// - Memory hints: activations are loaded with L1::no_allocate (coherent, since outputs may alias
+//   them), weight / scale / shift through the read-only path (L1-resident, reused by every row),
+//   outputs stored with .cs (evict-first); rmsnorm_cuda_utils.cuh.
+// - Programmatic dependent launch on sm_90+ (RMSNORM_PDL=0 disables), as in activation_cuda.cu:
+//   each kernel waits for its predecessor before its first global access and releases its
+//   dependents right away, so a decode-sized launch overlaps its launch latency with the
+//   predecessor's tail.
+// - Launch heuristics live in LaunchConfig and the plan functions only.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <type_traits>
+
+#include "rmsnorm_cuda.h"
+#include "rmsnorm_cuda_utils.cuh"
+#include "rmsnorm_params.h"
+
+namespace rmsnorm {
+namespace cuda {
+namespace {
+
+using detail::Chunk;
+using detail::FastDivU64;
+using detail::from_float;
+using detail::launder;
+using detail::launder_pointer;
+using detail::Ld;
+using detail::NormRound;
+using detail::St;
+using detail::chunk_from_float;
+using detail::group_sum;
+using detail::load_chunk;
+using detail::round_norm;
+using detail::store_chunk;
+
+// ---------------------------------------------------------------------------------------------
+// Launch configuration: the only place where the launch heuristics live.
+// ---------------------------------------------------------------------------------------------
+struct LaunchConfig {
+  static constexpr int kVectorBytes = 16;
+
+  // Forward, register-resident rows. kChunks (16-byte vectors per thread) is one of 1, 2, 4, 8.
+  // 1 and 2 allow groups of 1024 threads, with at most 64 registers; 4 and 8 groups of 512, with
+  // at most 64 (4: two CTAs of 512 per SM) and 128 registers (8). Widest register row: 512 x 8.
+  static constexpr int kFwdMaxRegisterChunks = 512 * 8;
+  // Rows that fill the GPU: 4 vectors per thread, 64 bytes of input in flight per thread and
+  // 64 KB per SM at 1024 resident threads, against ~26 KB/SM that Little's law asks of an H200
+  // (4.2 TB/s x ~0.8 us / 132 SMs).
+  static constexpr int kFwdChunksManyRows = 4;
+  // rows <= kFwdFewRowsPerSm x SMs: decode-sized, one wave whatever the shape; the fewest
+  // vectors per thread (the widest group) minimise the serial work per thread.
+  static constexpr int kFwdFewRowsPerSm = 4;
+  // Small groups share a CTA up to this many threads (rows per CTA = 128 / group).
+  static constexpr int kFwdCtaThreads = 128;
+  // Two-pass forward (rows of more than kFwdMaxRegisterChunks chunks): one CTA per row.
+  static constexpr int kTwoPassThreads = 512;
+
+  // Backward, register-resident rows: kChunks x kVec = 16 columns per thread on the vector path
+  // (2 vectors of 8 fp16/bf16, 4 of 4 fp32), 8 elements on the scalar path, groups of up to 512
+  // threads: hidden up to 8192 (4096 on the scalar path) stays in registers.
+  static constexpr int kBwdVecColumns = 16;
+  static constexpr int kBwdScalarChunks = 4;
+  static constexpr int kBwdMaxGroup = 512;
+  static constexpr int kBwdMaxDataRegs = 80;
+  static constexpr int kBwdTwoCtaDataRegs = 40;
+  static constexpr int kBwdCtaThreads = 512;
+  static constexpr int kBwdCtasPerSm = 2;
+  // Fewer CTAs rather than fewer than 4 rows each: the partials cost 8 bytes per column per CTA
+  // (write + read back), against 4-6 bytes per column per row for the row data.
+  static constexpr int kBwdMinRowsPerCta = 4;
+  static constexpr int kBwdWideThreads = 512;
+  // Column reduction of the partials: 16 warps of one block split the partials of 32 columns,
+  // each warp with 8 loads in flight.
+  static constexpr int kReduceThreads = 512;
+  static constexpr int kReduceUnroll = 8;
+
+  static constexpr int max_group(int chunks) { return chunks <= 2 ? 1024 : 512; }
+};
+
+constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
+
+template <int kChunks> struct FwdBounds {
+  static constexpr int kThreads = LaunchConfig::max_group(kChunks);
+  static constexpr int kMinBlocks = kChunks == 4 ? 2 : 1;
+};
+
+// Backward register budget. data_regs estimates the registers of what a thread keeps across a
+// row's reduction: x, grad_out, grad_residual, weight (and scale) chunks, and the fp32 column
+// partials of grad_scale / grad_shift (grad_weight's accumulate in shared memory). kChunks halves from kBwdVecColumns / kVec
+// (kBwdScalarChunks on the scalar path) until the estimate is at most kBwdMaxDataRegs; CTAs get
+// 64 registers (two of 512 per SM) when it is at most kBwdTwoCtaDataRegs, else 128.
+template <typename Tin, typename Tw, typename Tout, int kVec, int kMode> struct BwdShape {
+  template <typename T> static constexpr int regs(int chunks) {
+    return chunks * (sizeof(T) * kVec < 4 ? 1 : static_cast<int>(sizeof(T)) * kVec / 4);
+  }
+  static constexpr int data_regs(int chunks) {
+    return 2 * regs<Tin>(chunks) + regs<Tout>(chunks) + regs<Tw>(chunks) +
+           (kMode != 0 ? regs<Tin>(chunks) : 0) + (kMode == 2 ? 2 * chunks * kVec : 0);
+  }
+  static constexpr int chunks() {
+    int k = kVec == 1 ? LaunchConfig::kBwdScalarChunks : LaunchConfig::kBwdVecColumns / kVec;
+    while (k > 1 && data_regs(k) > LaunchConfig::kBwdMaxDataRegs) k /= 2;
+    return k;
+  }
+  static constexpr int kChunks = chunks();
+  static constexpr int kMinBlocks = data_regs(kChunks) <= LaunchConfig::kBwdTwoCtaDataRegs ? 2 : 1;
+};
+
+template <typename T> constexpr int kVecWidth = LaunchConfig::kVectorBytes / static_cast<int>(sizeof(T));
+
+__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+; no-ops when the launch did not ask for it, and not
+// compiled for older targets). The wait comes before any global memory access: a grid launched
+// early must see all of its predecessor's writes and must not overwrite what the predecessor may
+// still read. Releasing dependents right away only lets the next PDL kernel become resident; it
+// still waits for this grid to complete before its own first access.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Calls f(std::integral_constant<NormRound, R>{}) for the runtime value r (uniform branch
+// outside the element loops).
+template <typename F> __device__ __forceinline__ void with_norm_round(NormRound r, F&& f) {
+  switch (r) {
+    case NormRound::kHalf: f(std::integral_constant<NormRound, NormRound::kHalf>{}); break;
+    case NormRound::kBFloat16: f(std::integral_constant<NormRound, NormRound::kBFloat16>{}); break;
+    default: f(std::integral_constant<NormRound, NormRound::kNone>{}); break;
+  }
+}
+template <typename F> __device__ __forceinline__ void with_bool(bool b, F&& f) {
+  if (b) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward.
+// ---------------------------------------------------------------------------------------------
+struct FwdArgs {
+  void* out;                     // [rows, hidden], Tout
+  const void* input;             // [rows, hidden], Tin
+  const void* residual;          // [rows, hidden], Tin, or null (no fused add)
+  void* residual_out;            // [rows, hidden], Tin, set with residual
+  const void* weight;            // [hidden], Tw, or null (w' = 1)
+  const void* scale;             // [batch, hidden], Tin, or null (not modulated)
+  const void* shift;             // [batch, hidden], Tin, set with scale
+  float* rstd;                   // [rows] or null
+  int64_t out_stride;
+  int64_t input_stride;
+  int64_t residual_stride;
+  int64_t residual_out_stride;
+  int64_t scale_stride;
+  int64_t shift_stride;
+  int64_t rows;
+  int64_t hidden;
+  int64_t chunks;                // chunks per row: hidden / kVec
+  int64_t row_blocks;            // ceil(rows / rows_per_cta)
+  FastDivU64 sample_of_row;      // row / rows_per_sample
+  float inv_hidden;              // 1 / hidden, rounded to fp32
+  float weight_offset;
+  float eps;
+  int group;                     // threads per row
+  int rows_per_cta;
+  NormRound norm_round;
+};
+
+// Registers a thread may spend on weight chunks kept from the start (loaded once for all its
+// rows); above it the weight is read in the epilogue, from L1 for the most part.
+constexpr int kMaxPrefetchWeightBytes = 32;
+
+// Stores y = round_norm(r * rstd) * w' (* (1 + scale) + shift) of one chunk at out.
+template <NormRound kRound, bool kModulated, typename Tin, typename Tw, typename Tout, int kVec>
+__device__ __forceinline__ void fwd_store_chunk(Tout* out, const Chunk<Tin, kVec>& r,
+                                                const Chunk<Tw, kVec>& w, bool has_weight,
+                                                float weight_offset, const Tin* scale,
+                                                const Tin* shift, float rstd) {
+  Chunk<Tin, kVec> s{}, sh{};
+  if constexpr (kModulated) {
+    s = load_chunk<Ld::kReadOnly, Tin, kVec>(scale);
+    sh = load_chunk<Ld::kReadOnly, Tin, kVec>(shift);
+  }
+  float y[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float v = round_norm<kRound>(r.get(j) * rstd);
+    if (has_weight) v *= weight_offset + w.get(j);
+    if constexpr (kModulated) v = v * (1.0f + s.get(j)) + sh.get(j);
+    y[j] = v;
+  }
+  store_chunk<St::kStream>(out, chunk_from_float<Tout, kVec>(y));
+}
+
+// The epilogue of one row of the register-resident forward: all chunks of this thread.
+template <NormRound kRound, bool kModulated, bool kPrefetchedWeight, typename Tout, typename Tin,
+          typename Tw, int kVec, int kChunks>
+__device__ __forceinline__ void fwd_store_row(const FwdArgs& a, const Chunk<Tin, kVec> (&x)[kChunks],
+                                              const Chunk<Tw, kVec> (&w)[kChunks],
+                                              int64_t row, int lane, int chunks, float rstd) {
+  const Tw* weight = static_cast<const Tw*>(a.weight);
+  const bool has_weight = weight != nullptr;
+  Tout* out = static_cast<Tout*>(a.out) + row * a.out_stride;
+  const Tin* scale = nullptr;
+  const Tin* shift = nullptr;
+  if constexpr (kModulated) {
+    const int64_t b = a.sample_of_row.div(row);
+    scale = static_cast<const Tin*>(a.scale) + b * a.scale_stride;
+    shift = static_cast<const Tin*>(a.shift) + b * a.shift_stride;
+  }
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * a.group;
+    if (c < chunks) {
+      Chunk<Tw, kVec> wk{};
+      if constexpr (kPrefetchedWeight) {
+        wk = w[k];
+      } else if (has_weight) {
+        wk = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
+      }
+      fwd_store_chunk<kRound, kModulated>(out + c * kVec, x[k], wk, has_weight, a.weight_offset,
+                                          scale + c * kVec, shift + c * kVec, rstd);
+    }
+  }
+}
+
+// Register-resident forward: each group of `group` threads normalizes one row per step.
+template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
+__global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunks>::kMinBlocks)
+    rms_norm_fwd_kernel(const FwdArgs a) {
+  constexpr bool kPrefetchW =
+      static_cast<int>(sizeof(Tw)) * kVec * kChunks <= kMaxPrefetchWeightBytes;
+  __shared__ float red[2][1][32];
+  pdl_wait_and_release();
+  const int group = a.group;
+  const int slot = static_cast<int>(threadIdx.x) / group;
+  const int lane = static_cast<int>(threadIdx.x) - slot * group;
+  const int chunks = static_cast<int>(a.chunks);  // <= kFwdMaxRegisterChunks
+  const Tw* weight = static_cast<const Tw*>(a.weight);
+  const bool fused = a.residual != nullptr;
+
+  // The columns of a thread are the same in every row: its weight chunks are loaded once.
+  Chunk<Tw, kVec> w[kChunks] = {};
+  if constexpr (kPrefetchW) {
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = lane + k * group;
+      if (weight != nullptr && c < chunks) {
+        w[k] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
+      }
+    }
+  }
+
+  int parity = 0;
+  for (int64_t block_row = blockIdx.x; block_row < a.row_blocks; block_row += gridDim.x) {
+    const int64_t row = block_row * a.rows_per_cta + slot;
+    const bool active = row < a.rows;
+    Chunk<Tin, kVec> x[kChunks] = {};  // r, in the input dtype
+    float ss[1] = {0.0f};
+    if (active) {
+      const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int c = lane + k * group;
+        if (c < chunks) x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
+      }
+      if (fused) {
+        const Tin* res = static_cast<const Tin*>(a.residual) + row * a.residual_stride;
+        Tin* res_out = static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride;
+        Chunk<Tin, kVec> rv[kChunks] = {};
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) {
+          const int c = lane + k * group;
+          if (c < chunks) rv[k] = load_chunk<Ld::kStream, Tin, kVec>(res + c * kVec);
+        }
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) {
+          const int c = lane + k * group;
+          if (c < chunks) {
+            float f[kVec];
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) f[j] = x[k].get(j) + rv[k].get(j);
+            x[k] = chunk_from_float<Tin, kVec>(f);
+            store_chunk<St::kStream>(res_out + c * kVec, x[k]);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int c = lane + k * group;
+        if (c < chunks) {
+          float part = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float f = x[k].get(j);
+            part += f * f;
+          }
+          ss[0] += part;
+        }
+      }
+    }
+    group_sum<1>(ss, group, red[parity]);
+    parity ^= 1;
+    launder(x);
+    if constexpr (kPrefetchW) launder(w);
+    if (!active) continue;
+    const float rstd = rsqrtf(ss[0] * a.inv_hidden + a.eps);
+    if (lane == 0 && a.rstd != nullptr) a.rstd[row] = rstd;
+
+    with_norm_round(a.norm_round, [&](auto round_tag) {
+      with_bool(a.scale != nullptr, [&](auto mod_tag) {
+        fwd_store_row<decltype(round_tag)::value, decltype(mod_tag)::value, kPrefetchW, Tout>(
+            a, x, w, row, lane, chunks, rstd);
+      });
+    });
+  }
+}
+
+// Rows wider than the register path: one CTA per row, sum of squares over the row, then a
+// second pass that reads the row again (from L2 for the most part) and writes the output. With
+// the fused add, pass 1 writes residual_out and pass 2 reads it back: both through plain
+// accesses, by the thread that owns those columns in both passes.
+template <typename Tin, typename Tw, typename Tout, int kVec>
+__global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads)
+    rms_norm_fwd_two_pass_kernel(const FwdArgs a) {
+  constexpr int kUnroll = kVec == 1 ? 8 : 4;
+  __shared__ float red[2][1][32];
+  pdl_wait_and_release();
+  const int64_t threads = blockDim.x;
+  const int64_t step = threads * kUnroll;
+  const Tw* weight = static_cast<const Tw*>(a.weight);
+  const bool has_weight = weight != nullptr;
+  const bool fused = a.residual != nullptr;
+
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
+    const Tin* res = fused ? static_cast<const Tin*>(a.residual) + row * a.residual_stride : nullptr;
+    Tin* res_out = fused ? static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride : nullptr;
+    float ss[1] = {0.0f};
+    for (int64_t base = threadIdx.x; base < a.chunks; base += step) {
+      Chunk<Tin, kVec> x[kUnroll] = {};
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + u * threads;
+        if (c < a.chunks) x[u] = load_chunk<Ld::kPlain, Tin, kVec>(in + c * kVec);
+      }
+      if (fused) {
+        Chunk<Tin, kVec> rv[kUnroll] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * threads;
+          if (c < a.chunks) rv[u] = load_chunk<Ld::kPlain, Tin, kVec>(res + c * kVec);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * threads;
+          if (c < a.chunks) {
+            float f[kVec];
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) f[j] = x[u].get(j) + rv[u].get(j);
+            x[u] = chunk_from_float<Tin, kVec>(f);
+            store_chunk<St::kPlain>(res_out + c * kVec, x[u]);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + u * threads;
+        if (c < a.chunks) {
+          float part = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float f = x[u].get(j);
+            part += f * f;
+          }
+          ss[0] += part;
+        }
+      }
+    }
+    group_sum<1>(ss, static_cast<int>(threads), red[parity]);
+    parity ^= 1;
+    const float rstd = rsqrtf(ss[0] * a.inv_hidden + a.eps);
+    if (threadIdx.x == 0 && a.rstd != nullptr) a.rstd[row] = rstd;
+
+    const Tin* src = fused ? res_out : in;  // the normalized tensor r
+    with_norm_round(a.norm_round, [&](auto round_tag) {
+      with_bool(a.scale != nullptr, [&](auto mod_tag) {
+        constexpr NormRound kRound = decltype(round_tag)::value;
+        constexpr bool kModulated = decltype(mod_tag)::value;
+        Tout* out = static_cast<Tout*>(a.out) + row * a.out_stride;
+        const Tin* scale = nullptr;
+        const Tin* shift = nullptr;
+        if constexpr (kModulated) {
+          const int64_t b = a.sample_of_row.div(row);
+          scale = static_cast<const Tin*>(a.scale) + b * a.scale_stride;
+          shift = static_cast<const Tin*>(a.shift) + b * a.shift_stride;
+        }
+        for (int64_t base = threadIdx.x; base < a.chunks; base += step) {
+          Chunk<Tin, kVec> x[kUnroll] = {};
+          Chunk<Tw, kVec> w[kUnroll] = {};
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            const int64_t c = base + u * threads;
+            if (c < a.chunks) {
+              x[u] = load_chunk<Ld::kPlain, Tin, kVec>(src + c * kVec);
+              if (has_weight) w[u] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            const int64_t c = base + u * threads;
+            if (c < a.chunks) {
+              fwd_store_chunk<kRound, kModulated>(out + c * kVec, x[u], w[u], has_weight,
+                                                  a.weight_offset, scale + c * kVec,
+                                                  shift + c * kVec, rstd);
+            }
+          }
+        }
+      });
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward.
+// ---------------------------------------------------------------------------------------------
+struct BwdArgs {
+  void* grad_input;              // [rows, hidden], Tin
+  const void* grad_out;          // [rows, hidden], Tout
+  const void* input;             // [rows, hidden], Tin: the normalized tensor r
+  const void* grad_residual;     // [rows, hidden], Tin, or null
+  const void* weight;            // [hidden], Tw, or null
+  const void* scale;             // [batch, hidden], Tin, or null (not modulated)
+  float* ws_weight;              // [partials, hidden] partial sums of grad_weight, or null
+  float* ws_scale;               // [partials, hidden] of grad_scale, or null
+  float* ws_shift;               // [partials, hidden] of grad_shift, or null
+  int64_t grad_input_stride;
+  int64_t grad_out_stride;
+  int64_t input_stride;
+  int64_t grad_residual_stride;
+  int64_t scale_stride;
+  int64_t rows;
+  int64_t hidden;
+  int64_t chunks;                // chunks per row: hidden / kVec
+  int64_t rows_per_sample;       // rows when not modulated
+  int64_t ctas_per_sample;       // partials of one sample
+  int64_t rows_per_cta;          // rows of one partial (the last of a sample may have fewer)
+  int64_t partials;              // batch x ctas_per_sample
+  FastDivU64 sample_of_partial;  // part / ctas_per_sample
+  float inv_hidden;
+  float weight_offset;
+  float eps;
+  int group;                     // threads per row
+  int slots;                     // rows in flight per CTA (groups per CTA)
+  NormRound norm_round;
+};
+
+// Backward modes: what the scale of a modulated forward adds.
+enum BwdMode : int {
+  kBwdPlain = 0,        // no scale
+  kBwdModulated = 1,    // gy = grad_out * (1 + scale), no grad_scale / grad_shift
+  kBwdModGrads = 2,     // and the grad_scale / grad_shift partials
+};
+
+// Rows [begin, end) of partial `part`: a contiguous range inside one sample (possibly empty).
+struct RowRange {
+  int64_t sample;
+  int64_t begin;
+  int64_t end;
+};
+__device__ __forceinline__ RowRange partial_rows(const BwdArgs& a, int64_t part) {
+  RowRange r;
+  r.sample = a.sample_of_partial.div(part);
+  const int64_t first = r.sample * a.rows_per_sample;
+  const int64_t sample_end = min64(first + a.rows_per_sample, a.rows);
+  r.begin = first + (part - r.sample * a.ctas_per_sample) * a.rows_per_cta;
+  r.end = min64(r.begin + a.rows_per_cta, sample_end);
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+// The per-element backward terms: go = grad_out, gy = go (* (1 + scale)), w', gn = gy * w'.
+// `modulated` is a compile-time constant in the register-resident kernel.
+struct BwdTerms {
+  float go, gy, wp, gn;
+};
+__device__ __forceinline__ BwdTerms bwd_terms(float g, float w, float s, bool has_weight,
+                                              bool modulated, float weight_offset) {
+  BwdTerms t;
+  t.go = g;
+  t.gy = modulated ? t.go * (1.0f + s) : t.go;
+  t.wp = has_weight ? weight_offset + w : 1.0f;
+  t.gn = t.gy * t.wp;
+  return t;
+}
+
+// ws[c * kVec + j] += add[j] (the wide backward's partials; plain accesses, owner thread only).
+template <int kVec>
+__device__ __forceinline__ void accumulate_partial(float* ws, int64_t c, const float (&add)[kVec]) {
+  if (ws == nullptr) return;
+  const Chunk<float, kVec> p = load_chunk<Ld::kPlain, float, kVec>(ws + c * kVec);
+  float sum[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) sum[j] = p.get(j) + add[j];
+  store_chunk<St::kPlain>(ws + c * kVec, chunk_from_float<float, kVec>(sum));
+}
+
+// acc_smem[slot, hidden]: the grad_weight column partials of the CTA, one row per slot, each
+// element read and written only by the thread that owns its column (plain shared accesses).
+template <int kVec>
+__device__ __forceinline__ void add_to_smem(float* p, const float (&add)[kVec]) {
+  const Chunk<float, kVec> v = load_chunk<Ld::kPlain, float, kVec>(p);
+  float sum[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) sum[j] = v.get(j) + add[j];
+  store_chunk<St::kPlain>(p, chunk_from_float<float, kVec>(sum));
+}
+
+// Writes row `part` of ws: for each column, the sum over slots of acc_smem[slot, column]
+// (fixed order). The caller has made acc_smem complete (a barrier after the last write).
+__device__ __forceinline__ void flush_partials(float* ws, const float* acc_smem, const BwdArgs& a,
+                                               int64_t part) {
+  if (ws == nullptr) return;  // uniform
+  float* dst = ws + part * a.hidden;
+  const int hidden = static_cast<int>(a.hidden);  // <= kBwdMaxGroup x 16
+  for (int col = threadIdx.x; col < hidden; col += blockDim.x) {
+    float s = 0.0f;
+    for (int i = 0; i < a.slots; ++i) s += acc_smem[i * hidden + col];
+    dst[col] = s;
+  }
+}
+
+// Register partials (grad_scale / grad_shift): through acc_smem, once it is free, then flushed.
+template <int kVec, int kChunks>
+__device__ __forceinline__ void flush_register_partials(float* ws, const float (&acc)[kChunks][kVec],
+                                                        float* acc_smem, const BwdArgs& a,
+                                                        int64_t part, int slot, int lane) {
+  if (ws == nullptr) return;  // uniform
+  const int chunks = static_cast<int>(a.chunks);
+  __syncthreads();  // acc_smem has been read by the previous flush
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * a.group;
+    if (c < chunks) {
+      store_chunk<St::kPlain>(acc_smem + slot * a.hidden + c * kVec,
+                              chunk_from_float<float, kVec>(acc[k]));
+    }
+  }
+  __syncthreads();
+  flush_partials(ws, acc_smem, a, part);
+}
+
+// The epilogue of one row of the register-resident backward: grad_input of this thread's chunks,
+// and their contributions to the column partials.
+template <NormRound kRound, int kMode, typename Tin, typename Tw, typename Tout, int kVec,
+          int kChunks, int kModChunks, int kAccChunks>
+__device__ __forceinline__ void bwd_store_row(
+    const BwdArgs& a, const Chunk<Tin, kVec> (&x)[kChunks], const Chunk<Tout, kVec> (&g)[kChunks],
+    const Chunk<Tin, kVec> (&gr)[kChunks], const Chunk<Tw, kVec> (&w)[kChunks],
+    const Chunk<Tin, kVec> (&s)[kModChunks], float* acc_w, float (&acc_s)[kAccChunks][kVec],
+    float (&acc_sh)[kAccChunks][kVec], int64_t row, int lane, int chunks, float rstd,
+    float mean_gn_n) {
+  const bool has_weight = a.weight != nullptr;
+  const bool has_gres = a.grad_residual != nullptr;
+  Tin* gin = static_cast<Tin*>(a.grad_input) + row * a.grad_input_stride;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * a.group;
+    if (c < chunks) {
+      float out[kVec], dw[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float r = x[k].get(j);
+        const BwdTerms t = bwd_terms(g[k].get(j), w[k].get(j), s[kMode != kBwdPlain ? k : 0].get(j),
+                                     has_weight, kMode != kBwdPlain, a.weight_offset);
+        const float n = r * rstd;
+        float v = rstd * (t.gn - n * mean_gn_n);
+        if (has_gres) v += gr[k].get(j);
+        out[j] = v;
+        const float nr = round_norm<kRound>(n);
+        dw[j] = t.gy * nr;
+        if constexpr (kMode == kBwdModGrads) {
+          acc_s[k][j] += t.go * nr * t.wp;
+          acc_sh[k][j] += t.go;
+        }
+      }
+      store_chunk<St::kStream>(gin + c * kVec, chunk_from_float<Tin, kVec>(out));
+      add_to_smem(acc_w + c * kVec, dw);
+    }
+  }
+}
+
+// The weight (and, modulated, scale) chunks of this thread's columns, through L1.
+template <typename Tin, typename Tw, int kVec, int kChunks, int kModChunks>
+__device__ __forceinline__ void load_weight_scale(Chunk<Tw, kVec> (&w)[kChunks],
+                                                  Chunk<Tin, kVec> (&s)[kModChunks],
+                                                  const Tw* weight, const Tin* scale, int lane,
+                                                  int group, int chunks) {
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * group;
+    if (c < chunks) {
+      if (weight != nullptr) w[k] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
+      if constexpr (kModChunks == kChunks) {
+        s[k] = load_chunk<Ld::kReadOnly, Tin, kVec>(scale + c * kVec);
+      }
+    }
+  }
+}
+
+// Register-resident backward: persistent CTAs over the rows of their partial; each group of
+// `group` threads handles one row per step, `slots` rows at a time per CTA. The grad_weight
+// partials accumulate in shared memory (registers are the limit here, not shared memory), the
+// grad_scale / grad_shift partials in registers.
+template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks, int kMode>
+__global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
+                                  BwdShape<Tin, Tw, Tout, kVec, kMode>::kMinBlocks)
+    rms_norm_bwd_kernel(const BwdArgs a) {
+  constexpr bool kModulated = kMode != kBwdPlain;
+  constexpr int kModChunks = kModulated ? kChunks : 1;
+  constexpr int kAccChunks = kMode == kBwdModGrads ? kChunks : 1;
+  extern __shared__ __align__(16) float acc_smem[];  // [slots, hidden]
+  __shared__ float red[2][2][32];
+  pdl_wait_and_release();
+  const int group = a.group;
+  const int slot = static_cast<int>(threadIdx.x) / group;
+  const int lane = static_cast<int>(threadIdx.x) - slot * group;
+  const int chunks = static_cast<int>(a.chunks);  // <= kBwdMaxGroup x kChunks
+  const Tw* weight = static_cast<const Tw*>(a.weight);
+  const bool has_weight = weight != nullptr;
+  const bool has_gres = a.grad_residual != nullptr;
+  float* acc_w = acc_smem + slot * a.hidden;
+
+  int parity = 0;
+  const int64_t part = blockIdx.x;  // one CTA per partial (grid = partials)
+  const RowRange range = partial_rows(a, part);
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * group;
+    if (c < chunks) store_chunk<St::kPlain>(acc_w + c * kVec, Chunk<float, kVec>{});
+  }
+  // The CTA's rows are all in one sample.
+  const Tin* scale =
+      kModulated ? static_cast<const Tin*>(a.scale) + range.sample * a.scale_stride : nullptr;
+  float acc_s[kAccChunks][kVec] = {};
+  float acc_sh[kAccChunks][kVec] = {};
+
+  const int64_t iters = ceil_div(range.end - range.begin, a.slots);
+  for (int64_t it = 0; it < iters; ++it) {
+    const int64_t row = range.begin + it * a.slots + slot;
+    const bool active = row < range.end;
+    Chunk<Tin, kVec> x[kChunks] = {};
+    Chunk<Tout, kVec> g[kChunks] = {};
+    Chunk<Tin, kVec> gr[kChunks] = {};
+    Chunk<Tw, kVec> w[kChunks] = {};
+    Chunk<Tin, kVec> s[kModChunks] = {};
+    float sums[2] = {0.0f, 0.0f};  // sum r^2, sum gn * r
+    if (active) {
+      load_weight_scale(w, s, weight, scale, lane, group, chunks);
+      const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
+      const Tout* go = static_cast<const Tout*>(a.grad_out) + row * a.grad_out_stride;
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int c = lane + k * group;
+        if (c < chunks) {
+          x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
+          g[k] = load_chunk<Ld::kStream, Tout, kVec>(go + c * kVec);
+        }
+      }
+      if (has_gres) {
+        const Tin* gres = static_cast<const Tin*>(a.grad_residual) + row * a.grad_residual_stride;
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) {
+          const int c = lane + k * group;
+          if (c < chunks) gr[k] = load_chunk<Ld::kStream, Tin, kVec>(gres + c * kVec);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int c = lane + k * group;
+        if (c < chunks) {
+          float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float r = x[k].get(j);
+            const BwdTerms t = bwd_terms(g[k].get(j), w[k].get(j), s[kModulated ? k : 0].get(j),
+                                         has_weight, kModulated, a.weight_offset);
+            ss += r * r;
+            dot += t.gn * r;
+          }
+          sums[0] += ss;
+          sums[1] += dot;
+        }
+      }
+    }
+    group_sum<2>(sums, group, red[parity]);
+    parity ^= 1;
+    launder(x);
+    launder(g);
+    launder(gr);
+    if (!active) continue;
+    // weight and scale again, from L1: cheaper than keeping them in registers across the
+    // reduction (the laundered pointers keep the compiler from reusing the first loads).
+    launder_pointer(weight);
+    launder_pointer(scale);
+    load_weight_scale(w, s, weight, scale, lane, group, chunks);
+    const float rstd = rsqrtf(sums[0] * a.inv_hidden + a.eps);
+    const float mean_gn_n = sums[1] * rstd * a.inv_hidden;  // mean(gn * n), n = r * rstd
+
+    with_norm_round(a.norm_round, [&](auto round_tag) {
+      bwd_store_row<decltype(round_tag)::value, kMode>(a, x, g, gr, w, s, acc_w, acc_s, acc_sh,
+                                                       row, lane, chunks, rstd, mean_gn_n);
+    });
+  }
+  __syncthreads();  // acc_smem complete
+  flush_partials(a.ws_weight, acc_smem, a, part);
+  if constexpr (kMode == kBwdModGrads) {
+    flush_register_partials(a.ws_scale, acc_s, acc_smem, a, part, slot, lane);
+    flush_register_partials(a.ws_shift, acc_sh, acc_smem, a, part, slot, lane);
+  }
+}
+
+// Rows wider than the register path: one CTA per partial, two passes per row (sums, then
+// grad_input), the column partials accumulated in the CTA's own workspace rows, each element
+// read and written by the one thread that owns its column (plain accesses, program order).
+template <typename Tin, typename Tw, typename Tout, int kVec>
+__global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads)
+    rms_norm_bwd_wide_kernel(const BwdArgs a) {
+  constexpr int kUnroll = kVec == 1 ? 4 : 2;
+  __shared__ float red[2][2][32];
+  pdl_wait_and_release();
+  const int64_t threads = blockDim.x;
+  const int64_t step = threads * kUnroll;
+  const Tw* weight = static_cast<const Tw*>(a.weight);
+  const bool has_weight = weight != nullptr;
+  const bool modulated = a.scale != nullptr;
+  const bool has_gres = a.grad_residual != nullptr;
+
+  int parity = 0;
+  const int64_t part = blockIdx.x;  // one CTA per partial (grid = partials)
+  const RowRange range = partial_rows(a, part);
+  const Tin* scale =
+      modulated ? static_cast<const Tin*>(a.scale) + range.sample * a.scale_stride : nullptr;
+  float* ws[3] = {a.ws_weight ? a.ws_weight + part * a.hidden : nullptr,
+                  a.ws_scale ? a.ws_scale + part * a.hidden : nullptr,
+                  a.ws_shift ? a.ws_shift + part * a.hidden : nullptr};
+  for (int64_t c = threadIdx.x; c < a.chunks; c += threads) {
+    const Chunk<float, kVec> zero{};
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      if (ws[i] != nullptr) store_chunk<St::kPlain>(ws[i] + c * kVec, zero);
+    }
+  }
+
+  for (int64_t row = range.begin; row < range.end; ++row) {
+    const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
+    const Tout* go = static_cast<const Tout*>(a.grad_out) + row * a.grad_out_stride;
+    float sums[2] = {0.0f, 0.0f};
+    for (int64_t base = threadIdx.x; base < a.chunks; base += step) {
+      Chunk<Tin, kVec> x[kUnroll] = {}, s[kUnroll] = {};
+      Chunk<Tout, kVec> g[kUnroll] = {};
+      Chunk<Tw, kVec> w[kUnroll] = {};
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + u * threads;
+        if (c < a.chunks) {
+          x[u] = load_chunk<Ld::kPlain, Tin, kVec>(in + c * kVec);
+          g[u] = load_chunk<Ld::kPlain, Tout, kVec>(go + c * kVec);
+          if (has_weight) w[u] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
+          if (modulated) s[u] = load_chunk<Ld::kReadOnly, Tin, kVec>(scale + c * kVec);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + u * threads;
+        if (c < a.chunks) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float r = x[u].get(j);
+            const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), has_weight,
+                                         modulated, a.weight_offset);
+            sums[0] += r * r;
+            sums[1] += t.gn * r;
+          }
+        }
+      }
+    }
+    group_sum<2>(sums, static_cast<int>(threads), red[parity]);
+    parity ^= 1;
+    const float rstd = rsqrtf(sums[0] * a.inv_hidden + a.eps);
+    const float mean_gn_n = sums[1] * rstd * a.inv_hidden;
+
+    with_norm_round(a.norm_round, [&](auto round_tag) {
+      constexpr NormRound kRound = decltype(round_tag)::value;
+      Tin* gin = static_cast<Tin*>(a.grad_input) + row * a.grad_input_stride;
+      const Tin* gres =
+          has_gres ? static_cast<const Tin*>(a.grad_residual) + row * a.grad_residual_stride
+                   : nullptr;
+      for (int64_t base = threadIdx.x; base < a.chunks; base += step) {
+        Chunk<Tin, kVec> x[kUnroll] = {}, s[kUnroll] = {}, gr[kUnroll] = {};
+        Chunk<Tout, kVec> g[kUnroll] = {};
+        Chunk<Tw, kVec> w[kUnroll] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * threads;
+          if (c < a.chunks) {
+            x[u] = load_chunk<Ld::kPlain, Tin, kVec>(in + c * kVec);
+            g[u] = load_chunk<Ld::kPlain, Tout, kVec>(go + c * kVec);
+            if (has_gres) gr[u] = load_chunk<Ld::kPlain, Tin, kVec>(gres + c * kVec);
+            if (has_weight) w[u] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
+            if (modulated) s[u] = load_chunk<Ld::kReadOnly, Tin, kVec>(scale + c * kVec);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * threads;
+          if (c < a.chunks) {
+            float out[kVec], dw[kVec], ds[kVec], dsh[kVec];
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const float r = x[u].get(j);
+              const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), has_weight,
+                                           modulated, a.weight_offset);
+              const float n = r * rstd;
+              float v = rstd * (t.gn - n * mean_gn_n);
+              if (has_gres) v += gr[u].get(j);
+              out[j] = v;
+              const float nr = round_norm<kRound>(n);
+              dw[j] = t.gy * nr;
+              ds[j] = t.go * nr * t.wp;
+              dsh[j] = t.go;
+            }
+            store_chunk<St::kStream>(gin + c * kVec, chunk_from_float<Tin, kVec>(out));
+            accumulate_partial(ws[0], c, dw);
+            accumulate_partial(ws[1], c, ds);
+            accumulate_partial(ws[2], c, dsh);
+          }
+        }
+      }
+    });
+  }
+}
+
+// Second backward kernel: out[col] = sum of the partial rows of one job, in a fixed order.
+// Jobs: grad_weight over all partials, then grad_scale of each sample, then grad_shift of each
+// sample, over that sample's ctas_per_sample partials. Warp w of a block adds partials w,
+// w + kWarps, ... of 32 columns (128-byte rows), then the warp sums are added in order.
+struct ReduceArgs {
+  const float* ws_weight;        // [partials, hidden] or null
+  const float* ws_scale;         // [partials, hidden] or null
+  const float* ws_shift;         // [partials, hidden] or null
+  void* grad_weight;             // [hidden], Tw
+  void* grad_scale;              // [batch, hidden], Tin
+  void* grad_shift;              // [batch, hidden], Tin
+  int64_t grad_scale_stride;
+  int64_t grad_shift_stride;
+  int64_t hidden;
+  int64_t batch;
+  int64_t ctas_per_sample;
+  int64_t partials;
+  int64_t col_blocks;            // ceil(hidden / 32)
+  int64_t blocks;                // jobs x col_blocks
+  FastDivU64 job_of_block;       // blk / col_blocks
+};
+
+template <typename Tin, typename Tw>
+__global__ void __launch_bounds__(LaunchConfig::kReduceThreads)
+    rms_norm_bwd_reduce_kernel(const ReduceArgs a) {
+  constexpr int kWarps = LaunchConfig::kReduceThreads / 32;
+  constexpr int kUnroll = LaunchConfig::kReduceUnroll;
+  __shared__ float red[kWarps][32];
+  pdl_wait_and_release();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  for (int64_t blk = blockIdx.x; blk < a.blocks; blk += gridDim.x) {
+    int64_t job = a.job_of_block.div(blk);
+    const int64_t col = (blk - job * a.col_blocks) * 32 + lane;
+    const float* src;
+    int64_t count;
+    int kind;  // 0: weight, 1: scale, 2: shift
+    int64_t sample = 0;
+    if (a.ws_weight != nullptr && job == 0) {
+      kind = 0;
+      src = a.ws_weight;
+      count = a.partials;
+    } else {
+      if (a.ws_weight != nullptr) --job;
+      if (a.ws_scale != nullptr && job < a.batch) {
+        kind = 1;
+        sample = job;
+        src = a.ws_scale;
+      } else {
+        kind = 2;
+        sample = a.ws_scale != nullptr ? job - a.batch : job;
+        src = a.ws_shift;
+      }
+      src += sample * a.ctas_per_sample * a.hidden;
+      count = a.ctas_per_sample;
+    }
+    float sum = 0.0f;
+    if (col < a.hidden) {
+      const float* p = src + col;
+      float s[kUnroll] = {};
+      int64_t i = warp;
+      for (; i + (kUnroll - 1) * kWarps < count; i += kUnroll * kWarps) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          s[u] += load_chunk<Ld::kStream, float, 1>(p + (i + u * kWarps) * a.hidden).get(0);
+        }
+      }
+      for (; i < count; i += kWarps) s[0] += load_chunk<Ld::kStream, float, 1>(p + i * a.hidden).get(0);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) sum += s[u];
+    }
+    red[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && col < a.hidden) {
+      float total = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) total += red[i][lane];
+      if (kind == 0) {
+        static_cast<Tw*>(a.grad_weight)[col] = from_float<Tw>(total);
+      } else if (kind == 1) {
+        static_cast<Tin*>(a.grad_scale)[sample * a.grad_scale_stride + col] = from_float<Tin>(total);
+      } else {
+        static_cast<Tin*>(a.grad_shift)[sample * a.grad_shift_stride + col] = from_float<Tin>(total);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: plans, alignment checks, launches and dtype dispatch.
+// ---------------------------------------------------------------------------------------------
+
+// Threads of a row group for `need` threads' worth of chunks: a power of two up to 32, else a
+// multiple of 32 (whole warps).
+int group_for(int64_t need) {
+  if (need <= 32) {
+    int g = 1;
+    while (g < need) g <<= 1;
+    return g;
+  }
+  return static_cast<int>(ceil_div(need, 32) * 32);
+}
+
+struct FwdPlan {
+  bool two_pass;
+  int chunks_per_thread;
+  int group;
+  int rows_per_cta;
+};
+
+FwdPlan plan_fwd(int64_t rows, int64_t chunks, int sms) {
+  FwdPlan p{};
+  if (chunks > LaunchConfig::kFwdMaxRegisterChunks) {
+    p.two_pass = true;
+    p.group = LaunchConfig::kTwoPassThreads;
+    p.rows_per_cta = 1;
+    return p;
+  }
+  int k = 1;  // the fewest vectors per thread that fit in one group
+  while (ceil_div(chunks, k) > LaunchConfig::max_group(k)) k *= 2;
+  const bool few_rows = rows <= static_cast<int64_t>(LaunchConfig::kFwdFewRowsPerSm) * sms;
+  if (!few_rows && k < LaunchConfig::kFwdChunksManyRows) k = LaunchConfig::kFwdChunksManyRows;
+  p.chunks_per_thread = k;
+  p.group = group_for(ceil_div(chunks, k));
+  p.rows_per_cta = p.group < LaunchConfig::kFwdCtaThreads ? LaunchConfig::kFwdCtaThreads / p.group : 1;
+  return p;
+}
+
+// Backward row partition: ctas_per_sample partials per sample, each over rows_per_cta
+// consecutive rows. It depends on the sizes and the SM count only (not on dtypes or alignment),
+// so rms_norm_bwd_workspace_floats and rms_norm_bwd agree.
+struct BwdPartition {
+  int64_t batch;
+  int64_t rows_per_sample;
+  int64_t ctas_per_sample;
+  int64_t rows_per_cta;
+  int64_t partials;
+};
+
+BwdPartition partition_bwd(int64_t rows, int64_t rows_per_sample, int sms) {
+  BwdPartition p{};
+  p.rows_per_sample = rows_per_sample;
+  p.batch = ceil_div(rows, rows_per_sample);
+  const int64_t target = static_cast<int64_t>(sms) * LaunchConfig::kBwdCtasPerSm;
+  int64_t cps = ceil_div(target, p.batch);
+  cps = min64(cps, ceil_div(rows_per_sample, LaunchConfig::kBwdMinRowsPerCta));
+  if (cps < 1) cps = 1;
+  p.rows_per_cta = ceil_div(rows_per_sample, cps);
+  p.ctas_per_sample = ceil_div(rows_per_sample, p.rows_per_cta);  // no empty partial
+  p.partials = p.batch * p.ctas_per_sample;
+  return p;
+}
+
+int64_t bwd_rows_per_sample(const RmsNormBwdParams& p) {
+  return p.scale != nullptr ? p.rows_per_sample : p.rows;
+}
+
+int bwd_reductions(const RmsNormBwdParams& p) {
+  return (p.grad_weight != nullptr) + (p.grad_scale != nullptr) + (p.grad_shift != nullptr);
+}
+
+// SM count of the current device.
+cudaError_t current_sm_count(int* sms) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && *sms <= 0) err = cudaErrorInvalidDevice;
+  return err;
+}
+
+// Programmatic dependent launch on sm_90+, unless RMSNORM_PDL=0 (read once per process).
+bool use_pdl() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("RMSNORM_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  if (!enabled) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int major = major_of[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      return false;
+    }
+    major_of[device].store(major, std::memory_order_relaxed);
+  }
+  return major >= 9;
+}
+
+template <typename Kernel, typename Args>
+cudaError_t launch(Kernel kernel, int64_t grid, int threads, size_t smem, cudaStream_t stream,
+                   const Args& args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  if (use_pdl()) {
+    config.attrs = pdl;
+    config.numAttrs = 1;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % LaunchConfig::kVectorBytes == 0;  // null is aligned
+}
+// Every row start stays 16-byte aligned (irrelevant for a single row).
+bool rows_aligned(int64_t stride, size_t elem_bytes, int64_t rows) {
+  return rows <= 1 || (stride * static_cast<int64_t>(elem_bytes)) % LaunchConfig::kVectorBytes == 0;
+}
+bool all_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs) {
+    if (!aligned16(p)) return false;
+  }
+  return true;
+}
+
+NormRound to_norm_round(bool round_norm, DType norm_dtype, bool* ok) {
+  *ok = true;
+  if (!round_norm) return NormRound::kNone;
+  switch (norm_dtype) {
+    case DType::kFloat32: return NormRound::kNone;
+    case DType::kFloat16: return NormRound::kHalf;
+    case DType::kBFloat16: return NormRound::kBFloat16;
+    default: *ok = false; return NormRound::kNone;
+  }
+}
+
+// ---- forward ----
+
+template <typename Tin, typename Tw, typename Tout, int kVec>
+cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
+  args.chunks = args.hidden / kVec;
+  const FwdPlan plan = plan_fwd(args.rows, args.chunks, sms);
+  args.group = plan.group;
+  args.rows_per_cta = plan.rows_per_cta;
+  args.row_blocks = ceil_div(args.rows, plan.rows_per_cta);
+  const int threads = plan.group * plan.rows_per_cta;
+  if (plan.two_pass) {
+    return launch(rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
+                  stream, args);
+  }
+  switch (plan.chunks_per_thread) {
+    case 1:
+      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 1>, args.row_blocks, threads, 0,
+                    stream, args);
+    case 2:
+      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 2>, args.row_blocks, threads, 0,
+                    stream, args);
+    case 4:
+      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 4>, args.row_blocks, threads, 0,
+                    stream, args);
+    case 8:
+      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 8>, args.row_blocks, threads, 0,
+                    stream, args);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename Tin, typename Tw, typename Tout>
+cudaError_t run_fwd(const RmsNormFwdParams& p, cudaStream_t stream) {
+  if (p.rows < 0) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  bool round_ok = false;
+  const NormRound norm_round = to_norm_round(p.round_norm, p.norm_dtype, &round_ok);
+  if (!round_ok || p.hidden <= 0 || p.out == nullptr || p.input == nullptr ||
+      (p.residual == nullptr) != (p.residual_out == nullptr) ||
+      (p.scale == nullptr) != (p.shift == nullptr) ||
+      (p.scale != nullptr && p.rows_per_sample <= 0)) {
+    return cudaErrorInvalidValue;
+  }
+  int sms = 0;
+  if (const cudaError_t err = current_sm_count(&sms); err != cudaSuccess) return err;
+
+  FwdArgs args{};
+  args.out = p.out;
+  args.input = p.input;
+  args.residual = p.residual;
+  args.residual_out = p.residual_out;
+  args.weight = p.weight;
+  args.scale = p.scale;
+  args.shift = p.shift;
+  args.rstd = p.rstd;
+  args.out_stride = p.out_stride;
+  args.input_stride = p.input_stride;
+  args.residual_stride = p.residual_stride;
+  args.residual_out_stride = p.residual_out_stride;
+  args.scale_stride = p.scale_stride;
+  args.shift_stride = p.shift_stride;
+  args.rows = p.rows;
+  args.hidden = p.hidden;
+  const int64_t rows_per_sample = p.scale != nullptr ? p.rows_per_sample : p.rows;
+  args.sample_of_row = FastDivU64::make(static_cast<uint64_t>(rows_per_sample));
+  args.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
+  args.weight_offset = p.weight_offset;
+  args.eps = p.eps;
+  args.norm_round = norm_round;
+
+  constexpr int V = kVecWidth<Tin>;
+  const int64_t batch = ceil_div(p.rows, rows_per_sample);
+  const bool vec = p.hidden % V == 0 &&
+                   all_aligned({p.out, p.input, p.residual, p.residual_out, p.weight, p.scale,
+                                p.shift}) &&
+                   rows_aligned(p.out_stride, sizeof(Tout), p.rows) &&
+                   rows_aligned(p.input_stride, sizeof(Tin), p.rows) &&
+                   (p.residual == nullptr ||
+                    (rows_aligned(p.residual_stride, sizeof(Tin), p.rows) &&
+                     rows_aligned(p.residual_out_stride, sizeof(Tin), p.rows))) &&
+                   (p.scale == nullptr || (rows_aligned(p.scale_stride, sizeof(Tin), batch) &&
+                                           rows_aligned(p.shift_stride, sizeof(Tin), batch)));
+  return vec ? launch_fwd<Tin, Tw, Tout, V>(args, sms, stream)
+             : launch_fwd<Tin, Tw, Tout, 1>(args, sms, stream);
+}
+
+// ---- backward ----
+
+template <typename Tin, typename Tw, typename Tout, int kVec, int kMode>
+cudaError_t launch_bwd_mode(BwdArgs args, cudaStream_t stream) {
+  constexpr int kChunks = BwdShape<Tin, Tw, Tout, kVec, kMode>::kChunks;
+  args.chunks = args.hidden / kVec;
+  const int group = group_for(ceil_div(args.chunks, kChunks));
+  if (group > LaunchConfig::kBwdMaxGroup) {
+    args.group = LaunchConfig::kBwdWideThreads;
+    args.slots = 1;
+    return launch(rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
+                  LaunchConfig::kBwdWideThreads, 0, stream, args);
+  }
+  args.group = group;
+  args.slots = group < LaunchConfig::kBwdCtaThreads ? LaunchConfig::kBwdCtaThreads / group : 1;
+  // The grad_weight partials [slots, hidden] in shared memory: hidden <= group x kChunks x kVec
+  // and group x slots <= 512, so at most 512 x 16 floats (32 KB, within the default 48 KB).
+  const size_t smem =
+      sizeof(float) * static_cast<size_t>(args.slots) * static_cast<size_t>(args.hidden);
+  return launch(rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
+                group * args.slots, smem, stream, args);
+}
+
+template <typename Tin, typename Tw, typename Tout, int kVec>
+cudaError_t launch_bwd(const BwdArgs& args, cudaStream_t stream) {
+  if (args.scale == nullptr) return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdPlain>(args, stream);
+  if (args.ws_scale == nullptr && args.ws_shift == nullptr) {
+    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModulated>(args, stream);
+  }
+  return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModGrads>(args, stream);
+}
+
+template <typename Tin, typename Tw, typename Tout>
+cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
+  if (p.rows < 0) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  bool round_ok = false;
+  const NormRound norm_round = to_norm_round(p.round_norm, p.norm_dtype, &round_ok);
+  const int reductions = bwd_reductions(p);
+  if (!round_ok || p.hidden <= 0 || p.grad_input == nullptr || p.grad_out == nullptr ||
+      p.input == nullptr ||
+      ((p.grad_scale != nullptr || p.grad_shift != nullptr) && p.scale == nullptr) ||
+      (p.scale != nullptr && p.rows_per_sample <= 0) ||
+      (reductions > 0 && p.workspace == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  int sms = 0;
+  if (const cudaError_t err = current_sm_count(&sms); err != cudaSuccess) return err;
+  const BwdPartition part = partition_bwd(p.rows, bwd_rows_per_sample(p), sms);
+
+  BwdArgs args{};
+  args.grad_input = p.grad_input;
+  args.grad_out = p.grad_out;
+  args.input = p.input;
+  args.grad_residual = p.grad_residual;
+  args.weight = p.weight;
+  args.scale = p.scale;
+  float* cursor = p.workspace;
+  const int64_t per_reduction = part.partials * p.hidden;
+  if (p.grad_weight != nullptr) {
+    args.ws_weight = cursor;
+    cursor += per_reduction;
+  }
+  if (p.grad_scale != nullptr) {
+    args.ws_scale = cursor;
+    cursor += per_reduction;
+  }
+  if (p.grad_shift != nullptr) args.ws_shift = cursor;
+  args.grad_input_stride = p.grad_input_stride;
+  args.grad_out_stride = p.grad_out_stride;
+  args.input_stride = p.input_stride;
+  args.grad_residual_stride = p.grad_residual_stride;
+  args.scale_stride = p.scale_stride;
+  args.rows = p.rows;
+  args.hidden = p.hidden;
+  args.rows_per_sample = part.rows_per_sample;
+  args.ctas_per_sample = part.ctas_per_sample;
+  args.rows_per_cta = part.rows_per_cta;
+  args.partials = part.partials;
+  args.sample_of_partial = FastDivU64::make(static_cast<uint64_t>(part.ctas_per_sample));
+  args.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
+  args.weight_offset = p.weight_offset;
+  args.eps = p.eps;
+  args.norm_round = norm_round;
+
+  constexpr int V = kVecWidth<Tin>;
+  const bool vec = p.hidden % V == 0 &&
+                   all_aligned({p.grad_input, p.grad_out, p.input, p.grad_residual, p.weight,
+                                p.scale, p.workspace}) &&
+                   rows_aligned(p.grad_input_stride, sizeof(Tin), p.rows) &&
+                   rows_aligned(p.grad_out_stride, sizeof(Tout), p.rows) &&
+                   rows_aligned(p.input_stride, sizeof(Tin), p.rows) &&
+                   (p.grad_residual == nullptr ||
+                    rows_aligned(p.grad_residual_stride, sizeof(Tin), p.rows)) &&
+                   (p.scale == nullptr || rows_aligned(p.scale_stride, sizeof(Tin), part.batch));
+  cudaError_t err = vec ? launch_bwd<Tin, Tw, Tout, V>(args, stream)
+                        : launch_bwd<Tin, Tw, Tout, 1>(args, stream);
+  if (err != cudaSuccess || reductions == 0) return err;
+
+  ReduceArgs r{};
+  r.ws_weight = args.ws_weight;
+  r.ws_scale = args.ws_scale;
+  r.ws_shift = args.ws_shift;
+  r.grad_weight = p.grad_weight;
+  r.grad_scale = p.grad_scale;
+  r.grad_shift = p.grad_shift;
+  r.grad_scale_stride = p.grad_scale_stride;
+  r.grad_shift_stride = p.grad_shift_stride;
+  r.hidden = p.hidden;
+  r.batch = part.batch;
+  r.ctas_per_sample = part.ctas_per_sample;
+  r.partials = part.partials;
+  r.col_blocks = ceil_div(p.hidden, 32);
+  const int64_t jobs = (p.grad_weight != nullptr ? 1 : 0) +
+                       (p.grad_scale != nullptr ? part.batch : 0) +
+                       (p.grad_shift != nullptr ? part.batch : 0);
+  r.blocks = jobs * r.col_blocks;
+  r.job_of_block = FastDivU64::make(static_cast<uint64_t>(r.col_blocks));
+  return launch(rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks, LaunchConfig::kReduceThreads, 0,
+                stream, r);
+}
+
+// ---- dtype dispatch ----
+
+template <typename T> struct TypeTag { using type = T; };
+
+// Calls f(TypeTag<Tin>, TypeTag<Tw>, TypeTag<Tout>) for the 9 supported combinations: Tin
+// fp32/fp16/bf16, Tw and Tout each Tin or fp32; cudaErrorInvalidValue for any other.
+template <typename F> cudaError_t dispatch_types(DType in, DType weight, DType out, F&& f) {
+  auto with_in = [&](auto tin) -> cudaError_t {
+    auto with_weight = [&](auto tw) -> cudaError_t {
+      if (out == in) return f(tin, tw, tin);
+      if (out == DType::kFloat32) return f(tin, tw, TypeTag<float>{});
+      return cudaErrorInvalidValue;
+    };
+    if (weight == in) return with_weight(tin);
+    if (weight == DType::kFloat32) return with_weight(TypeTag<float>{});
+    return cudaErrorInvalidValue;
+  };
+  switch (in) {
+    case DType::kFloat32: return with_in(TypeTag<float>{});
+    case DType::kFloat16: return with_in(TypeTag<__half>{});
+    case DType::kBFloat16: return with_in(TypeTag<__nv_bfloat16>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public launchers (rmsnorm_cuda.h). The dtypes are dispatched before the empty-shape check, so
+// an unsupported combination is reported even for an empty tensor.
+// ---------------------------------------------------------------------------------------------
+cudaError_t rms_norm_fwd(const RmsNormFwdParams& params, cudaStream_t stream) {
+  return dispatch_types(params.in_dtype, params.weight_dtype, params.out_dtype,
+                        [&](auto tin, auto tw, auto tout) {
+                          return run_fwd<typename decltype(tin)::type, typename decltype(tw)::type,
+                                         typename decltype(tout)::type>(params, stream);
+                        });
+}
+
+int64_t rms_norm_bwd_workspace_floats(const RmsNormBwdParams& params) {
+  const int reductions = bwd_reductions(params);
+  if (params.rows <= 0 || params.hidden <= 0 || reductions == 0) return 0;
+  if (params.scale != nullptr && params.rows_per_sample <= 0) return 0;
+  int sms = 0;
+  // Unknown device: size for a large one. More SMs only mean more partials, so a later launch
+  // that sees the real count fits in what this returned.
+  if (current_sm_count(&sms) != cudaSuccess) sms = 1024;
+  const BwdPartition part = partition_bwd(params.rows, bwd_rows_per_sample(params), sms);
+  return reductions * part.partials * params.hidden;
+}
+
+cudaError_t rms_norm_bwd(const RmsNormBwdParams& params, cudaStream_t stream) {
+  return dispatch_types(params.in_dtype, params.weight_dtype, params.out_dtype,
+                        [&](auto tin, auto tw, auto tout) {
+                          return run_bwd<typename decltype(tin)::type, typename decltype(tw)::type,
+                                         typename decltype(tout)::type>(params, stream);
+                        });
+}
+
+}  // namespace cuda
+}  // namespace rmsnorm

@@ -1,0 +1,305 @@
+// rmsnorm_cuda_utils.cuh: device building blocks of rmsnorm_cuda.cu (CUDA runtime and
+// cuda_fp16/cuda_bf16 only, no Torch headers): fp32 <-> element conversions, the rounding of
+// the normalized value, chunk loads and stores with cache hints, and the sum over the threads
+// that share a row.
+//
+// A chunk is kVec consecutive elements of one row: 16 bytes of the input dtype on the vector
+// path (8 x fp16/bf16, 4 x fp32; then 16 or 32 bytes of a weight/output that is fp32), one
+// element on the scalar path. Chunks move as 16-byte accesses (or one 2/4-byte access) and are
+// unpacked to fp32 in registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace rmsnorm {
+namespace cuda {
+namespace detail {
+
+// ---------------------------------------------------------------------------------------------
+// Conversions. Every value is computed in fp32 and rounded to nearest even once on store.
+// bf16 uses only conversions, which cuda_bf16.h emulates on sm_75.
+// ---------------------------------------------------------------------------------------------
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// round_norm: n' = round_{norm_dtype}(n) (LlamaRMSNorm's hidden_states.to(input_dtype));
+// kNone for no rounding and for an fp32 norm_dtype.
+enum class NormRound : int { kNone = 0, kHalf = 1, kBFloat16 = 2 };
+
+template <NormRound kRound> __device__ __forceinline__ float round_norm(float x) {
+  if constexpr (kRound == NormRound::kHalf) {
+    return __half2float(__float2half_rn(x));
+  } else if constexpr (kRound == NormRound::kBFloat16) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+  } else {
+    return x;
+  }
+}
+
+// kN elements of T in registers, kept as the 32-bit words they were loaded as (a 2-byte scalar
+// in the low half of one word). Elements are unpacked to fp32 on use (get: one shift, mask or
+// half-to-float conversion) and packed once on store. Holding words rather than 16-bit
+// elements keeps the compiler from splitting chunks into 16-bit values with a PRMT per element
+// and a register each. Value-initialized chunks (Chunk<T, kN> c{}) are zero.
+template <typename T, int kN> struct Chunk {
+  static constexpr int kBytes = static_cast<int>(sizeof(T)) * kN;
+  static constexpr int kWords = kBytes < 4 ? 1 : kBytes / 4;
+  static_assert(kBytes == 2 || kBytes % 4 == 0, "chunk of whole words or one 2-byte element");
+  uint32_t w[kWords];
+
+  __device__ __forceinline__ float get(int j) const {
+    if constexpr (std::is_same<T, float>::value) {
+      return __uint_as_float(w[j]);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      const uint32_t word = w[j >> 1];
+      return __uint_as_float((j & 1) ? (word & 0xffff0000u) : (word << 16));
+    } else {
+      static_assert(std::is_same<T, __half>::value, "float, __half or __nv_bfloat16");
+      const uint32_t word = w[j >> 1];
+      const unsigned short h = static_cast<unsigned short>((j & 1) ? (word >> 16) : word);
+      return __half2float(__ushort_as_half(h));
+    }
+  }
+};
+
+// Rounds kN fp32 values to T (nearest even, once) and packs them. 2-byte types convert pairs:
+// one cvt.rn.{f16,bf16}x2.f32 on sm_80+, two scalar conversions on older targets.
+template <typename T, int kN>
+__device__ __forceinline__ Chunk<T, kN> chunk_from_float(const float (&f)[kN]) {
+  Chunk<T, kN> c;
+  if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) c.w[j] = __float_as_uint(f[j]);
+  } else if constexpr (kN == 1) {
+    c.w[0] = std::is_same<T, __half>::value ? __half_as_ushort(__float2half_rn(f[0]))
+                                             : __bfloat16_as_ushort(__float2bfloat16_rn(f[0]));
+  } else {
+    static_assert(kN % 2 == 0, "pairs of 2-byte elements");
+#pragma unroll
+    for (int j = 0; j < kN; j += 2) {
+      uint32_t lo, hi;
+      if constexpr (std::is_same<T, __half>::value) {
+        const __half2 p = __floats2half2_rn(f[j], f[j + 1]);
+        lo = __half_as_ushort(__low2half(p));
+        hi = __half_as_ushort(__high2half(p));
+      } else {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(f[j], f[j + 1]);
+        lo = __bfloat16_as_ushort(__low2bfloat16(p));
+        hi = __bfloat16_as_ushort(__high2bfloat16(p));
+      }
+      c.w[j / 2] = lo | (hi << 16);
+    }
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global memory accesses.
+//   Ld::kStream   ld.global.L1::no_allocate: activations read once per row. Coherent (not .nc)
+//                 because outputs may alias them (in-place forms); a thread stores an element
+//                 only after it has loaded it, and nothing it stores is loaded again.
+//   Ld::kReadOnly ld.global.nc: weight, scale and shift, never written by these kernels and
+//                 reused by every row, so they stay in L1.
+//   Ld::kPlain    an ordinary C++ load, for data this kernel writes and reads back (the
+//                 residual sum of the two-pass forward, the workspace of the wide backward):
+//                 the compiler sees and orders it against the matching plain store.
+//   St::kStream   st.global.cs (evict-first): outputs this kernel never reads back.
+//   St::kPlain    an ordinary C++ store.
+// The inline-asm loads are not volatile so that the compiler may schedule them early; they
+// only ever read addresses that no earlier store of the same thread wrote.
+// ---------------------------------------------------------------------------------------------
+enum class Ld { kStream, kReadOnly, kPlain };
+enum class St { kStream, kPlain };
+
+template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) {
+  unsigned short h;
+  if constexpr (kPolicy == Ld::kStream) {
+    asm("ld.global.L1::no_allocate.b16 %0, [%1];" : "=h"(h) : "l"(p));
+  } else if constexpr (kPolicy == Ld::kReadOnly) {
+    asm("ld.global.nc.b16 %0, [%1];" : "=h"(h) : "l"(p));
+  } else {
+    h = *static_cast<const unsigned short*>(p);
+  }
+  return h;
+}
+template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b32(const void* p) {
+  uint32_t r;
+  if constexpr (kPolicy == Ld::kStream) {
+    asm("ld.global.L1::no_allocate.b32 %0, [%1];" : "=r"(r) : "l"(p));
+  } else if constexpr (kPolicy == Ld::kReadOnly) {
+    asm("ld.global.nc.b32 %0, [%1];" : "=r"(r) : "l"(p));
+  } else {
+    r = *static_cast<const uint32_t*>(p);
+  }
+  return r;
+}
+template <Ld kPolicy> __device__ __forceinline__ void ld_b128(uint32_t* r, const void* p) {
+  if constexpr (kPolicy == Ld::kStream) {
+    asm("ld.global.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "l"(p));
+  } else if constexpr (kPolicy == Ld::kReadOnly) {
+    asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "l"(p));
+  } else {
+    const uint4 v = *static_cast<const uint4*>(p);
+    r[0] = v.x;
+    r[1] = v.y;
+    r[2] = v.z;
+    r[3] = v.w;
+  }
+}
+
+template <St kPolicy> __device__ __forceinline__ void st_b16(void* p, uint32_t v) {
+  const unsigned short h = static_cast<unsigned short>(v);
+  if constexpr (kPolicy == St::kStream) {
+    asm volatile("st.global.cs.b16 [%0], %1;" ::"l"(p), "h"(h));
+  } else {
+    *static_cast<unsigned short*>(p) = h;
+  }
+}
+template <St kPolicy> __device__ __forceinline__ void st_b32(void* p, uint32_t v) {
+  if constexpr (kPolicy == St::kStream) {
+    asm volatile("st.global.cs.b32 [%0], %1;" ::"l"(p), "r"(v));
+  } else {
+    *static_cast<uint32_t*>(p) = v;
+  }
+}
+template <St kPolicy> __device__ __forceinline__ void st_b128(void* p, const uint32_t* v) {
+  if constexpr (kPolicy == St::kStream) {
+    asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]));
+  } else {
+    *static_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// Loads kN elements at p: 16-byte accesses (p 16-byte aligned), or one 4- or 2-byte access.
+template <Ld kPolicy, typename T, int kN>
+__device__ __forceinline__ Chunk<T, kN> load_chunk(const T* p) {
+  using C = Chunk<T, kN>;
+  C c;
+  if constexpr (C::kBytes >= 16) {
+    static_assert(C::kBytes % 16 == 0, "whole 16-byte pieces");
+#pragma unroll
+    for (int i = 0; i < C::kBytes / 16; ++i) {
+      ld_b128<kPolicy>(c.w + 4 * i, reinterpret_cast<const char*>(p) + 16 * i);
+    }
+  } else if constexpr (C::kBytes == 4) {
+    c.w[0] = ld_b32<kPolicy>(p);
+  } else {
+    static_assert(C::kBytes == 2, "16-byte pieces, one word or one 2-byte element");
+    c.w[0] = ld_b16<kPolicy>(p);
+  }
+  return c;
+}
+
+template <St kPolicy, typename T, int kN>
+__device__ __forceinline__ void store_chunk(T* p, const Chunk<T, kN>& c) {
+  using C = Chunk<T, kN>;
+  if constexpr (C::kBytes >= 16) {
+#pragma unroll
+    for (int i = 0; i < C::kBytes / 16; ++i) {
+      st_b128<kPolicy>(reinterpret_cast<char*>(p) + 16 * i, c.w + 4 * i);
+    }
+  } else if constexpr (C::kBytes == 4) {
+    st_b32<kPolicy>(p, c.w[0]);
+  } else {
+    st_b16<kPolicy>(p, c.w[0]);
+  }
+}
+
+// Makes the compiler treat the chunk as a new value (an empty asm that "modifies" its registers),
+// so that fp32 values it converted before a row reduction are recomputed from the packed chunk
+// after it, instead of being kept live across it: 16-bit data then costs half a register per
+// element across the reduction, not one register per element for each derived value.
+template <typename T, int kN> __device__ __forceinline__ void launder(Chunk<T, kN>& c) {
+#pragma unroll
+  for (int i = 0; i < Chunk<T, kN>::kWords; ++i) asm volatile("" : "+r"(c.w[i]));
+}
+template <typename T, int kN, int kM>
+__device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
+#pragma unroll
+  for (int i = 0; i < kM; ++i) launder(c[i]);
+}
+// The same for a pointer: loads through it afterwards are new loads, not reuses of earlier ones.
+template <typename T> __device__ __forceinline__ void launder_pointer(const T*& p) {
+  asm volatile("" : "+l"(p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// n / d for 0 <= n < 2^63 without a 64-bit division (~70 instructions and a dozen registers):
+// one multiply-high with the round-up magic of Granlund & Montgomery (1994), "Division by
+// invariant integers using multiplication", section 4: s = ceil(log2 d),
+// m = floor(2^64 (2^s - d) / d) + 1, q = (umulhi(n, m) + n) >> s. The sum cannot overflow for
+// n < 2^63. make() runs on the host.
+// ---------------------------------------------------------------------------------------------
+struct FastDivU64 {
+  uint64_t magic;
+  unsigned shift;
+
+  static FastDivU64 make(uint64_t d) {  // 1 <= d < 2^63
+    unsigned s = 0;
+    while (s < 63 && (uint64_t(1) << s) < d) ++s;
+    const unsigned __int128 num = static_cast<unsigned __int128>((uint64_t(1) << s) - d) << 64;
+    return FastDivU64{static_cast<uint64_t>(num / d) + 1, s};
+  }
+  __device__ __forceinline__ int64_t div(int64_t n) const {
+    const uint64_t u = static_cast<uint64_t>(n);
+    return static_cast<int64_t>((__umul64hi(u, magic) + u) >> shift);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sum over the `group` threads that share a row, result in every thread of the group.
+// Groups are consecutive threads: a power of two up to 32 (aligned inside a warp, xor
+// butterfly only) or a multiple of 32 (whole warps: butterfly, then the warp sums through
+// `red`, one __syncthreads). Every thread of the group adds the same values in the same order,
+// so all of them hold bit-identical sums (a + b == b + a in IEEE arithmetic). All threads of
+// the block must call it (the barrier, and full-warp shuffles), active row or not. Callers that
+// reduce repeatedly alternate between two `red` buffers: a warp writing the next buffer has
+// passed a barrier that every reader of the previous one has reached after reading it.
+// ---------------------------------------------------------------------------------------------
+template <int kN>
+__device__ __forceinline__ void group_sum(float (&v)[kN], int group, float (*red)[32]) {
+  constexpr unsigned kFull = 0xffffffffu;
+  const int first_offset = group < 32 ? group >> 1 : 16;
+  for (int offset = first_offset; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFull, v[i], offset);
+  }
+  if (group <= 32) return;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) red[i][warp] = v[i];
+  }
+  __syncthreads();
+  const int warps = group >> 5;
+  const int first = (warp / warps) * warps;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    float s = 0.0f;
+#pragma unroll 1
+    for (int w = 0; w < warps; ++w) s += red[i][first + w];
+    v[i] = s;
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace rmsnorm
