@@ -17,13 +17,12 @@ BUILD_DIR = Path(__file__).resolve().parent.parent / "build"
 
 def _add_local_kernel() -> None:
     # Appended to (not replacing) an existing LOCAL_KERNELS, so that a session that also runs
-    # other kernels' suites keeps their redirections; an explicit entry for our id wins.
+    # other kernels' suites keeps their redirections; an explicit entry for our id wins. Done
+    # when the fixture first runs, not at import: activation/tests/conftest.py sets its entry at
+    # import only if LOCAL_KERNELS is unset, which must stay true whatever the collection order.
     entries = [e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e]
     if not any(e.split("=", 1)[0] == REPO_ID for e in entries):
         os.environ["LOCAL_KERNELS"] = ":".join(entries + [f"{REPO_ID}={BUILD_DIR}"])
-
-
-_add_local_kernel()
 
 
 def pytest_configure(config):
@@ -35,6 +34,7 @@ def pytest_configure(config):
 def kernel():
     import kernels
 
+    _add_local_kernel()
     return kernels.get_kernel(REPO_ID, version=1)
 
 
