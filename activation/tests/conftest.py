@@ -14,8 +14,14 @@ import torch
 REPO_ID = "open-kernels/activation"
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build"
 
-if "LOCAL_KERNELS" not in os.environ:
-    os.environ["LOCAL_KERNELS"] = f"{REPO_ID}={BUILD_DIR}"
+
+
+def _add_local_kernel() -> None:
+    # Appended to (not replacing) an existing LOCAL_KERNELS, so that a session that also runs
+    # other kernels' suites keeps their redirections; an explicit entry for our id wins.
+    entries = [e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e]
+    if not any(e.split("=", 1)[0] == REPO_ID for e in entries):
+        os.environ["LOCAL_KERNELS"] = ":".join(entries + [f"{REPO_ID}={BUILD_DIR}"])
 
 
 def pytest_configure(config):
@@ -26,6 +32,7 @@ def pytest_configure(config):
 def kernel():
     import kernels
 
+    _add_local_kernel()
     return kernels.get_kernel(REPO_ID, version=1)
 
 
