@@ -21,35 +21,39 @@
 //   warps up to 1024. Thread `lane` of the group owns the chunks lane + k * group, k < kChunks,
 //   of the row, a chunk being one 16-byte vector of the input dtype (8 x fp16/bf16, 4 x fp32)
 //   when every row start of every tensor is 16-byte aligned and hidden is a multiple of it, else
-//   one element (the scalar path: same kernels with kVec = 1). Chunks stay in registers in the
-//   input dtype (r is rounded to it by definition, so this is exact) between the sum of squares
-//   and the scaling: each tensor is read once, with all of a thread's loads in flight at once.
-// - Forward shape (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per
-//   thread in flight) and group = chunks / 4 threads, with several rows per CTA below 128
-//   threads; decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits, so a
-//   row spreads over up to 1024 threads and no thread loops over the row. hidden up to 4096
-//   chunks (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stays in registers;
-//   wider rows run a two-pass kernel (one CTA per row; sum, then scale, the second read mostly
-//   served by L2).
-// - Sums: fp32 per chunk, then per thread, then a warp butterfly and (groups of several warps)
-//   one shared-memory step, in a fixed order, so all threads of a row hold the same bits.
-// - Backward: persistent CTAs, each over a contiguous range of rows of one sample (BwdPartition),
-//   with the same register-resident rows (kChunks x kVec <= 16 columns per thread) and two sums
-//   per row (sum r^2 and sum gn * r). Each thread keeps fp32 column partial sums of grad_weight
-//   (and of grad_scale / grad_shift) for its columns over all rows of its CTA; at the end the CTA
-//   writes one row of partials into the workspace, [partials, hidden] per reduction, and a second
-//   small kernel sums the partials of each column in a fixed order into grad_weight (all
-//   partials) and grad_scale / grad_shift (the partials of each sample), rounded once. No atomics:
-//   results are deterministic. Rows wider than the register path take a two-pass kernel that
-//   accumulates its partials in its own workspace row.
-// - Memory hints: activations are loaded with L1::no_allocate (coherent, since outputs may alias
+//   one element (the scalar path: the same kernels with kVec = 1). Chunks stay in registers as
+//   the 32-bit words they were loaded as (r is rounded to the input dtype by definition, so this
+//   is exact) between the sum of squares and the scaling: each tensor is read once, with all of
+//   a thread's loads in flight at once, and unpacked to fp32 on use.
+// - Row sums: fp32 per chunk, then per thread, then a warp butterfly and, for groups of several
+//   warps, one shared-memory step behind a named barrier of the group's warps only (rows of one
+//   CTA do not wait for each other); a fixed order, so all threads of a row hold the same bits.
+// - Forward (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per thread in
+//   flight) and group = chunks / 4 threads, several rows per CTA below 128 threads; decode-sized
+//   launches (rows <= 4 x SMs) take the smallest kChunks that fits, so a row spreads over up to
+//   1024 threads and no thread loops over the row (hidden 4096 bf16: 512 threads x 1 vector).
+//   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
+//   registers; wider rows run a two-pass kernel (one CTA per row: sum, then scale, the second
+//   read served by L2 for the most part).
+// - Backward: persistent CTAs (2 per SM), each over a contiguous range of rows of one sample
+//   (BwdPartition), with register-resident rows of up to 16 columns per thread (BwdShape) and
+//   two sums per row (sum r^2 and sum gn * r). The grad_weight column partials of a CTA
+//   accumulate in shared memory ([slots, hidden], each element owned by one thread), those of
+//   grad_scale / grad_shift in registers; at the end the CTA writes one row of partials per
+//   reduction into the workspace ([partials, hidden] each), and a second small kernel adds the
+//   partials of each column in a fixed order into grad_weight (all partials) and grad_scale /
+//   grad_shift (the partials of each sample), rounded once. No atomics: results are
+//   deterministic. Rows wider than the register path take a two-pass kernel that accumulates its
+//   partials in its own workspace rows (read-modify-write through L2).
+// - rstd = rsqrtf(sum * (1 / hidden) + eps) in both directions (1 / hidden rounded to fp32 on
+//   the host: within an ulp of sum / hidden, as rsqrtf is within 2 ulp of 1 / sqrt).
+// - Memory: activations are loaded with L1::no_allocate (coherent, since outputs may alias
 //   them), weight / scale / shift through the read-only path (L1-resident, reused by every row),
 //   outputs stored with .cs (evict-first); rmsnorm_cuda_utils.cuh.
 // - Programmatic dependent launch on sm_90+ (RMSNORM_PDL=0 disables), as in activation_cuda.cu:
-//   each kernel waits for its predecessor before its first global access and releases its
-//   dependents right away, so a decode-sized launch overlaps its launch latency with the
-//   predecessor's tail.
-// - Launch heuristics live in LaunchConfig and the plan functions only.
+//   each kernel waits for its predecessor before its first global access and then releases its
+//   dependents, so a decode-sized launch overlaps its launch latency with the predecessor's tail.
+// - Launch heuristics live in LaunchConfig, FwdPlan, BwdShape and BwdPartition only.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -73,7 +77,6 @@ using detail::Chunk;
 using detail::FastDivU64;
 using detail::from_float;
 using detail::launder;
-using detail::launder_pointer;
 using detail::Ld;
 using detail::NormRound;
 using detail::St;
@@ -105,14 +108,18 @@ struct LaunchConfig {
   // Two-pass forward (rows of more than kFwdMaxRegisterChunks chunks): one CTA per row.
   static constexpr int kTwoPassThreads = 512;
 
-  // Backward, register-resident rows: kChunks x kVec = 16 columns per thread on the vector path
-  // (2 vectors of 8 fp16/bf16, 4 of 4 fp32), 8 elements on the scalar path, groups of up to 512
-  // threads: hidden up to 8192 (4096 on the scalar path) stays in registers.
-  static constexpr int kBwdVecColumns = 16;
-  static constexpr int kBwdScalarChunks = 4;
+  // Backward, register-resident rows (BwdShape): groups of up to kBwdMaxGroup threads in CTAs of
+  // kBwdCtaThreads. 16 columns per thread on the vector path (2 vectors of fp16/bf16, 4 of fp32),
+  // so the grad_weight partials of a CTA (slots x hidden <= 512 x 16 floats) fit in 32 KB of
+  // shared memory, within the default 48 KB; 4 elements on the scalar path, whose every element
+  // has its own address registers; fewer when the estimated data registers exceed
+  // kBwdMaxDataRegs. All-16-bit tensors without modulation on the vector path (the common
+  // training case) run two CTAs per SM (<= 64 registers, 1024 threads); the other forms one CTA
+  // of <= 128 registers.
   static constexpr int kBwdMaxGroup = 512;
-  static constexpr int kBwdMaxDataRegs = 80;
-  static constexpr int kBwdTwoCtaDataRegs = 40;
+  static constexpr int kBwdColumns = 16;
+  static constexpr int kBwdScalarChunks = 4;
+  static constexpr int kBwdMaxDataRegs = 72;
   static constexpr int kBwdCtaThreads = 512;
   static constexpr int kBwdCtasPerSm = 2;
   // Fewer CTAs rather than fewer than 4 rows each: the partials cost 8 bytes per column per CTA
@@ -134,12 +141,13 @@ template <int kChunks> struct FwdBounds {
   static constexpr int kMinBlocks = kChunks == 4 ? 2 : 1;
 };
 
-// Backward register budget. data_regs estimates the registers of what a thread keeps across a
-// row's reduction: x, grad_out, grad_residual, weight (and scale) chunks, and the fp32 column
-// partials of grad_scale / grad_shift (grad_weight's accumulate in shared memory). kChunks halves from kBwdVecColumns / kVec
-// (kBwdScalarChunks on the scalar path) until the estimate is at most kBwdMaxDataRegs; CTAs get
-// 64 registers (two of 512 per SM) when it is at most kBwdTwoCtaDataRegs, else 128.
+// Backward shape per instance: chunks per thread and CTAs per SM (LaunchConfig). data_regs
+// estimates the registers of a thread's row data (x, grad_out, grad_residual, weight, scale
+// chunks) and of its grad_scale / grad_shift partials (grad_weight's accumulate in shared
+// memory).
 template <typename Tin, typename Tw, typename Tout, int kVec, int kMode> struct BwdShape {
+  static constexpr bool kTwoCtas =
+      kVec > 1 && sizeof(Tin) == 2 && sizeof(Tw) == 2 && sizeof(Tout) == 2 && kMode == 0;
   template <typename T> static constexpr int regs(int chunks) {
     return chunks * (sizeof(T) * kVec < 4 ? 1 : static_cast<int>(sizeof(T)) * kVec / 4);
   }
@@ -148,12 +156,12 @@ template <typename Tin, typename Tw, typename Tout, int kVec, int kMode> struct 
            (kMode != 0 ? regs<Tin>(chunks) : 0) + (kMode == 2 ? 2 * chunks * kVec : 0);
   }
   static constexpr int chunks() {
-    int k = kVec == 1 ? LaunchConfig::kBwdScalarChunks : LaunchConfig::kBwdVecColumns / kVec;
+    int k = kVec == 1 ? LaunchConfig::kBwdScalarChunks : LaunchConfig::kBwdColumns / kVec;
     while (k > 1 && data_regs(k) > LaunchConfig::kBwdMaxDataRegs) k /= 2;
     return k;
   }
   static constexpr int kChunks = chunks();
-  static constexpr int kMinBlocks = data_regs(kChunks) <= LaunchConfig::kBwdTwoCtaDataRegs ? 2 : 1;
+  static constexpr int kMinBlocks = kTwoCtas ? 2 : 1;
 };
 
 template <typename T> constexpr int kVecWidth = LaunchConfig::kVectorBytes / static_cast<int>(sizeof(T));
@@ -227,16 +235,18 @@ struct FwdArgs {
 // rows); above it the weight is read in the epilogue, from L1 for the most part.
 constexpr int kMaxPrefetchWeightBytes = 32;
 
-// Stores y = round_norm(r * rstd) * w' (* (1 + scale) + shift) of one chunk at out.
+// Stores y = round_norm(r * rstd) * w' (* (1 + scale) + shift) of the chunk at element `col`
+// of the row: out_row[col ..], scale_row[col ..], shift_row[col ..] (the latter when modulated).
 template <NormRound kRound, bool kModulated, typename Tin, typename Tw, typename Tout, int kVec>
-__device__ __forceinline__ void fwd_store_chunk(Tout* out, const Chunk<Tin, kVec>& r,
+__device__ __forceinline__ void fwd_store_chunk(Tout* out_row, int64_t col,
+                                                const Chunk<Tin, kVec>& r,
                                                 const Chunk<Tw, kVec>& w, bool has_weight,
-                                                float weight_offset, const Tin* scale,
-                                                const Tin* shift, float rstd) {
+                                                float weight_offset, const Tin* scale_row,
+                                                const Tin* shift_row, float rstd) {
   Chunk<Tin, kVec> s{}, sh{};
   if constexpr (kModulated) {
-    s = load_chunk<Ld::kReadOnly, Tin, kVec>(scale);
-    sh = load_chunk<Ld::kReadOnly, Tin, kVec>(shift);
+    s = load_chunk<Ld::kReadOnly, Tin, kVec>(scale_row + col);
+    sh = load_chunk<Ld::kReadOnly, Tin, kVec>(shift_row + col);
   }
   float y[kVec];
 #pragma unroll
@@ -246,7 +256,7 @@ __device__ __forceinline__ void fwd_store_chunk(Tout* out, const Chunk<Tin, kVec
     if constexpr (kModulated) v = v * (1.0f + s.get(j)) + sh.get(j);
     y[j] = v;
   }
-  store_chunk<St::kStream>(out, chunk_from_float<Tout, kVec>(y));
+  store_chunk<St::kStream>(out_row + col, chunk_from_float<Tout, kVec>(y));
 }
 
 // The epilogue of one row of the register-resident forward: all chunks of this thread.
@@ -275,8 +285,8 @@ __device__ __forceinline__ void fwd_store_row(const FwdArgs& a, const Chunk<Tin,
       } else if (has_weight) {
         wk = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
       }
-      fwd_store_chunk<kRound, kModulated>(out + c * kVec, x[k], wk, has_weight, a.weight_offset,
-                                          scale + c * kVec, shift + c * kVec, rstd);
+      fwd_store_chunk<kRound, kModulated>(out, c * kVec, x[k], wk, has_weight, a.weight_offset,
+                                          scale, shift, rstd);
     }
   }
 }
@@ -378,7 +388,7 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
 // the fused add, pass 1 writes residual_out and pass 2 reads it back: both through plain
 // accesses, by the thread that owns those columns in both passes.
 template <typename Tin, typename Tw, typename Tout, int kVec>
-__global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads)
+__global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads, 1)
     rms_norm_fwd_two_pass_kernel(const FwdArgs a) {
   constexpr int kUnroll = kVec == 1 ? 8 : 4;
   __shared__ float red[2][1][32];
@@ -468,9 +478,8 @@ __global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads)
           for (int u = 0; u < kUnroll; ++u) {
             const int64_t c = base + u * threads;
             if (c < a.chunks) {
-              fwd_store_chunk<kRound, kModulated>(out + c * kVec, x[u], w[u], has_weight,
-                                                  a.weight_offset, scale + c * kVec,
-                                                  shift + c * kVec, rstd);
+              fwd_store_chunk<kRound, kModulated>(out, c * kVec, x[u], w[u], has_weight,
+                                                  a.weight_offset, scale, shift, rstd);
             }
           }
         }
@@ -649,7 +658,7 @@ __device__ __forceinline__ void bwd_store_row(
 }
 
 // The weight (and, modulated, scale) chunks of this thread's columns, through L1.
-template <typename Tin, typename Tw, int kVec, int kChunks, int kModChunks>
+template <bool kModulated, typename Tin, typename Tw, int kVec, int kChunks, int kModChunks>
 __device__ __forceinline__ void load_weight_scale(Chunk<Tw, kVec> (&w)[kChunks],
                                                   Chunk<Tin, kVec> (&s)[kModChunks],
                                                   const Tw* weight, const Tin* scale, int lane,
@@ -659,9 +668,7 @@ __device__ __forceinline__ void load_weight_scale(Chunk<Tw, kVec> (&w)[kChunks],
     const int c = lane + k * group;
     if (c < chunks) {
       if (weight != nullptr) w[k] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
-      if constexpr (kModChunks == kChunks) {
-        s[k] = load_chunk<Ld::kReadOnly, Tin, kVec>(scale + c * kVec);
-      }
+      if constexpr (kModulated) s[k] = load_chunk<Ld::kReadOnly, Tin, kVec>(scale + c * kVec);
     }
   }
 }
@@ -703,9 +710,9 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
   float acc_s[kAccChunks][kVec] = {};
   float acc_sh[kAccChunks][kVec] = {};
 
-  const int64_t iters = ceil_div(range.end - range.begin, a.slots);
-  for (int64_t it = 0; it < iters; ++it) {
-    const int64_t row = range.begin + it * a.slots + slot;
+  // Every group runs the same number of steps (the barriers), inactive past the range's end.
+  for (int64_t first_row = range.begin; first_row < range.end; first_row += a.slots) {
+    const int64_t row = first_row + slot;
     const bool active = row < range.end;
     Chunk<Tin, kVec> x[kChunks] = {};
     Chunk<Tout, kVec> g[kChunks] = {};
@@ -714,7 +721,6 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
     Chunk<Tin, kVec> s[kModChunks] = {};
     float sums[2] = {0.0f, 0.0f};  // sum r^2, sum gn * r
     if (active) {
-      load_weight_scale(w, s, weight, scale, lane, group, chunks);
       const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
       const Tout* go = static_cast<const Tout*>(a.grad_out) + row * a.grad_out_stride;
 #pragma unroll
@@ -733,6 +739,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
           if (c < chunks) gr[k] = load_chunk<Ld::kStream, Tin, kVec>(gres + c * kVec);
         }
       }
+      load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
 #pragma unroll
       for (int k = 0; k < kChunks; ++k) {
         const int c = lane + k * group;
@@ -758,10 +765,8 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
     launder(gr);
     if (!active) continue;
     // weight and scale again, from L1: cheaper than keeping them in registers across the
-    // reduction (the laundered pointers keep the compiler from reusing the first loads).
-    launder_pointer(weight);
-    launder_pointer(scale);
-    load_weight_scale(w, s, weight, scale, lane, group, chunks);
+    // reduction (the loads are volatile asm, so they are not merged with the first ones).
+    load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
     const float rstd = rsqrtf(sums[0] * a.inv_hidden + a.eps);
     const float mean_gn_n = sums[1] * rstd * a.inv_hidden;  // mean(gn * n), n = r * rstd
 
@@ -782,7 +787,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
 // grad_input), the column partials accumulated in the CTA's own workspace rows, each element
 // read and written by the one thread that owns its column (plain accesses, program order).
 template <typename Tin, typename Tw, typename Tout, int kVec>
-__global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads)
+__global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
     rms_norm_bwd_wide_kernel(const BwdArgs a) {
   constexpr int kUnroll = kVec == 1 ? 4 : 2;
   __shared__ float red[2][2][32];
@@ -922,7 +927,7 @@ struct ReduceArgs {
 };
 
 template <typename Tin, typename Tw>
-__global__ void __launch_bounds__(LaunchConfig::kReduceThreads)
+__global__ void __launch_bounds__(LaunchConfig::kReduceThreads, 1)
     rms_norm_bwd_reduce_kernel(const ReduceArgs a) {
   constexpr int kWarps = LaunchConfig::kReduceThreads / 32;
   constexpr int kUnroll = LaunchConfig::kReduceUnroll;
@@ -1239,6 +1244,7 @@ cudaError_t launch_bwd_mode(BwdArgs args, cudaStream_t stream) {
   args.slots = group < LaunchConfig::kBwdCtaThreads ? LaunchConfig::kBwdCtaThreads / group : 1;
   // The grad_weight partials [slots, hidden] in shared memory: hidden <= group x kChunks x kVec
   // and group x slots <= 512, so at most 512 x 16 floats (32 KB, within the default 48 KB).
+  static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
   const size_t smem =
       sizeof(float) * static_cast<size_t>(args.slots) * static_cast<size_t>(args.hidden);
   return launch(rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
@@ -1271,6 +1277,8 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
   int sms = 0;
   if (const cudaError_t err = current_sm_count(&sms); err != cudaSuccess) return err;
   const BwdPartition part = partition_bwd(p.rows, bwd_rows_per_sample(p), sms);
+  // One CTA per partial: more than 2^31 - 1 takes more than 2^31 - 1 samples of one row each.
+  if (part.partials > kMaxGrid) return cudaErrorInvalidValue;
 
   BwdArgs args{};
   args.grad_input = p.grad_input;

@@ -118,8 +118,9 @@ __device__ __forceinline__ Chunk<T, kN> chunk_from_float(const float (&f)[kN]) {
 //                 the compiler sees and orders it against the matching plain store.
 //   St::kStream   st.global.cs (evict-first): outputs this kernel never reads back.
 //   St::kPlain    an ordinary C++ store.
-// The inline-asm loads are not volatile so that the compiler may schedule them early; they
-// only ever read addresses that no earlier store of the same thread wrote.
+// The inline-asm accesses are volatile, so the compiler keeps them in program order with each
+// other and after griddepcontrol.wait (a non-volatile asm without memory operands may be moved
+// anywhere, even above the wait for the producer grid); ptxas still schedules the instructions.
 // ---------------------------------------------------------------------------------------------
 enum class Ld { kStream, kReadOnly, kPlain };
 enum class St { kStream, kPlain };
@@ -127,9 +128,9 @@ enum class St { kStream, kPlain };
 template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) {
   unsigned short h;
   if constexpr (kPolicy == Ld::kStream) {
-    asm("ld.global.L1::no_allocate.b16 %0, [%1];" : "=h"(h) : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.b16 %0, [%1];" : "=h"(h) : "l"(p));
   } else if constexpr (kPolicy == Ld::kReadOnly) {
-    asm("ld.global.nc.b16 %0, [%1];" : "=h"(h) : "l"(p));
+    asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(h) : "l"(p));
   } else {
     h = *static_cast<const unsigned short*>(p);
   }
@@ -138,9 +139,9 @@ template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) 
 template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b32(const void* p) {
   uint32_t r;
   if constexpr (kPolicy == Ld::kStream) {
-    asm("ld.global.L1::no_allocate.b32 %0, [%1];" : "=r"(r) : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.b32 %0, [%1];" : "=r"(r) : "l"(p));
   } else if constexpr (kPolicy == Ld::kReadOnly) {
-    asm("ld.global.nc.b32 %0, [%1];" : "=r"(r) : "l"(p));
+    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(r) : "l"(p));
   } else {
     r = *static_cast<const uint32_t*>(p);
   }
@@ -148,11 +149,11 @@ template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b32(const void* p) 
 }
 template <Ld kPolicy> __device__ __forceinline__ void ld_b128(uint32_t* r, const void* p) {
   if constexpr (kPolicy == Ld::kStream) {
-    asm("ld.global.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
         : "l"(p));
   } else if constexpr (kPolicy == Ld::kReadOnly) {
-    asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
         : "l"(p));
   } else {
@@ -236,10 +237,6 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
 #pragma unroll
   for (int i = 0; i < kM; ++i) launder(c[i]);
 }
-// The same for a pointer: loads through it afterwards are new loads, not reuses of earlier ones.
-template <typename T> __device__ __forceinline__ void launder_pointer(const T*& p) {
-  asm volatile("" : "+l"(p));
-}
 
 // ---------------------------------------------------------------------------------------------
 // n / d for 0 <= n < 2^63 without a 64-bit division (~70 instructions and a dozen registers):
@@ -266,13 +263,16 @@ struct FastDivU64 {
 
 // ---------------------------------------------------------------------------------------------
 // Sum over the `group` threads that share a row, result in every thread of the group.
-// Groups are consecutive threads: a power of two up to 32 (aligned inside a warp, xor
-// butterfly only) or a multiple of 32 (whole warps: butterfly, then the warp sums through
-// `red`, one __syncthreads). Every thread of the group adds the same values in the same order,
-// so all of them hold bit-identical sums (a + b == b + a in IEEE arithmetic). All threads of
-// the block must call it (the barrier, and full-warp shuffles), active row or not. Callers that
-// reduce repeatedly alternate between two `red` buffers: a warp writing the next buffer has
-// passed a barrier that every reader of the previous one has reached after reading it.
+// Groups are consecutive threads: a power of two up to 32 (aligned inside a warp: an xor
+// butterfly) or a multiple of 32 (whole warps: a butterfly per warp, the warp sums through
+// `red` behind named barrier 1 + slot, which only the group's warps join (slot = the group's
+// index in the block, at most 14), so the rows of one CTA do not wait for each other; then a
+// second butterfly over the at most 32 warp sums, a few shuffles where a serial loop would wait
+// on each shared load). Butterfly partners add the same two values (a + b == b + a in IEEE
+// arithmetic), so every thread of the group ends with bit-identical sums. All threads of a
+// group call it, active row or not (barrier, full-warp shuffles). Callers that reduce
+// repeatedly alternate between two `red` buffers: a warp writing the next buffer has passed a
+// barrier that every reader of the previous one reached after reading it.
 // ---------------------------------------------------------------------------------------------
 template <int kN>
 __device__ __forceinline__ void group_sum(float (&v)[kN], int group, float (*red)[32]) {
@@ -288,14 +288,16 @@ __device__ __forceinline__ void group_sum(float (&v)[kN], int group, float (*red
 #pragma unroll
     for (int i = 0; i < kN; ++i) red[i][warp] = v[i];
   }
-  __syncthreads();
   const int warps = group >> 5;
-  const int first = (warp / warps) * warps;
+  const int slot = warp / warps;
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + slot), "r"(group) : "memory");
+  // Every warp of the group adds the group's (at most 32) warp sums with the same butterfly.
+  const int lane = static_cast<int>(threadIdx.x) & 31;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    float s = 0.0f;
-#pragma unroll 1
-    for (int w = 0; w < warps; ++w) s += red[i][first + w];
+    float s = lane < warps ? red[i][slot * warps + lane] : 0.0f;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(kFull, s, offset);
     v[i] = s;
   }
 }
