@@ -78,7 +78,20 @@ DEFAULT_COLUMNS = [
     ("vs eager", "---:", _speedup("speedup_vs_eager")),
     ("per call: ours / compile (µs)", "---:", _per_call("ours", "compile")),
 ]
+def _after_producer(r: dict) -> str:
+    """Decode GPU time after a kernel that does not use PDL (`us_after_producer`), ours / compile."""
+    after = r.get("us_after_producer")
+    return f"{after['ours']:.2f} / {after['compile']:.2f}" if after else "–"
+
+
 COLUMNS = {
+    # The activation kernels launch with PDL; the extra column shows decode sizes after a
+    # producer kernel that does not, where that overlap is gone.
+    "activation": [
+        *DEFAULT_COLUMNS[:-1],
+        ("after a non-PDL kernel: ours / compile (µs)", "---:", _after_producer),
+        DEFAULT_COLUMNS[-1],
+    ],
     "rmsnorm": [
         *_COMMON,
         ("tokens × hidden", "---", lambda r: f"{r['tokens']} × {r['hidden']}"),

@@ -26,6 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def git_commit() -> str:
+    # Named by the caller (a copy of the tree on the GPU machine, whose .git, if any, may be
+    # stale): that wins over what git says.
+    if os.environ.get("KERNELS_COMMIT"):
+        return os.environ["KERNELS_COMMIT"]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
@@ -36,8 +40,7 @@ def git_commit() -> str:
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
-        # A copy without .git (the GPU machine's working tree): the caller names the commit.
-        return os.environ.get("KERNELS_COMMIT", "unknown")
+        return "unknown"
 
 
 def environment(kernel_module=None) -> dict:
