@@ -35,9 +35,10 @@
 //   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
 //   registers; wider rows run a two-pass kernel (one CTA per row: sum, then scale, the second
 //   read served by L2 for the most part).
-// - Backward: persistent CTAs (2 per SM), each over a contiguous range of rows of one sample
-//   (BwdPartition), with register-resident rows of up to 16 columns per thread (BwdShape) and
-//   two sums per row (sum r^2 and sum gn * r). The grad_weight column partials of a CTA
+// - Backward: 2 x SMs persistent CTAs of up to 512 threads, each over a contiguous range of rows
+//   of one sample (BwdPartition), with register-resident rows of up to 16 columns per thread
+//   (BwdShape: hidden up to 8192 on the vector path) and two sums per row (sum r^2 and
+//   sum gn * r). The grad_weight column partials of a CTA
 //   accumulate in shared memory ([slots, hidden], each element owned by one thread), those of
 //   grad_scale / grad_shift in registers; at the end the CTA writes one row of partials per
 //   reduction into the workspace ([partials, hidden] each), and a second small kernel adds the
@@ -45,8 +46,9 @@
 //   grad_shift (the partials of each sample), rounded once. No atomics: results are
 //   deterministic. Rows wider than the register path take a two-pass kernel that accumulates its
 //   partials in its own workspace rows (read-modify-write through L2).
-// - rstd = rsqrtf(sum * (1 / hidden) + eps) in both directions (1 / hidden rounded to fp32 on
-//   the host: within an ulp of sum / hidden, as rsqrtf is within 2 ulp of 1 / sqrt).
+// - rstd = rsqrtf(sum * (1 / hidden) + eps), the same expression forward and backward. The
+//   host rounds 1 / hidden to fp32 once, so the mean is within about an ulp of sum / hidden
+//   (no division per row), the same order as rsqrtf's own error (2 ulp).
 // - Memory: activations are loaded with L1::no_allocate (coherent, since outputs may alias
 //   them), weight / scale / shift through the read-only path (L1-resident, reused by every row),
 //   outputs stored with .cs (evict-first); rmsnorm_cuda_utils.cuh.
@@ -231,8 +233,10 @@ struct FwdArgs {
   NormRound norm_round;
 };
 
-// Registers a thread may spend on weight chunks kept from the start (loaded once for all its
-// rows); above it the weight is read in the epilogue, from L1 for the most part.
+// Bytes of weight chunks a forward thread keeps in registers from its start (loaded once, with
+// its first row's loads in flight: the decode shapes, 1-2 vectors per thread); with more chunks
+// the weight is read in the epilogue instead, an L1 hit for the most part, which keeps the
+// 4-vector instance within 64 registers.
 constexpr int kMaxPrefetchWeightBytes = 32;
 
 // Stores y = round_norm(r * rstd) * w' (* (1 + scale) + shift) of the chunk at element `col`
