@@ -44,9 +44,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -55,10 +53,14 @@
 #include "activation_cuda.h"
 #include "activation_math.h"
 #include "activation_params.h"
+#include "pdl.cuh"
 
 namespace activation {
 namespace cuda {
 namespace {
+
+// ACTIVATION_PDL=0 in the environment turns programmatic dependent launch off (pdl.cuh).
+constexpr char kActivationPdlEnv[] = "ACTIVATION_PDL";
 
 // ---------------------------------------------------------------------------------------------
 // Launch configuration: the only place where the launch heuristics live.
@@ -189,23 +191,6 @@ RowSpace make_space(int64_t rows, int64_t width, int vec) {
   return RowSpace{rows, vecs, width - vecs * vec, vecs * vec};
 }
 
-// Programmatic dependent launch (sm_90+; no-ops when the launch did not ask for it, and not
-// compiled for older targets). The wait comes before any global memory access: a grid launched
-// early by its predecessor must see all of the predecessor's writes, and must not overwrite
-// what the predecessor may still read. Releasing dependents right after lets the next kernel
-// (if it was launched with PDL too) get its blocks resident while this one runs, instead of
-// paying its launch latency after this grid drains.
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void release_dependent_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 // The family F provides load<V>(row, elem) -> Frag<V> and finish<V>(frag, row, elem) (compute
 // and store) for V = kVec and V = 1. A block covers kItems * blockDim.x item columns; thread t
 // takes columns t, t + blockDim.x, ... (coalesced), issuing all loads before any math. No
@@ -213,8 +198,7 @@ __device__ __forceinline__ void release_dependent_grid() {
 // chain per thread.
 template <int kVec, int kItems, typename F>
 __device__ __forceinline__ void for_each_item(const F& f, const RowSpace& s) {
-  wait_for_prerequisite_grid();
-  release_dependent_grid();
+  pdl::wait_and_release();
   using Frag = typename F::template Frag<kVec>;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
   const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
@@ -540,29 +524,6 @@ bool aligned16(const void* p) {
 // A row stride keeps every row start aligned; irrelevant for a single row.
 bool stride_ok(int64_t stride, int64_t rows, int vec) { return rows == 1 || stride % vec == 0; }
 
-// Launch with programmatic dependent launch (PDL) on sm_90+ devices, unless the environment sets
-// ACTIVATION_PDL=0 (read once per process). With PDL a decode-sized launch that follows another
-// PDL kernel (ours, or e.g. flashinfer's) overlaps its launch with the predecessor's tail; after
-// any other kernel it behaves as a plain launch. The capability is cached per device.
-bool use_pdl() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ACTIVATION_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!enabled) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  int major = major_of[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-      return false;
-    major_of[device].store(major, std::memory_order_relaxed);
-  }
-  return major >= 9;
-}
-
 // Block shape: 128 threads, as wide as the row's items need (a power of two) and as tall as
 // that leaves; grid: enough blocks across for the row, and down for the rows up to the y limit.
 template <auto kKernel, int kItems, typename F>
@@ -575,20 +536,9 @@ cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) 
   const int64_t blocks_x = (items + per_block - 1) / per_block;
   const int64_t blocks_y = (space.rows + ty - 1) / ty;
   if (blocks_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks_x),
-                        static_cast<unsigned>(std::min<int64_t>(blocks_y, LaunchConfig::kMaxGridY)));
-  config.blockDim = dim3(tx, ty);
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  if (use_pdl()) {
-    config.attrs = pdl;
-    config.numAttrs = 1;
-  }
-  const cudaError_t err = cudaLaunchKernelEx(&config, kKernel, family, space);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  const dim3 grid(static_cast<unsigned>(blocks_x),
+                  static_cast<unsigned>(std::min<int64_t>(blocks_y, LaunchConfig::kMaxGridY)));
+  return pdl::launch<kActivationPdlEnv>(kKernel, grid, dim3(tx, ty), 0, stream, family, space);
 }
 
 template <typename T> struct TypeTag { using type = T; };

@@ -26,8 +26,8 @@
 //   is exact) between the sum of squares and the scaling: each tensor is read once, with all of
 //   a thread's loads in flight at once, and unpacked to fp32 on use.
 // - Row sums: fp32 per chunk, then per thread, then a warp butterfly and, for groups of several
-//   warps, one shared-memory step behind a named barrier of the group's warps only (rows of one
-//   CTA do not wait for each other); a fixed order, so all threads of a row hold the same bits.
+//   warps, one shared-memory step behind a CTA barrier (group_sum says why not a named barrier
+//   per row); a fixed order, so all threads of a row hold the same bits.
 // - Forward (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per thread in
 //   flight) and group = chunks / 4 threads, several rows per CTA below 128 threads; decode-sized
 //   launches (rows <= 4 x SMs) take the smallest kChunks that fits, so a row spreads over up to
@@ -52,7 +52,7 @@
 // - Memory: activations are loaded with L1::no_allocate (coherent, since outputs may alias
 //   them), weight / scale / shift through the read-only path (L1-resident, reused by every row),
 //   outputs stored with .cs (evict-first); rmsnorm_cuda_utils.cuh.
-// - Programmatic dependent launch on sm_90+ (RMSNORM_PDL=0 disables), as in activation_cuda.cu:
+// - Programmatic dependent launch on sm_90+ (RMSNORM_PDL=0 disables; pdl.cuh, shared with the other kernels):
 //   each kernel waits for its predecessor before its first global access and then releases its
 //   dependents, so a decode-sized launch overlaps its launch latency with the predecessor's tail.
 // - Launch heuristics live in LaunchConfig, FwdPlan, BwdShape and BwdPartition only.
@@ -60,15 +60,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
 #include "rmsnorm_cuda.h"
 #include "rmsnorm_cuda_utils.cuh"
+#include "pdl.cuh"
 #include "rmsnorm_params.h"
 
 namespace rmsnorm {
@@ -87,6 +85,9 @@ using detail::group_sum;
 using detail::load_chunk;
 using detail::round_norm;
 using detail::store_chunk;
+
+// RMSNORM_PDL=0 in the environment turns programmatic dependent launch off (pdl.cuh).
+constexpr char kRmsNormPdlEnv[] = "RMSNORM_PDL";
 
 // ---------------------------------------------------------------------------------------------
 // Launch configuration: the only place where the launch heuristics live.
@@ -170,20 +171,6 @@ template <typename T> constexpr int kVecWidth = LaunchConfig::kVectorBytes / sta
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------------------------------------
-// Programmatic dependent launch (sm_90+; no-ops when the launch did not ask for it, and not
-// compiled for older targets). The wait comes before any global memory access: a grid launched
-// early must see all of its predecessor's writes and must not overwrite what the predecessor may
-// still read. Releasing dependents right away only lets the next PDL kernel become resident; it
-// still waits for this grid to complete before its own first access.
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ void pdl_wait_and_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
 
 // Calls f(std::integral_constant<NormRound, R>{}) for the runtime value r (uniform branch
 // outside the element loops).
@@ -302,7 +289,7 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
   constexpr bool kPrefetchW =
       static_cast<int>(sizeof(Tw)) * kVec * kChunks <= kMaxPrefetchWeightBytes;
   __shared__ float red[2][1][32];
-  pdl_wait_and_release();
+  pdl::wait_and_release();
   const int group = a.group;
   const int slot = static_cast<int>(threadIdx.x) / group;
   const int lane = static_cast<int>(threadIdx.x) - slot * group;
@@ -396,7 +383,7 @@ __global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads, 1)
     rms_norm_fwd_two_pass_kernel(const FwdArgs a) {
   constexpr int kUnroll = kVec == 1 ? 8 : 4;
   __shared__ float red[2][1][32];
-  pdl_wait_and_release();
+  pdl::wait_and_release();
   const int64_t threads = blockDim.x;
   const int64_t step = threads * kUnroll;
   const Tw* weight = static_cast<const Tw*>(a.weight);
@@ -690,7 +677,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
   constexpr int kAccChunks = kMode == kBwdModGrads ? kChunks : 1;
   extern __shared__ __align__(16) float acc_smem[];  // [slots, hidden]
   __shared__ float red[2][2][32];
-  pdl_wait_and_release();
+  pdl::wait_and_release();
   const int group = a.group;
   const int slot = static_cast<int>(threadIdx.x) / group;
   const int lane = static_cast<int>(threadIdx.x) - slot * group;
@@ -795,7 +782,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
     rms_norm_bwd_wide_kernel(const BwdArgs a) {
   constexpr int kUnroll = kVec == 1 ? 4 : 2;
   __shared__ float red[2][2][32];
-  pdl_wait_and_release();
+  pdl::wait_and_release();
   const int64_t threads = blockDim.x;
   const int64_t step = threads * kUnroll;
   const Tw* weight = static_cast<const Tw*>(a.weight);
@@ -936,7 +923,7 @@ __global__ void __launch_bounds__(LaunchConfig::kReduceThreads, 1)
   constexpr int kWarps = LaunchConfig::kReduceThreads / 32;
   constexpr int kUnroll = LaunchConfig::kReduceUnroll;
   __shared__ float red[kWarps][32];
-  pdl_wait_and_release();
+  pdl::wait_and_release();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   for (int64_t blk = blockIdx.x; blk < a.blocks; blk += gridDim.x) {
@@ -1079,44 +1066,12 @@ cudaError_t current_sm_count(int* sms) {
   return err;
 }
 
-// Programmatic dependent launch on sm_90+, unless RMSNORM_PDL=0 (read once per process).
-bool use_pdl() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("RMSNORM_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!enabled) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  int major = major_of[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      return false;
-    }
-    major_of[device].store(major, std::memory_order_relaxed);
-  }
-  return major >= 9;
-}
-
+// Every launch goes through PDL on sm_90+ unless RMSNORM_PDL=0 (pdl.cuh).
 template <typename Kernel, typename Args>
 cudaError_t launch(Kernel kernel, int64_t grid, int threads, size_t smem, cudaStream_t stream,
                    const Args& args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  if (use_pdl()) {
-    config.attrs = pdl;
-    config.numAttrs = 1;
-  }
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  return pdl::launch<kRmsNormPdlEnv>(kernel, dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
+                                     dim3(static_cast<unsigned>(threads)), smem, stream, args);
 }
 
 bool aligned16(const void* p) {
