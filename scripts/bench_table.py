@@ -39,7 +39,18 @@ def _rmsnorm_rows(result: dict) -> bool:
     )
 
 
-ROW_FILTERS = {"activation": _activation_rows, "rmsnorm": _rmsnorm_rows}
+def _rope_rows(result: dict) -> bool:
+    """Llama-3-8B heads (32 / 8, head_dim 128), bf16: vLLM's in-place rotary_embedding at decode
+    (1, 64) and prefill (4096, 65536) token counts, and the transformers form at every size the
+    sweep measures (1, 4096, 16384); the sweep measures these first."""
+    if result["dtype"] != "bfloat16" or result["head_dim"] != 128:
+        return False
+    if result["op"] == "rotary_embedding":
+        return result["tokens"] in (1, 64, 4096, 65536)
+    return result["op"] == "apply_rotary_transformers"
+
+
+ROW_FILTERS = {"activation": _activation_rows, "rmsnorm": _rmsnorm_rows, "rope": _rope_rows}
 
 
 def _speedup(key: str):
@@ -100,6 +111,19 @@ COLUMNS = {
         ("vs torch.compile", "---:", _speedup("speedup_vs_compile")),
         ("vs eager", "---:", _speedup("speedup_vs_eager")),
         ("per call: ours / F.rms_norm / compile (µs)", "---:", _per_call("ours", "F.rms_norm", "compile")),
+    ],
+    # rotary_embedding rows have two more baselines (vLLM's in-place formulation, eager and
+    # compiled); the transformers rows show "–" there.
+    "rope": [
+        *_COMMON,
+        ("tokens × (q + kv heads) × head_dim", "---",
+         lambda r: f"{r['tokens']} × ({r['q_heads']} + {r['kv_heads']}) × {r['head_dim']}"),
+        *_OURS,
+        ("vs torch.compile", "---:", _speedup("speedup_vs_compile")),
+        ("vs eager", "---:", _speedup("speedup_vs_eager")),
+        ("vs in-place compile", "---:", _speedup("speedup_vs_inplace_compile")),
+        ("vs in-place eager", "---:", _speedup("speedup_vs_inplace_eager")),
+        ("per call: ours / compile (µs)", "---:", _per_call("ours", "compile")),
     ],
 }
 

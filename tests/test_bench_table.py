@@ -126,3 +126,65 @@ def test_rmsnorm_sweep_measures_the_readme_rows_first(monkeypatch, request):
     shown = [bench_table.ROW_FILTERS["rmsnorm"](sweep.asdict(c)) for c in full]
     assert all(shown[: sum(shown)]) and sum(shown) == 3 * 2 * 4  # fwd, fused, bwd × 2 hidden × 4 token counts
     assert set(sweep.cases(quick=True)) <= set(full)
+
+
+def _rope_row(op, tokens, head_dim, us, **extra):
+    """A result row as rope/benchmarks/sweep.py writes it."""
+    nbytes = 2 * tokens * 40 * head_dim * 2 + tokens * (head_dim * 4 + 8)
+    row = {"op": op, "dtype": "bfloat16", "tokens": tokens, "head_dim": head_dim, "q_heads": 32, "kv_heads": 8,
+           "bytes": nbytes, "l2_resident": nbytes <= 50 * 2**20, "us": us,
+           "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
+           "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0}
+    for name in us:
+        if name != "ours":
+            row[f"speedup_vs_{name}"] = us[name] / us["ours"]
+    row.update(extra)
+    return row
+
+
+def test_rope_table_follows_the_numbers():
+    vllm_us = {"ours": 2.0, "eager": 16.0, "compile": 4.0, "inplace_eager": 20.0, "inplace_compile": 5.0}
+    payload = {
+        "environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc", "date": "2026-11-21",
+                        "kernel_id": "_rope_cuda_abc1234"},
+        "copy_gbs": 4000.0, "method": "m", "baselines": "b",
+        "results": [
+            _rope_row("rotary_embedding", 1, 128, vllm_us, wall_us={"ours": 5.0, "compile": 20.25, "inplace_compile": 21.0}),
+            _rope_row("rotary_embedding", 65536, 128, {k: 500.0 * v for k, v in vllm_us.items()}),
+            _rope_row("apply_rotary_transformers", 4096, 128, {"ours": 100.0, "eager": 400.0, "compile": 150.0}),
+            _rope_row("rotary_embedding", 16, 128, vllm_us),  # outside the README's rows
+            _rope_row("rotary_embedding", 4096, 64, vllm_us),
+        ],
+    }
+    table = bench_table.render("rope", payload)
+    assert ("| op | dtype | tokens × (q + kv heads) × head_dim | ours (µs) | ours (GB/s) | % of copy | vs torch.compile "
+            "| vs eager | vs in-place compile | vs in-place eager | per call: ours / compile (µs) |") in table
+    assert "| `rotary_embedding` | bfloat16 | 1 × (32 + 8) × 128 | 2.00 | 10 | 0.3%† | 2.00× | 8.00× | 2.50× | 10.00× | 5.0 / 20.2 |" in table
+    assert "| `rotary_embedding` | bfloat16 | 65536 × (32 + 8) × 128 | 1000.00 |" in table
+    assert "| `apply_rotary_transformers` | bfloat16 | 4096 × (32 + 8) × 128 | 100.00 |" in table
+    assert "| 1.50× | 4.00× | – | – | – |" in table  # no in-place baselines for the transformers form
+    assert "16 × (32" not in table and "× 64 |" not in table
+
+
+def test_rope_sweep_measures_the_readme_rows_first(monkeypatch, request):
+    """As for rmsnorm: the rows the README shows come first in the (budgeted) sweep, the full list
+    is the whole grid, and the sweep's command line parses without a GPU."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/ and benchmarks/
+    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))  # the sweep imports benchmark.py
+    monkeypatch.delitem(sys.modules, "benchmark", raising=False)
+    spec = importlib.util.spec_from_file_location("rope_sweep", REPO / "rope" / "benchmarks" / "sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, sweep)  # dataclasses look their module up there
+    spec.loader.exec_module(sweep)
+    full = sweep.cases(quick=False)
+    assert len(set(full)) == len(full)
+    vllm = {(c.tokens, c.head_dim) for c in full if c.op == sweep.VLLM}
+    assert vllm == {(t, d) for t in sweep.TOKENS for d in sweep.HEAD_DIMS}
+    assert {c.tokens for c in full if c.op == sweep.HF} == set(sweep.TRANSFORMERS_TOKENS)
+    shown = [bench_table.ROW_FILTERS["rope"](sweep.asdict(c)) for c in full]
+    assert all(shown[: sum(shown)]) and sum(shown) == 4 + len(sweep.TRANSFORMERS_TOKENS)
+    assert set(sweep.cases(quick=True)) <= set(full)
+    args = sweep.parse_args(["--quick", "--budget-s", "30"])
+    assert args.quick and args.budget_s == 30.0
