@@ -575,9 +575,12 @@ cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream
   for (int64_t base = 0; base < plan.token_blocks; base += per_launch) {
     const int64_t left = plan.token_blocks - base;
     const int64_t blocks = left < per_launch ? left : per_launch;
-    const int64_t gy = blocks < LaunchConfig::kMaxGridYZ ? blocks : LaunchConfig::kMaxGridYZ;
-    const dim3 grid(plan.grid_x, static_cast<unsigned>(gy),
-                    static_cast<unsigned>(ceil_div(blocks, gy)));
+    // The fewest z planes, then y as even as they allow: fewer than gz blocks of the grid are
+    // past the last token block. (y = 65535 with a second, nearly empty z plane launched 65534
+    // idle blocks at 65536 tokens: 622 instead of about 485 us on an H100.)
+    const int64_t gz = ceil_div(blocks, LaunchConfig::kMaxGridYZ);
+    const int64_t gy = ceil_div(blocks, gz);
+    const dim3 grid(plan.grid_x, static_cast<unsigned>(gy), static_cast<unsigned>(gz));
     args.token_block_base = base;
     const cudaError_t err = pdl::launch<kRopePdlEnv>(rope_kernel<T, Tt, kLayout, kKind, kVec>,
                                                      grid, plan.block, 0, stream, args);
