@@ -50,7 +50,25 @@ def _rope_rows(result: dict) -> bool:
     return result["op"] == "apply_rotary_transformers"
 
 
-ROW_FILTERS = {"activation": _activation_rows, "rmsnorm": _rmsnorm_rows, "rope": _rope_rows}
+def _attention_rows(result: dict) -> bool:
+    """bf16 prefill at head_dim 128 (B * S = 16K tokens, S = 512 .. 16K, causal and not) and
+    decode (GQA 32/8, head_dim 128) at batch 1 / 64 and KV length 4K / 32K from a contiguous and
+    a 16-token paged cache; the sweep measures these first."""
+    if result["dtype"] != "bfloat16" or result["head_dim"] != 128:
+        return False
+    if result["op"] == "prefill":
+        return True
+    return (result["batch"], result["seqlen"]) in {(1, 4096), (1, 32768), (64, 4096), (64, 32768)} and result[
+        "layout"
+    ] in ("contiguous", "paged16")
+
+
+ROW_FILTERS = {
+    "activation": _activation_rows,
+    "rmsnorm": _rmsnorm_rows,
+    "rope": _rope_rows,
+    "attention": _attention_rows,
+}
 
 
 def _speedup(key: str):
@@ -128,6 +146,59 @@ COLUMNS = {
 }
 
 
+def _ratio(key: str):
+    """A speedup that may be null (the baseline rejected the shape)."""
+    return lambda r: f"{r[key]:.2f}×" if r.get(key) else "–"
+
+
+def _attention_shape(r: dict) -> str:
+    if r["op"] == "prefill":
+        return (f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']} × D{r['head_dim']}"
+                + (", causal" if r["causal"] else ""))
+    layout = "contiguous" if r["layout"] == "contiguous" else f"paged {r['layout'].removeprefix('paged')}"
+    return f"B{r['batch']} × KV{r['seqlen']}, H{r['heads_q']}/{r['heads_kv']} × D{r['head_dim']}, {layout}"
+
+
+def _attention_rate(r: dict) -> str:
+    if r["op"] == "prefill":
+        return f"{r['tflops']['ours']:.0f} TFLOP/s"
+    return f"{r['gbs']['ours']:.0f} GB/s"
+
+
+def _attention_peak(r: dict) -> str:
+    peak = r.get("peak_mib")
+    if not peak:
+        return "–"
+    return " / ".join("–" if peak.get(n) is None else f"{peak[n]:.0f}" for n in ("ours", "sdpa_flash"))
+
+
+COLUMNS["attention"] = [
+    ("workload", "---", lambda r: r["op"]),
+    ("dtype", "---", lambda r: r["dtype"]),
+    ("shape", "---", _attention_shape),
+    ("ours (µs)", "---:", lambda r: f"{r['us']['ours']:.2f}"),
+    ("ours", "---:", _attention_rate),
+    ("% of copy", "---:", lambda r: f"{100 * r['copy_fraction']:.1f}%" if r.get("copy_fraction") else "–"),
+    ("vs SDPA flash", "---:", _ratio("speedup_vs_sdpa_flash")),
+    ("vs SDPA cuDNN", "---:", _ratio("speedup_vs_sdpa_cudnn")),
+    ("vs SDPA efficient", "---:", _ratio("speedup_vs_sdpa_efficient")),
+    ("peak MiB at 16K: ours / flash", "---:", _attention_peak),
+]
+
+_DEFAULT_NOTE = (
+    "GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
+    "contender); the last column is the per-call time an eager caller sees."
+)
+NOTES = {
+    "attention": (
+        "GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
+        "contender); a ratio is the baseline's time over ours (above 1: ours is faster), – where the "
+        "backend rejects the shape; decode baselines read a contiguous cache; the last column is the "
+        "memory each call allocates beyond its inputs."
+    ),
+}
+
+
 def render(kernel: str, payload: dict) -> str:
     env = payload["environment"]
     keep = ROW_FILTERS.get(kernel, lambda r: True)
@@ -144,9 +215,8 @@ def render(kernel: str, payload: dict) -> str:
     lines += ["| " + " | ".join(cell(r) for _, _, cell in columns) + " |" for r in rows]
     lines.append("")
     lines.append(
-        f"GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
-        f"contender); the last column is the per-call time an eager caller sees. Full results: "
-        f"`{kernel}/benchmarks/results/`. Method: {payload['method']}."
+        f"{NOTES.get(kernel, _DEFAULT_NOTE)} Full results: `{kernel}/benchmarks/results/`. "
+        f"Method: {payload['method']}."
     )
     if "baselines" in payload:
         lines.append(f"Baselines: {payload['baselines']}.")

@@ -21,7 +21,7 @@ COMMON = REPO / "common"
 
 # common file -> the kernel folders whose kernel_src/ holds a copy
 USERS: dict[str, tuple[str, ...]] = {
-    "pdl.cuh": ("activation", "rmsnorm", "rope"),
+    "pdl.cuh": ("activation", "attention", "rmsnorm", "rope"),
 }
 
 

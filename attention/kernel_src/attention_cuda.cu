@@ -1,0 +1,1448 @@
+// attention_cuda.cu: CUDA kernels and host launcher of the attention forward (attention_cuda.h).
+//
+// What it computes (attention_params.h, flash-attn 2 semantics): for every sequence b, query
+// head h and query row i, out_i = softmax_j(s_ij) v_j over the visible keys j, with
+// s_ij = scale <q_i, k_j> (then softcap * tanh(s / softcap), then - slope |d_i - j| for ALiBi),
+// visibility bottom-right aligned (d_i = i + len_k - len_q; causal: j <= d_i; window:
+// d_i - left <= j <= d_i + right; j < len_k), and lse_i = log sum_j exp(s_ij). A row without a
+// visible key gets out = 0 and lse = +inf. q/k/v/out fp16 or bf16 (one dtype), fp32 softmax and
+// accumulation, out rounded once; head_dim 32, 64, 96, 128, 192, 256. GQA/MQA map query head h
+// to kv head h / (heads_q / heads_kv).
+// Layout: [batch, seqlen, heads, head_dim] views with unit stride along head_dim and any batch /
+// row / head strides that keep 16-byte chunks (multiples of 8 elements, 16-byte aligned bases;
+// attention_cuda.h); varlen q/k packed along the rows and delimited by cu_seqlens; K/V rows
+// through kv_batch_idx and leftpad_k (keys at rows [pad, pad + len_k), len_k = seqused_k[b] or
+// seqlen_k - pad, as attention_cpu.cpp), or through a block table (paged: any page size >= 1).
+//
+// Design (FlashAttention-2: one CTA per (query tile, head, sequence, split); K/V streamed through
+// shared memory in tiles; softmax online in registers; O in registers until the end):
+// - MMA: mma.sync.aligned.m16n8k16 (fp16/bf16 in, fp32 accumulate), operands from shared memory
+//   with ldmatrix(.trans) (attention_cuda_mma.cuh: fragment layouts and the 16-byte-chunk XOR
+//   swizzle that keeps ldmatrix and cp.async free of bank conflicts). S = Q K^T per warp; its C
+//   fragments, exponentiated and packed to 16 bits, are the A fragments of O += P V directly.
+// - Tiles (TileConfig, instances below; 4 warps = 128 threads unless noted):
+//     prefill  D   32/64:  128 x 64 keys, 2 MMA row tiles per warp, Q in registers, 2 stages
+//              D   96:     128 x 64, Q re-read from shared memory, 2 stages
+//              D  128:     128 x 32, 3 stages (see the config comment for 128 x 64)
+//              D 192/256:  64 x 32, one row tile per warp, 2 stages (Q in registers for 192)
+//     decode   D <= 128:   16 rows x 64 keys, the 4 warps split the keys (16 each) and merge
+//              D 192/256:  16 rows x 32 keys over 2 warps (64 threads)
+//   Shared memory 17-96 KB per CTA (opted in above 48 KB), all within the 99 KB of sm_86/89/120.
+//   Decode tiles are taken when seqlen_q x (q heads per kv head) <= 32 rows.
+// - Pipeline: cp.async (16-byte, L2-only, zero fill past the sequence ends) into kStages K/V
+//   stages; per tile one wait + __syncthreads that both publishes tile `it` and retires the stage
+//   of tile it - 1, which then receives tile it + kStages - 1 while tile `it` is computed.
+//   Tiles run from the last key tile down, so the partial and diagonal tiles come first.
+// - Masks: per CTA, uniform thresholds (KeyRange) say which tiles touch the window edge, the
+//   causal diagonal or len_k; only those run the per-element mask (a uniform branch). Fully
+//   invisible tiles are never loaded.
+// - Softmax: scores stay raw dot products and the scale is folded into the exponent,
+//   p = exp2(s * scale log2 e - max * scale log2 e) (one FFMA + ex2.approx per score); with
+//   softcap or ALiBi a second build turns scores into log2 units first (tanh.approx, slope).
+//   Row maxima by a quad butterfly; rows with nothing visible yet keep max = -inf and exponentiate
+//   against 0 (never -inf - -inf). O and the sums are rescaled only when a row max of the warp
+//   moved (warp vote). lse = (max c + log2 l) ln 2.
+// - GQA packing: when the query tile would be mostly empty (decode, or seqlen_q < tile rows), the
+//   q heads of one kv head are packed into the rows (row m -> query m / group, head m % group):
+//   one CTA reads each K/V tile once for the whole group, which is what makes decode bound by
+//   the K/V stream rather than by latency.
+// - Paged K/V: every K/V tile row goes through the block table (j / page_block_size by a
+//   multiply-shift, one L1-resident read-only load shared by the K and V row), so any page size
+//   works at the same cost; no assumption that a tile stays in one page.
+// - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
+//   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
+//   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one warp per
+//   output row. attn_fwd_num_splits picks the count when asked: no split when the grid already
+//   covers 2 waves of resident CTAs, else the smallest count within 85% of the best wave
+//   efficiency, at least 2 key tiles per split, at most 128 (LaunchConfig).
+// - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
+//   lse from the quad's first lane.
+// - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
+//   wait for their predecessor before the first global access and release their dependents.
+// - Registers (nvcc 13.0, no spills on sm_80 / sm_90a / sm_120): REGS_PLACEHOLDER
+// - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
+//
+// Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
+// to 12.0 (a Hopper-specific kernel can come later behind the same params). Two 16-row tiles per
+// warp in prefill halve the shared-memory traffic per MMA compared with one; the decode tiles
+// trade the row split for a key split so that GQA decode issues 4x fewer MMAs per K/V byte.
+// Checked without a GPU: a host emulation (.exp/attn_emul, not part of the build) compiles this
+// file as C++ and runs every thread as a fiber, warps in lockstep at each mma / ldmatrix /
+// shuffle / vote, cp.async landing late or early, against a float64 reference.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "attention_cuda.h"
+#include "attention_cuda_mma.cuh"
+#include "attention_params.h"
+#include "pdl.cuh"
+
+namespace attention {
+namespace cuda {
+namespace {
+
+constexpr char kAttentionPdlEnv[] = "ATTENTION_PDL";
+
+using detail::Chunk16;
+using detail::FastDivU32;
+using detail::cp_async_16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::dynamic_smem;
+using detail::fast_exp2;
+using detail::fast_log2;
+using detail::fast_tanh;
+using detail::ldmatrix_x4;
+using detail::ldmatrix_x4_trans;
+using detail::mma_16816;
+using detail::pack2;
+using detail::shfl_xor;
+using detail::smem_u32;
+using detail::tile_offset;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// An absent window side: far beyond any key index, small enough that index +/- it stays exact
+// in int64 (the mask and tile-range formulas need no branch on it).
+constexpr int64_t kUnbounded = int64_t(1) << 40;
+
+// ---------------------------------------------------------------------------------------------
+// Launch configuration: the only place where the tile shapes and launch heuristics live.
+// ---------------------------------------------------------------------------------------------
+// One CTA computes a tile of kBlockM (packed) query rows against the key range of its split,
+// kBlockN keys per step. Its kWarpsM x kWarpsN warps split the rows (prefill: kWarpsM = 4) or
+// the keys of every K/V tile (decode: kWarpsN > 1, the partial softmax states of the warps are
+// merged at the end). kStages K/V tiles are in shared memory (cp.async pipeline).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarpsM_, int kWarpsN_, int kStages_,
+          bool kQInRegs_, int kMinBlocksPerSm_>
+struct TileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kWarpsN = kWarpsN_;
+  static constexpr int kWarps = kWarpsM * kWarpsN;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kQInRegs = kQInRegs_;   // Q fragments loaded once (else per K tile)
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // register cap (launch bounds)
+  static constexpr int kMTiles = kBlockM / (16 * kWarpsM);  // 16-row MMA tiles per warp
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;       // keys of a K/V tile per warp
+  static constexpr int kNTiles = kWarpKeys / 8;             // S n-tiles per warp
+  static constexpr int kKSteps = kHeadDim / 16;             // k-steps of S = Q K^T
+  static constexpr int kDTiles = kHeadDim / 8;              // O n-tiles
+  static constexpr int kPSteps = kWarpKeys / 16;            // k-steps of O += P V
+  static constexpr int kChunksPerRow = kHeadDim / 8;        // 16-byte chunks per row
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kORegs = kMTiles * kDTiles * 4;     // O accumulator floats per thread
+  // Cross-warp merge (kWarpsN > 1), in the K/V area once the last tile is consumed: the O
+  // fragments of warps 1 .. kWarpsN-1, then per-warp row max and row sum.
+  static constexpr int kMergeBytes = (kWarpsN - 1) * kORegs * 32 * 4 + 2 * kWarpsN * kBlockM * 4;
+
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head_dim");
+  static_assert(kBlockM % (16 * kWarpsM) == 0 && kMTiles >= 1, "whole 16-row tiles per warp");
+  static_assert(kWarpKeys % 16 == 0, "whole 16-key steps per warp");
+  static_assert(kStages >= 2, "double buffering at least");
+  static_assert(kWarpsN == 1 || kMergeBytes <= kStages * kStageBytes, "merge scratch fits");
+  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest opt-in limit (sm_86/89/120)");
+};
+
+// Prefill: 4 warps split the query rows. Two 16-row MMA tiles per warp for head_dim <= 128:
+// every K/V fragment loaded with ldmatrix feeds 4 MMAs, which keeps shared-memory traffic at
+// 160-190 B per m16n8k16 (the H100 serves about 128 B/clk/SM and issues an m16n8k16 every
+// ~1.5 clk/SM at the mma.sync peak); one tile per warp above that, to stay within 255
+// registers. Q stays in registers for head_dim <= 64 (32 registers); for 96/128 it is re-read
+// from shared memory per K/V tile (the O and S accumulators take 96-128 + 32-64 registers).
+// Head dim 128 takes 32-key tiles in 3 stages: with 64-key tiles (FlashAttention-2's shape on
+// sm_80/90) ptxas (13.0, sm_90a) spills a row sum and two loop invariants (3 local loads and a
+// store per tile, 255 registers); 128 x 32 x 3 stages compiles spill-free, and at 80 KB runs
+// two CTAs per SM on sm_80 as well as sm_90 (to A/B: TileConfig<128, 128, 64, 4, 1, 2, ...>).
+// Shared memory: 24 / 48 / 72 / 80 / 72 / 96 KB, within the 99 KB opt-in of sm_86/89/120.
+using Prefill32 = TileConfig<32, 128, 64, 4, 1, 2, true, 2>;
+using Prefill64 = TileConfig<64, 128, 64, 4, 1, 2, true, 2>;
+using Prefill96 = TileConfig<96, 128, 64, 4, 1, 2, false, 2>;
+using Prefill128 = TileConfig<128, 128, 32, 4, 1, 3, false, 2>;
+using Prefill192 = TileConfig<192, 64, 32, 4, 1, 2, true, 2>;
+using Prefill256 = TileConfig<256, 64, 32, 4, 1, 2, false, 2>;
+// Decode: one 16-row tile (seqlen_q x the q heads of a kv head, packed) shared by all warps,
+// which split each K/V tile's keys: a warp computes 16 x 16 scores and a 16 x D product per
+// tile instead of 64 x 64 with 60 rows of padding, so the MMA work per K/V byte is 4x smaller
+// and the kernel stays bound by the K/V stream. Two stages of 64 keys: 32 KB per tile at
+// head_dim 128, 68 KB per CTA, three CTAs per SM on sm_90 (96 KB of K/V in flight per SM,
+// against about 40-60 KB that an H200's 4.8 TB/s x ~1.2 us latency / 132 SMs asks for); the
+// register cap of 3 CTAs per SM (168) matches. Head dim 192/256: 32-key tiles over 2 warps
+// (54 / 72 KB).
+using Decode32 = TileConfig<32, 16, 64, 1, 4, 2, true, 4>;
+using Decode64 = TileConfig<64, 16, 64, 1, 4, 2, true, 4>;
+using Decode96 = TileConfig<96, 16, 64, 1, 4, 2, true, 3>;
+using Decode128 = TileConfig<128, 16, 64, 1, 4, 2, true, 3>;
+using Decode192 = TileConfig<192, 16, 32, 1, 2, 2, false, 4>;
+using Decode256 = TileConfig<256, 16, 32, 1, 2, 2, false, 3>;
+
+struct LaunchConfig {
+  // Packed query rows (seqlen_q x q heads per kv head) up to which the decode tiles are used.
+  static constexpr int kDecodeMaxRows = 32;
+  // Split-KV: at most this many splits (the combine kernel holds 4 per lane) ...
+  static constexpr int kMaxSplits = 128;
+  // ... of at least this many key tiles each (a split pays a Q load and a partial-output row).
+  static constexpr int kMinTilesPerSplit = 2;
+  // No split once the grid covers this many waves of resident CTAs.
+  static constexpr int kNoSplitWaves = 2;
+  // Splits: the smallest count whose wave efficiency is within this factor of the best.
+  static constexpr double kSplitEfficiency = 0.85;
+  static constexpr int kCombineWarps = 4;  // one output row per warp
+  static constexpr int64_t kMaxGridYZ = 65535;
+};
+
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Floor / ceiling of a / b for any sign of a, b > 0.
+__host__ __device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+__host__ __device__ __forceinline__ int64_t ceil_div_signed(int64_t a, int64_t b) {
+  return -floor_div(-a, b);
+}
+__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ---------------------------------------------------------------------------------------------
+// Kernel arguments (attention_params.h, resolved by the launcher).
+// ---------------------------------------------------------------------------------------------
+struct FwdArgs {
+  const void* q;    // [batch, seqlen_q, heads_q, D] (varlen: [1, total_q, heads_q, D])
+  const void* k;    // [batch_k, seqlen_k, heads_kv, D] / packed / [num_blocks, page, heads_kv, D]
+  const void* v;    // as k
+  void* out;        // as q
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t out_batch_stride, out_row_stride, out_head_stride;
+  float* lse;       // [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or null
+  int64_t lse_batch_stride, lse_head_stride;
+  const int32_t* cu_seqlens_q;  // [batch + 1] or null
+  const int32_t* cu_seqlens_k;  // [batch + 1] or null
+  const int32_t* seqused_k;     // [batch] or null
+  const int32_t* kv_batch_idx;  // [batch] or null
+  const int32_t* leftpad_k;     // [batch] or null
+  const int32_t* block_table;   // [batch, max_blocks] or null (not paged)
+  int64_t block_table_batch_stride;
+  FastDivU32 page_div;          // j / page_block_size
+  int page_block_size;
+  int seqlen_q, seqlen_k;       // padded / maximum lengths
+  int batch, batch_base;        // sequences; first sequence of this launch
+  int heads_q, group;           // group = heads_q / heads_kv
+  int qpack;                    // q heads packed into the rows of a tile: group or 1
+  FastDivU32 qpack_div;         // packed row -> query index
+  int m_blocks, num_splits;
+  float scale_log2;             // softmax_scale * log2(e)
+  float softcap_scale;          // softmax_scale / softcap
+  float softcap_log2;           // softcap * log2(e); 0: no softcap
+  const float* alibi;           // [heads_q] or [batch, heads_q] or null
+  int64_t alibi_batch_stride;
+  int64_t win_left, win_right;  // kUnbounded for an absent side (causal: right = 0)
+  float* out_accum;             // [splits, batch, heads_q, seqlen_q, D] when num_splits > 1
+  float* lse_accum;             // [splits, batch, heads_q, seqlen_q]
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-CTA sequence coordinates and key-tile range.
+// ---------------------------------------------------------------------------------------------
+struct Seq {
+  int len_q, len_k;
+  int q_start;                 // varlen: first packed row of the sequence
+  int64_t q_off, out_off;      // element offsets of the sequence (row 0, head 0)
+  int64_t k_off, v_off;        // of key row 0 of the kv head (paged: head offset only)
+  const int32_t* blocks;       // paged: the sequence's block-table row
+};
+
+__device__ __forceinline__ Seq sequence(const FwdArgs& a, int b, int head) {
+  Seq s;
+  s.q_start = 0;
+  s.len_q = a.seqlen_q;
+  if (a.cu_seqlens_q != nullptr) {
+    s.q_start = __ldg(a.cu_seqlens_q + b);
+    s.len_q = __ldg(a.cu_seqlens_q + b + 1) - s.q_start;
+  }
+  // Keys: seqused_k[b], else the cu_seqlens_k difference, else seqlen_k less the left padding;
+  // with leftpad_k they are rows [pad, pad + len_k) (attention_cpu.cpp reads it the same way;
+  // flash_attn_with_kvcache's cache_seqlens - cache_leftpad is the seqused_k to pass).
+  const int pad = a.leftpad_k != nullptr ? __ldg(a.leftpad_k + b) : 0;
+  int len_k = a.seqlen_k - pad;
+  if (a.seqused_k != nullptr) {
+    len_k = __ldg(a.seqused_k + b);
+  } else if (a.cu_seqlens_k != nullptr) {
+    len_k = __ldg(a.cu_seqlens_k + b + 1) - __ldg(a.cu_seqlens_k + b);
+  }
+  s.len_k = len_k > 0 ? len_k : 0;
+  const int64_t hk = static_cast<int64_t>(head) * a.qpack / a.group;
+  if (a.cu_seqlens_q != nullptr) {
+    s.q_off = static_cast<int64_t>(s.q_start) * a.q_row_stride;
+    s.out_off = static_cast<int64_t>(s.q_start) * a.out_row_stride;
+  } else {
+    s.q_off = static_cast<int64_t>(b) * a.q_batch_stride;
+    s.out_off = static_cast<int64_t>(b) * a.out_batch_stride;
+  }
+  s.blocks = nullptr;
+  if (a.block_table != nullptr) {
+    s.blocks = a.block_table + static_cast<int64_t>(b) * a.block_table_batch_stride;
+    s.k_off = 0;
+    s.v_off = 0;
+  } else if (a.cu_seqlens_k != nullptr) {
+    const int64_t k0 = __ldg(a.cu_seqlens_k + b);
+    s.k_off = k0 * a.k_row_stride;
+    s.v_off = k0 * a.v_row_stride;
+  } else {
+    const int64_t kb = a.kv_batch_idx != nullptr ? __ldg(a.kv_batch_idx + b) : b;
+    s.k_off = kb * a.k_batch_stride + static_cast<int64_t>(pad) * a.k_row_stride;
+    s.v_off = kb * a.v_batch_stride + static_cast<int64_t>(pad) * a.v_row_stride;
+  }
+  s.k_off += hk * a.k_head_stride;
+  s.v_off += hk * a.v_head_stride;
+  return s;
+}
+
+// Key tiles [begin, end) of a CTA whose packed rows start at m0, and the tiles that need a mask:
+// n < mask_lo (a key left of some row's window) or n >= mask_hi (a key right of some row's
+// diagonal/window or past len_k). Row i sees keys [d_i - left, d_i + right] with the diagonal
+// d_i = i + len_k - len_q; the tile's rows span the diagonals [dmin, dmax].
+struct KeyRange {
+  int begin, end, mask_lo, mask_hi;
+};
+
+template <class Cfg>
+__device__ __forceinline__ KeyRange key_range(const FwdArgs& a, const Seq& s, int m0, int rows,
+                                              int split) {
+  constexpr int64_t BN = Cfg::kBlockN;
+  const int last = (m0 + Cfg::kBlockM < rows ? m0 + Cfg::kBlockM : rows) - 1;
+  const int64_t off = static_cast<int64_t>(s.len_k) - s.len_q;
+  const int64_t dmin = a.qpack_div.div(m0) + off;
+  const int64_t dmax = a.qpack_div.div(last) + off;
+  const int64_t n_total = ceil_div(s.len_k, BN);
+  int64_t begin = max64(0, floor_div(dmin - a.win_left, BN));
+  int64_t end = min64(n_total, floor_div(dmax + a.win_right, BN) + 1);
+  KeyRange r;
+  r.mask_hi = static_cast<int>(max64(-1, min64(s.len_k / BN, floor_div(dmin + a.win_right + 1, BN))));
+  r.mask_lo = static_cast<int>(max64(-1, min64(n_total, ceil_div_signed(dmax - a.win_left, BN))));
+  if (a.num_splits > 1 && end > begin) {
+    const int64_t per = ceil_div(end - begin, a.num_splits);
+    begin += per * split;
+    end = min64(end, begin + per);
+  }
+  r.begin = static_cast<int>(begin);
+  r.end = static_cast<int>(end > begin ? end : begin);
+  return r;
+}
+
+// Packed row m of the CTA's head -> (query index, q head).
+__device__ __forceinline__ void row_coords(const FwdArgs& a, int head, int m, int* i, int* h) {
+  const int iq = a.qpack_div.div(m);
+  *i = iq;
+  *h = head * a.qpack + (m - iq * a.qpack);
+}
+
+__device__ __forceinline__ int64_t lse_index(const FwdArgs& a, const Seq& s, int b, int h, int i) {
+  return a.cu_seqlens_q != nullptr
+             ? static_cast<int64_t>(h) * a.lse_head_stride + s.q_start + i
+             : static_cast<int64_t>(b) * a.lse_batch_stride + static_cast<int64_t>(h) * a.lse_head_stride + i;
+}
+
+__device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b, int h, int i) {
+  return ((static_cast<int64_t>(split) * a.batch + b) * a.heads_q + h) * a.seqlen_q + i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile loads (cp.async, zero fill past the sequence ends). A tile row is kChunksPerRow 16-byte
+// chunks; thread tid owns chunk tid % kChunksPerRow of rows tid / kChunksPerRow + p x
+// kRowsPerPass (the first kRowsPerPass x kChunksPerRow threads take part), so a warp reads
+// whole rows (coalesced) and a thread walks its rows with one pointer increment per pass
+// instead of holding a 64-bit address per row.
+// ---------------------------------------------------------------------------------------------
+template <class Cfg> struct RowSplit {
+  static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
+  static constexpr int kActive = kRowsPerPass * Cfg::kChunksPerRow;
+  static constexpr int kQPasses = (Cfg::kBlockM + kRowsPerPass - 1) / kRowsPerPass;
+  static constexpr int kKVPasses = (Cfg::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+  static_assert(kRowsPerPass >= 1, "a row per pass at least");
+};
+
+template <typename T, class Cfg>
+__device__ __forceinline__ void load_q(const FwdArgs& a, const Seq& s, int head, int m0, int rows,
+                                       uint32_t sq, int tid) {
+  using RS = RowSplit<Cfg>;
+  if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
+  const int r0 = tid / Cfg::kChunksPerRow;
+  const int ch = tid % Cfg::kChunksPerRow;
+  const T* q = static_cast<const T*>(a.q);
+#pragma unroll
+  for (int p = 0; p < RS::kQPasses; ++p) {
+    const int row = r0 + p * RS::kRowsPerPass;
+    if (Cfg::kBlockM % RS::kRowsPerPass != 0 && row >= Cfg::kBlockM) break;
+    const int m = m0 + row;
+    const bool valid = m < rows;
+    const T* src = q;
+    if (valid) {
+      int i, h;
+      row_coords(a, head, m, &i, &h);
+      src = q + (s.q_off + i * a.q_row_stride + h * a.q_head_stride + ch * 8);
+    }
+    cp_async_16(sq + tile_offset<Cfg::kHeadDim>(row, ch), src, valid);
+  }
+}
+
+// K and V rows [n * kBlockN, (n + 1) * kBlockN) into one stage. Paged: each row through the
+// block table (one read-only load per row, L1-resident; the same translation serves K and V).
+template <typename T, class Cfg>
+__device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, uint32_t sk,
+                                        uint32_t sv, int tid) {
+  using RS = RowSplit<Cfg>;
+  constexpr int RPP = RS::kRowsPerPass;
+  if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
+  const int r0 = tid / Cfg::kChunksPerRow;
+  const int ch = tid % Cfg::kChunksPerRow;
+  const int j0 = n * Cfg::kBlockN + r0;
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  if (s.blocks != nullptr) {
+#pragma unroll
+    for (int p = 0; p < RS::kKVPasses; ++p) {
+      const int row = r0 + p * RPP;
+      if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
+      const int j = j0 + p * RPP;
+      const bool valid = j < s.len_k;
+      const T* ksrc = k;
+      const T* vsrc = v;
+      if (valid) {
+        const int page = a.page_div.div(j);
+        const int64_t in_page = j - page * a.page_block_size;
+        const int64_t block = __ldg(s.blocks + page);
+        ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
+        vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+      }
+      const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
+      cp_async_16(sk + off, ksrc, valid);
+      cp_async_16(sv + off, vsrc, valid);
+    }
+  } else {
+    const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
+    const T* vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + ch * 8);
+    const int64_t kstep = RPP * a.k_row_stride;
+    const int64_t vstep = RPP * a.v_row_stride;
+#pragma unroll
+    for (int p = 0; p < RS::kKVPasses; ++p) {
+      const int row = r0 + p * RPP;
+      if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
+      const bool valid = j0 + p * RPP < s.len_k;
+      const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
+      cp_async_16(sk + off, valid ? kp : k, valid);
+      cp_async_16(sv + off, valid ? vp : v, valid);
+      kp += kstep;
+      vp += vstep;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scores: masks and score modifiers on the C fragments of S.
+// Element (mt, nt, e) of a thread: local row mt * 16 + (e / 2) * 8 + g of the warp's rows, key
+// key0 + nt * 8 + 2 t + e % 2.
+// ---------------------------------------------------------------------------------------------
+template <class Cfg>
+__device__ __forceinline__ void row_diagonals(const FwdArgs& a, const Seq& s, int m0, int row0,
+                                              int lane, int (&diag)[Cfg::kMTiles][2]) {
+  const int off = s.len_k - s.len_q;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      diag[mt][hf] = a.qpack_div.div(m0 + row0 + mt * 16 + hf * 8 + (lane >> 2)) + off;
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                           const int (&diag)[Cfg::kMTiles][2], const FwdArgs& a,
+                                           int len_k, int key0, int lane) {
+  const int j0 = key0 + 2 * (lane & 3);
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int lo = static_cast<int>(max64(0, diag[mt][hf] - a.win_left));
+      const int hi = static_cast<int>(min64(len_k - 1, diag[mt][hf] + a.win_right));
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + nt * 8 + e;
+          if (j < lo || j > hi) s[mt][nt][2 * hf + e] = -kInf;
+        }
+      }
+    }
+  }
+}
+
+// Softcap and ALiBi, turning raw dot products into scores in log2 units:
+//   softcap: softcap * tanh(x * scale / softcap) * log2(e), else x * scale * log2(e)
+//   alibi:   - slope * log2(e) * |d_i - j|
+// Each modifier is one uniform branch around its element loop (per-element selects would make
+// ptxas compute both sides).
+template <class Cfg>
+__device__ __forceinline__ void apply_score_mod(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                                const FwdArgs& a, const Seq& sq, int b, int head,
+                                                int m0, int rows, int row0, int key0, int lane) {
+  if (a.softcap_log2 != 0.0f) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = a.softcap_log2 * fast_tanh(s[mt][nt][e] * a.softcap_scale);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= a.scale_log2;
+      }
+    }
+  }
+  if (a.alibi != nullptr) {
+    // Slopes and diagonals of the thread's rows, per tile (L1-resident loads) rather than held
+    // in registers across the loop.
+    int diag[Cfg::kMTiles][2];
+    float slope[Cfg::kMTiles][2];
+    row_diagonals<Cfg>(a, sq, m0, row0, lane, diag);
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int m = m0 + row0 + mt * 16 + hf * 8 + (lane >> 2);
+        int i, h;
+        row_coords(a, head, m < rows ? m : m0, &i, &h);
+        slope[mt][hf] = __ldg(a.alibi + b * a.alibi_batch_stride + h) * kLog2e;
+      }
+    }
+    const int j0 = key0 + 2 * (lane & 3);
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int dist = diag[mt][e >> 1] - (j0 + nt * 8 + (e & 1));
+          s[mt][nt][e] -= slope[mt][e >> 1] * static_cast<float>(dist < 0 ? -dist : dist);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The forward kernel: one (query tile, head, sequence, split) per CTA; see the file header.
+// kScoreMod: softcap / ALiBi build (scores turned into log2 units per element); else the scale
+// is folded into the exponent (one FFMA per score) and masks are the only modifier.
+// ---------------------------------------------------------------------------------------------
+template <typename T, class Cfg, bool kScoreMod>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_kernel(const FwdArgs a) {
+  constexpr int D = Cfg::kHeadDim;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int kMT = Cfg::kMTiles;
+  // Q fragments in registers as configured, except in the softcap / ALiBi build above head_dim
+  // 128 (the 48 registers of Q at 192 pushed ptxas into spills there; Q is re-read instead).
+  constexpr bool kQRegs = Cfg::kQInRegs && !(kScoreMod && D > 128);
+  pdl::wait_and_release();
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wm = warp % Cfg::kWarpsM;
+  const int wn = warp / Cfg::kWarpsM;
+  const int split = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.num_splits));
+  const int m_block = a.m_blocks - 1 - static_cast<int>(blockIdx.x / static_cast<unsigned>(a.num_splits));
+  const int head = blockIdx.y;
+  const int b = a.batch_base + static_cast<int>(blockIdx.z);
+  const Seq s = sequence(a, b, head);
+  const int rows = s.len_q * a.qpack;
+  const int m0 = m_block * BM;
+  if (m0 >= rows) return;
+  const KeyRange kr = key_range<Cfg>(a, s, m0, rows, split);
+  const bool split_out = a.num_splits > 1;
+
+  if (kr.begin >= kr.end) {
+    // No key in range: out = 0 and lse = +inf (a split: lse = -inf, out_accum never read).
+    for (int r = tid; r < BM; r += Cfg::kThreads) {
+      const int m = m0 + r;
+      if (m >= rows) break;
+      int i, h;
+      row_coords(a, head, m, &i, &h);
+      if (split_out) {
+        a.lse_accum[accum_row(a, split, b, h, i)] = -kInf;
+      } else if (a.lse != nullptr) {
+        a.lse[lse_index(a, s, b, h, i)] = kInf;
+      }
+    }
+    if (!split_out) {
+      for (int c = tid; c < BM * Cfg::kChunksPerRow; c += Cfg::kThreads) {
+        const int r = c / Cfg::kChunksPerRow;
+        const int ch = c % Cfg::kChunksPerRow;
+        const int m = m0 + r;
+        if (m >= rows) break;
+        int i, h;
+        row_coords(a, head, m, &i, &h);
+        *reinterpret_cast<Chunk16*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
+                                    h * a.out_head_stride + ch * 8) = Chunk16{{0, 0, 0, 0}};
+      }
+    }
+    return;
+  }
+
+  uint8_t* smem = dynamic_smem();
+  const uint32_t sq = smem_u32(smem);
+  const uint32_t skv = sq + Cfg::kQBytes;
+
+  // Per-lane ldmatrix rows (attention_cuda_mma.cuh): the A pattern (Q, and V read with .trans)
+  // takes matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
+  // as registers 0..3; the B pattern (K) takes (keys 0-7, d 0-7), (keys 0-7, d 8-15),
+  // (keys 8-15, d 0-7), (keys 8-15, d 8-15), the b[0], b[1] of two adjacent n-tiles.
+  const int row0 = wm * kMT * 16;              // first local row of the warp
+  const int key_w = wn * Cfg::kWarpKeys;       // first key of the warp within a tile
+  const int lr_a = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int lr_b = (lane & 7) + (lane >> 4) * 8;
+  using Rows = detail::SwizzledRows<D>;
+  const uint32_t q_lane = sq + Rows(lr_a, lane >> 4, static_cast<uint32_t>(row0 * D * 2)).base;
+  const uint32_t k_base = Rows(lr_b, (lane >> 3) & 1, static_cast<uint32_t>(key_w * D * 2)).base;
+  const uint32_t v_base = Rows(lr_a, lane >> 4, static_cast<uint32_t>(key_w * D * 2)).base;
+
+  // Prologue: Q, then the first kStages - 1 K/V tiles (from the last tile down).
+  load_q<T, Cfg>(a, s, head, m0, rows, sq, tid);
+  cp_async_commit();
+  const int n_tiles = kr.end - kr.begin;
+#pragma unroll
+  for (int st = 0; st < Cfg::kStages - 1; ++st) {
+    if (st < n_tiles) {
+      load_kv<T, Cfg>(a, s, kr.end - 1 - st, skv + st * Cfg::kStageBytes,
+                      skv + st * Cfg::kStageBytes + Cfg::kTileBytes, tid);
+    }
+    cp_async_commit();
+  }
+
+  uint32_t qreg[kQRegs ? kMT : 1][kQRegs ? Cfg::kKSteps : 1][4];
+  if constexpr (kQRegs) {
+    cp_async_wait<Cfg::kStages - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+        ldmatrix_x4(qreg[mt][ks], Rows::at(q_lane, mt * 16, ks));
+      }
+    }
+  }
+
+  // Exponent multiplier: the scores are raw dot products (fast build) or log2 units (mods).
+  const float c = kScoreMod ? 1.0f : a.scale_log2;
+
+  float o[kMT][Cfg::kDTiles][4];
+  float row_max[kMT][2];
+  float row_sum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+    }
+    row_max[mt][0] = row_max[mt][1] = -kInf;
+    row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+  }
+
+  int stage = 0;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int n = kr.end - 1 - it;
+    // Tile `it` has landed (this thread's copies), and every thread is done with tile it - 1:
+    // one barrier publishes the one and frees the other's stage for tile it + kStages - 1.
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    {
+      const int ahead = it + Cfg::kStages - 1;
+      if (ahead < n_tiles) {
+        int st = stage + Cfg::kStages - 1;
+        if (st >= Cfg::kStages) st -= Cfg::kStages;
+        load_kv<T, Cfg>(a, s, kr.end - 1 - ahead, skv + st * Cfg::kStageBytes,
+                        skv + st * Cfg::kStageBytes + Cfg::kTileBytes, tid);
+      }
+      cp_async_commit();
+    }
+    const uint32_t sk = skv + stage * Cfg::kStageBytes;
+    const uint32_t k_lane = sk + k_base;
+    const uint32_t v_lane = sk + Cfg::kTileBytes + v_base;
+
+    // S = Q K^T over the warp's rows and keys.
+    float sc[kMT][Cfg::kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[mt][nt][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][ks][e];
+        } else {
+          ldmatrix_x4(qa[mt], Rows::at(q_lane, mt * 16, ks));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < Cfg::kNTiles / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, Rows::at(k_lane, np * 16, ks));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma_16816<T>(sc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Modifiers and masks (masks on boundary tiles only: a uniform branch).
+    const int key0 = n * BN + key_w;
+    const bool masked = n >= kr.mask_hi || n < kr.mask_lo;
+    if constexpr (kScoreMod) apply_score_mod<Cfg>(sc, a, s, b, head, m0, rows, row0, key0, lane);
+    if (masked) {
+      int diag[kMT][2];
+      row_diagonals<Cfg>(a, s, m0, row0, lane, diag);
+      apply_mask<Cfg>(sc, diag, a, s.len_k, key0, lane);
+    }
+
+    // Online softmax: new row maxima (quad butterfly), P = exp2(S c - max c) in place, and the
+    // running sums and O rescaled by exp2((old max - new max) c), skipped (a warp vote) when no
+    // row max of the warp moved: after the first tiles of a row the usual case.
+    float corr[kMT][2];
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max[mt][hf];
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+          mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]));
+        }
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        // A row with nothing visible yet keeps max -inf; exponents are then taken against 0,
+        // so that -inf - -inf never appears (p = 0, correction 0 on zero accumulators).
+        const float m_use = mx == -kInf ? 0.0f : mx;
+        corr[mt][hf] = fast_exp2((row_max[mt][hf] - m_use) * c);
+        moved |= mx != row_max[mt][hf];
+        row_max[mt][hf] = mx;
+        const float mc = m_use * c;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = fast_exp2(fmaf(sc[mt][nt][2 * hf + e], c, -mc));
+            sc[mt][nt][2 * hf + e] = p;
+            sum += p;
+          }
+        }
+        row_sum[mt][hf] = fmaf(row_sum[mt][hf], corr[mt][hf], sum);
+      }
+    }
+    if (detail::warp_any(moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+          o[mt][dt][0] *= corr[mt][0];
+          o[mt][dt][1] *= corr[mt][0];
+          o[mt][dt][2] *= corr[mt][1];
+          o[mt][dt][3] *= corr[mt][1];
+        }
+      }
+    }
+
+    // O += P V: the C fragments of two S n-tiles are the A fragment of a 16-key step.
+#pragma unroll
+    for (int ps = 0; ps < Cfg::kPSteps; ++ps) {
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack2<T>(sc[mt][2 * ps][0], sc[mt][2 * ps][1]);
+        pa[mt][1] = pack2<T>(sc[mt][2 * ps][2], sc[mt][2 * ps][3]);
+        pa[mt][2] = pack2<T>(sc[mt][2 * ps + 1][0], sc[mt][2 * ps + 1][1]);
+        pa[mt][3] = pack2<T>(sc[mt][2 * ps + 1][2], sc[mt][2 * ps + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Rows::at(v_lane, ps * 16, dp));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma_16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    stage = stage + 1 == Cfg::kStages ? 0 : stage + 1;
+  }
+
+  // Row sums: the quad's partial sums.
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      row_sum[mt][hf] += shfl_xor(row_sum[mt][hf], 1);
+      row_sum[mt][hf] += shfl_xor(row_sum[mt][hf], 2);
+    }
+  }
+
+  // Key-split warps: merge the (max, sum, O) states of the rows into warp 0 (log-sum-exp).
+  if constexpr (Cfg::kWarpsN > 1) {
+    float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);
+    float* red_m = red_o + (Cfg::kWarpsN - 1) * Cfg::kORegs * 32;
+    float* red_l = red_m + Cfg::kWarpsN * BM;
+    __syncthreads();  // every warp is done with the last K/V tile
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
+          red_m[wn * BM + r] = row_max[mt][hf];
+          red_l[wn * BM + r] = row_sum[mt][hf];
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
+        float mx = -kInf;
+#pragma unroll
+        for (int w = 0; w < Cfg::kWarpsN; ++w) mx = fmaxf(mx, red_m[w * BM + r]);
+        const float m_use = mx == -kInf ? 0.0f : mx;
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < Cfg::kWarpsN; ++w) {
+          total += red_l[w * BM + r] * fast_exp2((red_m[w * BM + r] - m_use) * c);
+        }
+        const float corr = fast_exp2((row_max[mt][hf] - m_use) * c);
+#pragma unroll
+        for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+          o[mt][dt][2 * hf] *= corr;
+          o[mt][dt][2 * hf + 1] *= corr;
+        }
+        row_max[mt][hf] = mx;
+        row_sum[mt][hf] = total;
+      }
+    }
+    if (wn > 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            red_o[(((wn - 1) * kMT + mt) * Cfg::kDTiles * 4 + dt * 4 + e) * 32 + lane] = o[mt][dt][e];
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (wn == 0) {
+#pragma unroll 1
+      for (int w = 1; w < Cfg::kWarpsN; ++w) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              o[mt][dt][e] += red_o[(((w - 1) * kMT + mt) * Cfg::kDTiles * 4 + dt * 4 + e) * 32 + lane];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Epilogue: rows of warps wn == 0. out = O / l (0 for l = 0), lse = (max c + log2 l) ln 2.
+  const bool owner = wn == 0;
+  if (split_out) {
+    if (owner) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int m = m0 + row0 + mt * 16 + hf * 8 + (lane >> 2);
+          if (m < rows) {
+            int i, h;
+            row_coords(a, head, m, &i, &h);
+            const int64_t idx = accum_row(a, split, b, h, i);
+            const float l = row_sum[mt][hf];
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            float* dst = a.out_accum + idx * D + 2 * (lane & 3);
+#pragma unroll
+            for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+              *reinterpret_cast<float2*>(dst + dt * 8) =
+                  make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+            }
+            if ((lane & 3) == 0) {
+              a.lse_accum[idx] = l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : -kInf;
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  if (owner) {
+    // Stage the rounded tile in the Q area: a warp writes only rows that it alone read from
+    // there (prefill), or rows that every warp finished reading before the merge (decode).
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
+        const float l = row_sum[mt][hf];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+        for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+          *reinterpret_cast<uint32_t*>(smem + tile_offset<D>(r, dt) + 4 * (lane & 3)) =
+              pack2<T>(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+        }
+        const int m = m0 + r;
+        if (a.lse != nullptr && (lane & 3) == 0 && m < rows) {
+          int i, h;
+          row_coords(a, head, m, &i, &h);
+          a.lse[lse_index(a, s, b, h, i)] =
+              l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : kInf;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  using RS = RowSplit<Cfg>;
+  if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
+  T* out = static_cast<T*>(a.out);
+  const int r0 = tid / Cfg::kChunksPerRow;
+  const int ch = tid % Cfg::kChunksPerRow;
+#pragma unroll
+  for (int p = 0; p < RS::kQPasses; ++p) {
+    const int r = r0 + p * RS::kRowsPerPass;
+    if (BM % RS::kRowsPerPass != 0 && r >= BM) break;
+    const int m = m0 + r;
+    if (m < rows) {
+      int i, h;
+      row_coords(a, head, m, &i, &h);
+      *reinterpret_cast<Chunk16*>(out + s.out_off + i * a.out_row_stride + h * a.out_head_stride + ch * 8) =
+          *reinterpret_cast<const Chunk16*>(smem + tile_offset<D>(r, ch));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-KV combine: one warp per output row (b, h, i). lse = log(sum_s exp(lse_s)),
+// out = sum_s exp(lse_s - lse) out_s; splits with lse_s = -inf (no visible key) are skipped and
+// their out_accum rows never read; a row with no split left gets out = 0, lse = +inf.
+// ---------------------------------------------------------------------------------------------
+struct CombineArgs {
+  const float* out_accum;  // [splits, batch, heads_q, seqlen_q, D]
+  const float* lse_accum;  // [splits, batch, heads_q, seqlen_q]
+  void* out;
+  int64_t out_batch_stride, out_row_stride, out_head_stride;
+  float* lse;
+  int64_t lse_batch_stride, lse_head_stride;
+  const int32_t* cu_seqlens_q;
+  int batch, heads_q, seqlen_q, head_dim, num_splits;
+};
+
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_sync(0xffffffffu, v, src);
+#elif defined(ATTENTION_HOST_EMULATION)
+  return attention_emu::shfl_idx(v, src);
+#else
+  (void)src;
+  return v;
+#endif
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
+    attn_fwd_combine_kernel(const CombineArgs a) {
+  constexpr int kPerLane = LaunchConfig::kMaxSplits / 32;
+  pdl::wait_and_release();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * LaunchConfig::kCombineWarps + (threadIdx.x >> 5);
+  const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seqlen_q;
+  if (row >= total) return;
+  const int i = static_cast<int>(row % a.seqlen_q);
+  const int64_t bh = row / a.seqlen_q;
+  const int h = static_cast<int>(bh % a.heads_q);
+  const int b = static_cast<int>(bh / a.heads_q);
+  int len_q = a.seqlen_q, q_start = 0;
+  if (a.cu_seqlens_q != nullptr) {
+    q_start = __ldg(a.cu_seqlens_q + b);
+    len_q = __ldg(a.cu_seqlens_q + b + 1) - q_start;
+  }
+  if (i >= len_q) return;
+  const int64_t split_stride = total;
+  float w[kPerLane];
+  float mx = -kInf;
+#pragma unroll
+  for (int t = 0; t < kPerLane; ++t) {
+    const int sp = lane + 32 * t;
+    w[t] = sp < a.num_splits ? a.lse_accum[sp * split_stride + row] : -kInf;
+    mx = fmaxf(mx, w[t]);
+  }
+#pragma unroll
+  for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, shfl_xor(mx, d));
+  T* out = static_cast<T*>(a.out) +
+           (a.cu_seqlens_q != nullptr ? static_cast<int64_t>(q_start + i) * a.out_row_stride
+                                      : b * a.out_batch_stride + static_cast<int64_t>(i) * a.out_row_stride) +
+           static_cast<int64_t>(h) * a.out_head_stride;
+  float lse_row;
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  if (mx == -kInf) {
+    lse_row = kInf;
+  } else {
+    float sum = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kPerLane; ++t) {
+      w[t] = w[t] == -kInf ? 0.0f : expf(w[t] - mx);
+      sum += w[t];
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) sum += shfl_xor(sum, d);
+    lse_row = mx + logf(sum);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int t = 0; t < kPerLane; ++t) {
+      const int n = a.num_splits - 32 * t < 32 ? a.num_splits - 32 * t : 32;  // in w[t] (<= 0: none)
+      for (int sl = 0; sl < n; ++sl) {
+        const float ws = shfl_idx(w[t], sl) * inv;
+        if (ws == 0.0f) continue;
+        const float* src = a.out_accum + ((32 * t + sl) * split_stride + row) * a.head_dim;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int d0 = 4 * lane + 128 * k;
+          if (d0 < a.head_dim) {
+            const float4 x = *reinterpret_cast<const float4*>(src + d0);
+            acc[k][0] += ws * x.x;
+            acc[k][1] += ws * x.y;
+            acc[k][2] += ws * x.z;
+            acc[k][3] += ws * x.w;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int d0 = 4 * lane + 128 * k;
+    if (d0 < a.head_dim) {
+      uint2 packed;
+      packed.x = pack2<T>(acc[k][0], acc[k][1]);
+      packed.y = pack2<T>(acc[k][2], acc[k][3]);
+      *reinterpret_cast<uint2*>(out + d0) = packed;
+    }
+  }
+  if (a.lse != nullptr && lane == 0) {
+    const int64_t li = a.cu_seqlens_q != nullptr
+                           ? static_cast<int64_t>(h) * a.lse_head_stride + q_start + i
+                           : b * a.lse_batch_stride + static_cast<int64_t>(h) * a.lse_head_stride + i;
+    a.lse[li] = lse_row;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: device properties, kernel table, plan, validation, launch.
+// ---------------------------------------------------------------------------------------------
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int sms;
+};
+
+cudaError_t device_info(DeviceInfo* info) {
+  static std::atomic<int> sms_of[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  int sms = sms_of[device].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    if (sms <= 0) return cudaErrorInvalidDevice;
+    sms_of[device].store(sms, std::memory_order_relaxed);
+  }
+  info->sms = sms;
+  return cudaSuccess;
+}
+
+using FwdKernelFn = void (*)(FwdArgs);
+
+struct KernelInfo {
+  FwdKernelFn fn;
+  int threads, smem, block_m, block_n;
+  cudaError_t (*prepare)(int* ctas_per_sm);  // opt-in smem once per device; occupancy
+};
+
+// Opts the instance into its shared memory once per device and returns its resident CTAs per
+// SM (cached: both are per-device properties).
+template <typename T, class Cfg, bool kScoreMod> cudaError_t prepare_kernel(int* ctas_per_sm) {
+  static std::atomic<int> occupancy_of[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  int occ = occupancy_of[device].load(std::memory_order_relaxed);
+  if (occ == 0) {
+    const FwdKernelFn fn = attn_fwd_kernel<T, Cfg, kScoreMod>;
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, Cfg::kThreads, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (occ <= 0) return cudaErrorInvalidConfiguration;
+    occupancy_of[device].store(occ, std::memory_order_relaxed);
+  }
+  *ctas_per_sm = occ;
+  return cudaSuccess;
+}
+
+template <typename T, class Cfg, bool kScoreMod> KernelInfo kernel_info() {
+  return KernelInfo{attn_fwd_kernel<T, Cfg, kScoreMod>, Cfg::kThreads, Cfg::kSmemBytes,
+                    Cfg::kBlockM, Cfg::kBlockN, prepare_kernel<T, Cfg, kScoreMod>};
+}
+
+template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, KernelInfo* k) {
+  switch (head_dim) {
+    case 32: *k = kernel_info<T, Prefill32, kScoreMod>(); return true;
+    case 64: *k = kernel_info<T, Prefill64, kScoreMod>(); return true;
+    case 96: *k = kernel_info<T, Prefill96, kScoreMod>(); return true;
+    case 128: *k = kernel_info<T, Prefill128, kScoreMod>(); return true;
+    case 192: *k = kernel_info<T, Prefill192, kScoreMod>(); return true;
+    case 256: *k = kernel_info<T, Prefill256, kScoreMod>(); return true;
+    default: return false;
+  }
+}
+
+// Decode tiles always take the modifier build: at 16 rows the per-score work is hidden by the
+// K/V stream, and one build per head_dim halves the instances.
+template <typename T> bool decode_kernel(int64_t head_dim, KernelInfo* k) {
+  switch (head_dim) {
+    case 32: *k = kernel_info<T, Decode32, true>(); return true;
+    case 64: *k = kernel_info<T, Decode64, true>(); return true;
+    case 96: *k = kernel_info<T, Decode96, true>(); return true;
+    case 128: *k = kernel_info<T, Decode128, true>(); return true;
+    case 192: *k = kernel_info<T, Decode192, true>(); return true;
+    case 256: *k = kernel_info<T, Decode256, true>(); return true;
+    default: return false;
+  }
+}
+
+struct Plan {
+  KernelInfo kernel;
+  int qpack;        // q heads per kv head packed into the rows (1: none)
+  int heads_grid;   // grid y: heads_q / qpack
+  int m_blocks;     // query tiles per (sequence, head)
+  int num_splits;
+};
+
+bool aligned_to(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Internal consistency of the params (attention_params.h; attention_cuda.h lists what the
+// caller checks). True when there is work to do or nothing at all (*empty).
+bool params_ok(const AttnFwdParams& p, bool* empty) {
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  *empty = false;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv < 0) return false;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) {
+    *empty = true;
+    return true;
+  }
+  switch (p.head_dim) {
+    case 32: case 64: case 96: case 128: case 192: case 256: break;
+    default: return false;
+  }
+  if (p.heads_kv < 1 || p.heads_q % p.heads_kv != 0) return false;
+  if (p.heads_q > LaunchConfig::kMaxGridYZ || p.batch > kMax32 || p.seqlen_q > kMax32 ||
+      p.seqlen_k > kMax32) {
+    return false;
+  }
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.out == nullptr) return false;
+  // 16-byte chunks of q/k/v/out: aligned bases, strides in whole chunks.
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)}) {
+    if (!aligned_to(ptr, 16)) return false;
+  }
+  // (A stride along a dimension of extent 1 is never used; the extent of the K/V batch or block
+  // dimension is not known here, so those strides are always checked.)
+  const bool paged_kv = p.block_table != nullptr;
+  const int64_t q_batches = p.cu_seqlens_q != nullptr ? 1 : p.batch;
+  const int64_t kv_rows = paged_kv ? p.page_block_size : p.seqlen_k;
+  const struct {
+    int64_t stride, extent;
+  } strides[] = {{p.q_batch_stride, q_batches},   {p.q_row_stride, p.seqlen_q},
+                 {p.q_head_stride, p.heads_q},     {p.out_batch_stride, q_batches},
+                 {p.out_row_stride, p.seqlen_q},   {p.out_head_stride, p.heads_q},
+                 {p.k_batch_stride, 2},            {p.k_row_stride, kv_rows},
+                 {p.k_head_stride, p.heads_kv},    {p.v_batch_stride, 2},
+                 {p.v_row_stride, kv_rows},        {p.v_head_stride, p.heads_kv}};
+  for (const auto& st : strides) {
+    if (st.extent > 1 && st.stride % 8 != 0) return false;
+  }
+  if (p.lse != nullptr && !aligned_to(p.lse, 4)) return false;
+  if (paged_kv) {
+    if (p.page_block_size < 1 || p.page_block_size > kMax32 || p.leftpad_k != nullptr ||
+        p.kv_batch_idx != nullptr) {
+      return false;
+    }
+  }
+  if (p.leftpad_k != nullptr && p.cu_seqlens_k != nullptr) return false;
+  if (p.softcap < 0.0f || !(p.softmax_scale == p.softmax_scale)) return false;
+  if (p.window_left < -1 || p.window_right < -1) return false;
+  if (p.num_splits < 0) return false;
+  return true;
+}
+
+// Kernel family, packing and tiles for the params (no split decision).
+bool plan_tiles(const AttnFwdParams& p, Plan* plan) {
+  const int64_t group = p.heads_q / p.heads_kv;
+  const bool score_mod = p.softcap > 0.0f || p.alibi_slopes != nullptr;
+  const bool bf16 = p.dtype == DType::kBFloat16;
+  int64_t qpack = 1;
+  bool decode = false;
+  if (p.seqlen_q * group <= LaunchConfig::kDecodeMaxRows) {
+    qpack = group;  // decode: the q heads of a kv head share its K/V tiles
+    decode = true;
+  }
+  KernelInfo k;
+  bool ok;
+  if (decode) {
+    ok = bf16 ? decode_kernel<__nv_bfloat16>(p.head_dim, &k) : decode_kernel<__half>(p.head_dim, &k);
+  } else {
+    if (group > 1) {
+      int64_t block_m = 0;
+      KernelInfo probe;
+      if (!prefill_kernel<__half, false>(p.head_dim, &probe)) return false;
+      block_m = probe.block_m;
+      if (p.seqlen_q < block_m) qpack = group;  // fill the query tile with the group's heads
+    }
+    if (bf16) {
+      ok = score_mod ? prefill_kernel<__nv_bfloat16, true>(p.head_dim, &k)
+                     : prefill_kernel<__nv_bfloat16, false>(p.head_dim, &k);
+    } else {
+      ok = score_mod ? prefill_kernel<__half, true>(p.head_dim, &k)
+                     : prefill_kernel<__half, false>(p.head_dim, &k);
+    }
+  }
+  if (!ok) return false;
+  plan->kernel = k;
+  plan->qpack = static_cast<int>(qpack);
+  plan->heads_grid = static_cast<int>(p.heads_q / qpack);
+  const int64_t rows = p.seqlen_q * qpack;
+  if (rows > std::numeric_limits<int32_t>::max() - 256) return false;
+  plan->m_blocks = static_cast<int>(ceil_div(rows, k.block_m));
+  plan->num_splits = 1;
+  return true;
+}
+
+// Splits for a plan: params.num_splits when given, else the wave-efficiency heuristic.
+cudaError_t plan_splits(const AttnFwdParams& p, Plan* plan) {
+  const int64_t n_blocks = ceil_div(p.seqlen_k, plan->kernel.block_n);
+  const int64_t cap = min64(LaunchConfig::kMaxSplits, max64(1, n_blocks));
+  if (p.num_splits >= 1) {
+    plan->num_splits = static_cast<int>(min64(p.num_splits, cap));
+    return cudaSuccess;
+  }
+  DeviceInfo dev;
+  cudaError_t err = device_info(&dev);
+  if (err != cudaSuccess) return err;
+  int occ = 0;
+  err = plan->kernel.prepare(&occ);
+  if (err != cudaSuccess) return err;
+  const int64_t slots = static_cast<int64_t>(dev.sms) * occ;
+  const int64_t ctas = p.batch * plan->heads_grid * plan->m_blocks;
+  plan->num_splits = 1;
+  if (ctas >= LaunchConfig::kNoSplitWaves * slots) return cudaSuccess;
+  const int64_t max_splits = min64(cap, n_blocks / LaunchConfig::kMinTilesPerSplit);
+  if (max_splits <= 1) return cudaSuccess;
+  // Wave efficiency of s splits: CTAs / (waves rounded up x slots). The smallest s within
+  // kSplitEfficiency of the best (fewer splits: less combine traffic, longer K/V streams).
+  double best = 0.0;
+  for (int64_t sp = 1; sp <= max_splits; ++sp) {
+    const double waves = static_cast<double>(ctas * sp) / static_cast<double>(slots);
+    const double eff = waves / std::ceil(waves);
+    if (eff > best) best = eff;
+  }
+  for (int64_t sp = 1; sp <= max_splits; ++sp) {
+    const double waves = static_cast<double>(ctas * sp) / static_cast<double>(slots);
+    if (waves / std::ceil(waves) >= LaunchConfig::kSplitEfficiency * best) {
+      plan->num_splits = static_cast<int>(sp);
+      break;
+    }
+  }
+  return cudaSuccess;
+}
+
+FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
+  FwdArgs a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.out = p.out;
+  a.q_batch_stride = p.q_batch_stride;
+  a.q_row_stride = p.q_row_stride;
+  a.q_head_stride = p.q_head_stride;
+  a.k_batch_stride = p.k_batch_stride;
+  a.k_row_stride = p.k_row_stride;
+  a.k_head_stride = p.k_head_stride;
+  a.v_batch_stride = p.v_batch_stride;
+  a.v_row_stride = p.v_row_stride;
+  a.v_head_stride = p.v_head_stride;
+  a.out_batch_stride = p.out_batch_stride;
+  a.out_row_stride = p.out_row_stride;
+  a.out_head_stride = p.out_head_stride;
+  a.lse = p.lse;
+  a.lse_batch_stride = p.lse_batch_stride;
+  a.lse_head_stride = p.lse_head_stride;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.cu_seqlens_k = p.cu_seqlens_k;
+  a.seqused_k = p.seqused_k;
+  a.kv_batch_idx = p.kv_batch_idx;
+  a.leftpad_k = p.leftpad_k;
+  a.block_table = p.block_table;
+  a.block_table_batch_stride = p.block_table_batch_stride;
+  a.page_block_size = p.block_table != nullptr ? static_cast<int>(p.page_block_size) : 1;
+  a.page_div = FastDivU32::make(static_cast<uint32_t>(a.page_block_size));
+  a.seqlen_q = static_cast<int>(p.seqlen_q);
+  a.seqlen_k = static_cast<int>(p.seqlen_k);
+  a.batch = static_cast<int>(p.batch);
+  a.batch_base = 0;
+  a.heads_q = static_cast<int>(p.heads_q);
+  a.group = static_cast<int>(p.heads_q / p.heads_kv);
+  a.qpack = plan.qpack;
+  a.qpack_div = FastDivU32::make(static_cast<uint32_t>(plan.qpack));
+  a.m_blocks = plan.m_blocks;
+  a.num_splits = plan.num_splits;
+  a.scale_log2 = p.softmax_scale * kLog2e;
+  a.softcap_scale = p.softcap > 0.0f ? p.softmax_scale / p.softcap : 0.0f;
+  a.softcap_log2 = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+  a.alibi = p.alibi_slopes;
+  a.alibi_batch_stride = p.alibi_batch_stride;
+  // causal is the window (left, 0); an absent side is unbounded.
+  a.win_left = p.window_left >= 0 ? p.window_left : kUnbounded;
+  a.win_right = p.causal ? 0 : (p.window_right >= 0 ? p.window_right : kUnbounded);
+  a.out_accum = p.out_accum;
+  a.lse_accum = p.lse_accum;
+  return a;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public entry points (attention_cuda.h).
+// ---------------------------------------------------------------------------------------------
+int64_t attn_fwd_num_splits(const AttnFwdParams& p) {
+  bool empty = false;
+  if (!params_ok(p, &empty)) return 0;
+  if (empty) return 1;
+  Plan plan;
+  if (!plan_tiles(p, &plan)) return 0;
+  if (plan_splits(p, &plan) != cudaSuccess) return 0;
+  return plan.num_splits;
+}
+
+cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
+  bool empty = false;
+  if (!params_ok(p, &empty)) return cudaErrorInvalidValue;
+  if (empty) return cudaSuccess;
+  Plan plan;
+  if (!plan_tiles(p, &plan)) return cudaErrorInvalidValue;
+  cudaError_t err = plan_splits(p, &plan);
+  if (err != cudaSuccess) return err;
+  if (plan.num_splits > 1) {
+    if (p.out_accum == nullptr || p.lse_accum == nullptr || !aligned_to(p.out_accum, 16) ||
+        !aligned_to(p.lse_accum, 4)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  int occ = 0;
+  err = plan.kernel.prepare(&occ);  // opt-in shared memory (cached per device)
+  if (err != cudaSuccess) return err;
+  FwdArgs args = make_args(p, plan);
+  const int64_t grid_x = static_cast<int64_t>(plan.m_blocks) * plan.num_splits;
+  if (grid_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+  for (int64_t base = 0; base < p.batch; base += LaunchConfig::kMaxGridYZ) {
+    const int64_t chunk = min64(p.batch - base, LaunchConfig::kMaxGridYZ);
+    args.batch_base = static_cast<int>(base);
+    const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(plan.heads_grid),
+                    static_cast<unsigned>(chunk));
+    err = pdl::launch<kAttentionPdlEnv>(plan.kernel.fn, grid, dim3(plan.kernel.threads),
+                                        static_cast<size_t>(plan.kernel.smem), stream, args);
+    if (err != cudaSuccess) return err;
+  }
+  if (plan.num_splits == 1) return cudaSuccess;
+
+  CombineArgs c{};
+  c.out_accum = p.out_accum;
+  c.lse_accum = p.lse_accum;
+  c.out = p.out;
+  c.out_batch_stride = p.out_batch_stride;
+  c.out_row_stride = p.out_row_stride;
+  c.out_head_stride = p.out_head_stride;
+  c.lse = p.lse;
+  c.lse_batch_stride = p.lse_batch_stride;
+  c.lse_head_stride = p.lse_head_stride;
+  c.cu_seqlens_q = p.cu_seqlens_q;
+  c.batch = static_cast<int>(p.batch);
+  c.heads_q = static_cast<int>(p.heads_q);
+  c.seqlen_q = static_cast<int>(p.seqlen_q);
+  c.head_dim = static_cast<int>(p.head_dim);
+  c.num_splits = plan.num_splits;
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  const int64_t blocks = ceil_div(rows, LaunchConfig::kCombineWarps);
+  if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(32 * LaunchConfig::kCombineWarps);
+  return p.dtype == DType::kBFloat16
+             ? pdl::launch<kAttentionPdlEnv>(attn_fwd_combine_kernel<__nv_bfloat16>, grid, block, 0, stream, c)
+             : pdl::launch<kAttentionPdlEnv>(attn_fwd_combine_kernel<__half>, grid, block, 0, stream, c);
+}
+
+}  // namespace cuda
+}  // namespace attention

@@ -1,0 +1,89 @@
+// pdl.cuh: programmatic dependent launch (PDL) for the kernels of this repository.
+//
+// Source of truth: common/pdl.cuh. Each kernel folder builds alone, so scripts/sync_common.py
+// copies this file into <kernel>/kernel_src/ and tests/test_common_sync.py fails when a copy
+// drifts. Edit it here, then run `python scripts/sync_common.py`.
+//
+// With PDL (sm_90+) a launch may start while its predecessor in the stream is still running: its
+// blocks become resident and wait in griddepcontrol.wait, so a short, decode-sized kernel hides
+// its launch latency behind the predecessor's tail. After a kernel launched without PDL it
+// behaves as a plain launch. Everything here has internal linkage, so the copies in different
+// kernel libraries never clash.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace {
+namespace pdl {
+
+// Device side. Both are no-ops for a grid launched without PDL and are not compiled for targets
+// older than sm_90. The wait must come before the kernel's first global memory access: the grid
+// must see all of its predecessor's writes and must not overwrite what the predecessor may still
+// read. Releasing the dependents right after only lets the next PDL grid become resident; that
+// grid still waits for this one to complete before its own first access.
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void release_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+__device__ __forceinline__ void wait_and_release() {
+  wait_for_prerequisite_grid();
+  release_dependent_grid();
+}
+
+// Host side: PDL is used on devices of compute capability 9.0 and up unless the environment
+// variable kEnvVar is "0" (read once per process). The capability is cached per device.
+// kEnvVar is a `constexpr char[]` of the kernel library, e.g. "RMSNORM_PDL".
+template <const char* kEnvVar> bool enabled() {
+  static const bool allowed = [] {
+    const char* value = std::getenv(kEnvVar);
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  if (!allowed) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int major = major_of[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      return false;
+    }
+    major_of[device].store(major, std::memory_order_relaxed);
+  }
+  return major >= 9;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with PDL when enabled<kEnvVar>(), and
+// returns the launch error, if any.
+template <const char* kEnvVar, typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  if (enabled<kEnvVar>()) {
+    config.attrs = attrs;
+    config.numAttrs = 1;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+}  // namespace pdl
+}  // namespace

@@ -1,0 +1,335 @@
+"""The attention forward against the float64 reference (attention_cases.py): flash-attn's dense,
+packed and varlen functions, paged K/V, GQA / MQA, every mask and score option, awkward lengths
+(1, prime, 1000; 4096 on CUDA), strided inputs, the lse, and O(S) memory on CUDA.
+
+Each result must be within twice the error of PyTorch's own attention in the same dtype plus a
+tiny float32 floor (attention_cases.py explains the bound).
+"""
+
+import math
+
+import pytest
+import torch
+
+from attention_cases import (
+    BF16,
+    F16,
+    F32,
+    alibi_slopes,
+    check_lse,
+    check_out,
+    cu_seqlens,
+    dtype_id,
+    dtypes_for,
+    lengths,
+    paged_cache,
+    pytorch_attention,
+    randn,
+    ref_attention,
+    sequences_check,
+)
+
+# (batch, len_q, len_k, heads_q, heads_kv, head_dim)
+CASES = [
+    (2, 17, 17, 4, 2, 64),  # GQA, a prime length
+    (1, 1, 128, 8, 1, 128),  # decode, MQA
+    (2, 128, 128, 4, 4, 32),
+    (3, 17, 128, 4, 2, 96),  # fewer queries than keys (chunked prefill)
+    (2, 128, 17, 2, 2, 64),  # more queries than keys: causal rows without any key
+    (1, 1000, 1000, 2, 1, 64),
+    (1, 1, 1, 2, 2, 256),
+    (2, 33, 40, 6, 3, 192),
+]
+CPU_CASES = [(2, 19, 23, 3, 1, 16), (1, 9, 9, 2, 1, 40)]  # head dims only the CPU supports
+CUDA_CASES = [(1, 4096, 4096, 8, 2, 128)] + [(2, 257, 300, 4, 2, d) for d in (32, 64, 96, 128, 192, 256)]
+
+# Score options: mask and modifiers (window = flash-attn's (left, right)).
+MODES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window=(32, 8)),
+    "causal_window": dict(causal=True, window=(16, -1)),
+    "softcap": dict(softcap=2.0, causal=True),
+    "alibi": dict(alibi=True, causal=True),
+    "all": dict(causal=True, window=(64, 0), softcap=3.0, alibi="batch"),
+}
+
+
+def _case_id(c):
+    return "b{}_q{}_k{}_h{}x{}_d{}".format(*c)
+
+
+def _cases(device):
+    return CASES + (CUDA_CASES if device == "cuda" else CPU_CASES)
+
+
+def _slopes(mode, batch, heads, device):
+    if not mode.get("alibi"):
+        return None
+    return alibi_slopes(heads, device, batch=batch if mode["alibi"] == "batch" else None)
+
+
+def _per_batch(slopes, batch):
+    if slopes is None:
+        return None
+    return [slopes if slopes.dim() == 1 else slopes[b] for b in range(batch)]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", CASES + CPU_CASES + CUDA_CASES, ids=_case_id)
+def test_flash_attn_func(kernel, device, case, mode):
+    if case not in _cases(device):
+        pytest.skip(f"case for {'CUDA' if device == 'cpu' else 'the CPU'} only")
+    b, sq, sk, h, hk, d = case
+    opts = MODES[mode]
+    window = opts.get("window", (-1, -1))
+    for dtype in dtypes_for(device):
+        q = randn((b, sq, h, d), dtype, device, seed=1)
+        k = randn((b, sk, hk, d), dtype, device, seed=2)
+        v = randn((b, sk, hk, d), dtype, device, seed=3)
+        slopes = _slopes(opts, b, h, device)
+        out, lse, probs = kernel.flash_attn_func(
+            q, k, v, causal=opts.get("causal", False), window_size=window, softcap=opts.get("softcap", 0.0),
+            alibi_slopes=slopes, return_attn_probs=True,
+        )
+        assert probs is None and out.dtype == dtype and out.shape == q.shape
+        assert lse.dtype == F32 and lse.shape == (b, h, sq)
+        sequences_check(
+            [out[i] for i in range(b)], [q[i] for i in range(b)], [k[i] for i in range(b)], [v[i] for i in range(b)],
+            d ** -0.5, f"{dtype_id(dtype)} {mode}", causal=opts.get("causal", False), window=window,
+            softcap=opts.get("softcap", 0.0), slopes=_per_batch(slopes, b), lses=[lse[i] for i in range(b)],
+        )
+
+
+@pytest.mark.kernels_ci
+def test_returns_the_tensor_alone_by_default(kernel, device):
+    q = randn((1, 5, 2, 32), BF16, device)
+    out = kernel.flash_attn_func(q, q, q, causal=True)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape
+
+
+def test_softmax_scale(kernel, device):
+    b, s, h, d = 2, 21, 2, 64
+    for dtype in dtypes_for(device):
+        q, k, v = (randn((b, s, h, d), dtype, device, seed=i) for i in range(3))
+        out = kernel.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
+        sequences_check([out[i] for i in range(b)], q.unbind(0), k.unbind(0), v.unbind(0), 0.3, dtype_id(dtype),
+                        causal=True)
+
+
+def test_strided_inputs(kernel, device):
+    """Views with unit stride along head_dim only: q sliced out of a wider buffer, k / v the
+    [B, S, H, D] transposes of [B, H, S, D] tensors (transformers' layout), out into a
+    preallocated strided buffer via the low-level op."""
+    b, sq, sk, h, hk, d = 2, 37, 45, 4, 2, 64
+    for dtype in dtypes_for(device):
+        q = randn((b, sq, h, 2 * d), dtype, device, seed=1)[..., d:]
+        k = randn((b, hk, sk, d), dtype, device, seed=2).transpose(1, 2)
+        v = randn((b, hk, sk, d), dtype, device, seed=3).transpose(1, 2)
+        assert not q.is_contiguous() and not k.is_contiguous()
+        out, lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, dtype_id(dtype),
+                        causal=True, lses=list(lse.unbind(0)))
+        # views starting one element into their buffer (not 16-byte aligned: the CUDA binding
+        # reads them through aligned copies) give the same result
+        qm = torch.empty((b, sq, h, d + 1), dtype=dtype, device=device)[..., 1:]
+        qm.copy_(q)
+        km = torch.empty((b, sk, hk, d + 1), dtype=dtype, device=device)[..., 1:]
+        km.copy_(k)
+        assert torch.equal(kernel.flash_attn_func(qm, km, v, causal=True), out)
+        # out-param op into a strided, sentinel-filled buffer: every other element stays intact
+        buf = torch.full((b, sq, h, 2 * d), 7.0, dtype=dtype, device=device)
+        dst = buf[..., :d]
+        kernel.ops.attn_fwd(dst, q, k, v, None, None, None, None, None, None, None, None, 0, 0, d ** -0.5, 0.0, True,
+                            -1, -1, 0)
+        assert torch.equal(dst, out)
+        assert bool((buf[..., d:] == 7.0).all())
+        buf = torch.full((b, sq, h, d + 1), 7.0, dtype=dtype, device=device)
+        kernel.ops.attn_fwd(buf[..., 1:], q, k, v, None, None, None, None, None, None, None, None, 0, 0, d ** -0.5,
+                            0.0, True, -1, -1, 0)  # an unaligned out (CUDA: written through a temporary)
+        assert torch.equal(buf[..., 1:], out) and bool((buf[..., 0] == 7.0).all())
+
+
+def test_packed_forms(kernel, device):
+    b, s, h, hk, d = 2, 29, 4, 2, 64
+    for dtype in dtypes_for(device):
+        qkv = randn((b, s, 3, h, d), dtype, device, seed=1)
+        out = kernel.flash_attn_qkvpacked_func(qkv, causal=True)
+        q, k, v = qkv.unbind(2)
+        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, "qkvpacked", causal=True)
+
+        q = randn((b, s, h, d), dtype, device, seed=2)
+        kv = randn((b, s + 5, 2, hk, d), dtype, device, seed=3)
+        out = kernel.flash_attn_kvpacked_func(q, kv, window_size=(8, 8))
+        k, v = kv.unbind(2)
+        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, "kvpacked",
+                        window=(8, 8))
+
+        lens = [5, 1, 17]
+        cu = cu_seqlens(lens, device)
+        qkv = randn((sum(lens), 3, h, d), dtype, device, seed=4)
+        out = kernel.flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=True)
+        q, k, v = qkv.unbind(1)
+        split = lambda t: list(t.split(lens))  # noqa: E731
+        sequences_check(split(out), split(q), split(k), split(v), d ** -0.5, "varlen qkvpacked", causal=True)
+
+        lens_k = [9, 3, 20]
+        cu_k = cu_seqlens(lens_k, device)
+        q = randn((sum(lens), h, d), dtype, device, seed=5)
+        kv = randn((sum(lens_k), 2, hk, d), dtype, device, seed=6)
+        out = kernel.flash_attn_varlen_kvpacked_func(q, kv, cu, cu_k, max(lens), max(lens_k), causal=True)
+        k, v = kv.unbind(1)
+        sequences_check(split(out), split(q), list(k.split(lens_k)), list(v.split(lens_k)), d ** -0.5,
+                        "varlen kvpacked", causal=True)
+
+
+VARLEN_MODES = ["plain", "causal", "causal_window", "softcap", "all"]
+
+
+@pytest.mark.parametrize("mode", VARLEN_MODES)
+def test_varlen(kernel, device, mode):
+    """Ragged batches: random lengths plus the edge ones (1, an empty query sequence, a sequence
+    with no key), queries and keys of different lengths."""
+    opts = MODES[mode]
+    h, hk, d = 4, 2, 64
+    lens_q = [1, 0, 17, 130] + lengths(1, 4, 1, 300)
+    lens_k = [1, 5, 0, 200] + lengths(2, 4, 1, 300)
+    batch = len(lens_q)
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    window = opts.get("window", (-1, -1))
+    for dtype in dtypes_for(device):
+        q = randn((sum(lens_q), h, d), dtype, device, seed=1)
+        k = randn((sum(lens_k), hk, d), dtype, device, seed=2)
+        v = randn((sum(lens_k), hk, d), dtype, device, seed=3)
+        slopes = _slopes(opts, batch, h, device)
+        out, lse, _ = kernel.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=opts.get("causal", False), window_size=window,
+            softcap=opts.get("softcap", 0.0), alibi_slopes=slopes, return_attn_probs=True,
+        )
+        assert lse.shape == (h, sum(lens_q))
+        sequences_check(
+            list(out.split(lens_q)), list(q.split(lens_q)), list(k.split(lens_k)), list(v.split(lens_k)), d ** -0.5,
+            f"{dtype_id(dtype)} varlen {mode}", causal=opts.get("causal", False), window=window,
+            softcap=opts.get("softcap", 0.0), slopes=_per_batch(slopes, batch),
+            lses=[lse[:, a:e] for a, e in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:])],
+        )
+
+
+def test_varlen_seqused_k(kernel, device):
+    """seqused_k limits each packed sequence to its first keys (vLLM's convention)."""
+    h, hk, d = 4, 1, 32
+    lens_q, lens_k = [3, 7, 1], [10, 20, 5]
+    used = [4, 20, 0]
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    for dtype in dtypes_for(device):
+        q = randn((sum(lens_q), h, d), dtype, device, seed=1)
+        k = randn((sum(lens_k), hk, d), dtype, device, seed=2)
+        v = randn((sum(lens_k), hk, d), dtype, device, seed=3)
+        out = kernel.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                            seqused_k=torch.tensor(used, dtype=torch.int32, device=device))
+        ks = [t[:u] for t, u in zip(k.split(lens_k), used)]
+        vs = [t[:u] for t, u in zip(v.split(lens_k), used)]
+        sequences_check(list(out.split(lens_q)), list(q.split(lens_q)), ks, vs, d ** -0.5, dtype_id(dtype), causal=True)
+
+
+@pytest.mark.parametrize("block_size", [16, 256, 7])
+def test_varlen_paged(kernel, device, block_size):
+    """Paged K/V (vLLM's layout) read through a random block table, lengths from cu_seqlens_k or
+    seqused_k; a table wider than needed, and garbage in the unused cache rows."""
+    h, hk, d = 8, 2, 64
+    lens_q = [1, 17, 5, 40]
+    lens_k = [1, 300, 33, 256]
+    cu_q = cu_seqlens(lens_q, device)
+    for dtype in dtypes_for(device):
+        ks = [randn((n, hk, d), dtype, device, seed=10 + i) for i, n in enumerate(lens_k)]
+        vs = [randn((n, hk, d), dtype, device, seed=20 + i) for i, n in enumerate(lens_k)]
+        k_cache, v_cache, table = paged_cache(ks, vs, block_size, seed=3,
+                                              max_blocks=math.ceil(max(lens_k) / block_size) + 2)
+        q = randn((sum(lens_q), h, d), dtype, device, seed=1)
+        lens = torch.tensor(lens_k, dtype=torch.int32, device=device)
+        for kwargs in (dict(cu_seqlens_k=cu_seqlens(lens_k, device)), dict(cu_seqlens_k=None, seqused_k=lens)):
+            out = kernel.flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q),
+                                                max_seqlen_k=max(lens_k), causal=True, block_table=table, **kwargs)
+            sequences_check(list(out.split(lens_q)), list(q.split(lens_q)), ks, vs, d ** -0.5,
+                            f"{dtype_id(dtype)} paged {block_size}", causal=True)
+
+
+def test_low_level_ops(kernel, device):
+    """flash-attn's C++ entry points: fwd and varlen_fwd return [out, softmax_lse]."""
+    dtype = dtypes_for(device)[-1]
+    b, s, h, d = 2, 19, 2, 64
+    q, k, v = (randn((b, s, h, d), dtype, device, seed=i) for i in range(3))
+    out, lse = kernel.ops.fwd(q, k, v, None, None, 0.0, d ** -0.5, True, -1, -1, 0.0, False, None)
+    want, want_lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    dst = torch.empty_like(q)
+    out2, _ = kernel.ops.fwd(q, k, v, dst, None, 0.0, d ** -0.5, True, -1, -1, 0.0, False, None)
+    assert out2.data_ptr() == dst.data_ptr() and torch.equal(dst, want)
+
+    lens = [7, 12]
+    cu = cu_seqlens(lens, device)
+    qv, kv, vv = (randn((sum(lens), h, d), dtype, device, seed=i) for i in range(3))
+    out, lse = kernel.ops.varlen_fwd(qv, kv, vv, None, cu, cu, None, None, None, None, max(lens), max(lens), 0.0,
+                                     d ** -0.5, False, True, -1, -1, 0.0, False, None)
+    want, want_lse, _ = kernel.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True,
+                                                      return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    # zero_tensors: rows outside every sequence are 0 (and their lse -inf)
+    qp = torch.cat([qv, randn((3, h, d), dtype, device, seed=9)])
+    out, lse = kernel.ops.varlen_fwd(qp, kv, vv, None, cu, cu, None, None, None, None, max(lens), max(lens), 0.0,
+                                     d ** -0.5, True, True, -1, -1, 0.0, False, None)
+    assert torch.equal(out[: sum(lens)], want) and bool((out[sum(lens):] == 0).all())
+    assert bool((lse[:, sum(lens):] == float("-inf")).all())
+
+
+def test_num_splits_do_not_change_the_result(kernel, device):
+    """num_splits (split-KV) is a schedule, not semantics: the CPU ignores it (bit-identical
+    results); CUDA combines the splits, each result within the bound."""
+    dtype = dtypes_for(device)[-1]
+    b, sq, sk, h, hk, d = 3, 1, 777, 8, 2, 128
+    q = randn((b, sq, h, d), dtype, device, seed=1)
+    k = randn((b, sk, hk, d), dtype, device, seed=2)
+    v = randn((b, sk, hk, d), dtype, device, seed=3)
+    results = []
+    for splits in (0, 1, 3, 16):
+        out = torch.empty_like(q)
+        lse = torch.empty((b, h, sq), dtype=F32, device=device)
+        kernel.ops.attn_fwd(out, q, k, v, lse, None, None, None, None, None, None, None, 0, 0, d ** -0.5, 0.0, True,
+                            -1, -1, splits)
+        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, f"splits {splits}",
+                        causal=True, lses=list(lse.unbind(0)))
+        results.append(out)
+    if device == "cpu":
+        assert all(torch.equal(r, results[0]) for r in results)
+
+
+def test_empty_inputs(kernel, device):
+    dtype = dtypes_for(device)[-1]
+    for b, sq, sk in ((0, 5, 5), (2, 0, 5)):
+        q = randn((b, sq, 2, 32), dtype, device)
+        k = randn((b, sk, 2, 32), dtype, device)
+        out, lse, _ = kernel.flash_attn_func(q, k, k, causal=True, return_attn_probs=True)
+        assert out.shape == q.shape and lse.shape == (b, 2, sq)
+    # keys of length 0: out 0, lse +inf
+    q = randn((2, 3, 2, 32), dtype, device)
+    k = randn((2, 0, 2, 32), dtype, device)
+    out, lse, _ = kernel.flash_attn_func(q, k, k, return_attn_probs=True)
+    assert bool((out == 0).all()) and bool((lse == float("inf")).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured on CUDA")
+def test_peak_memory_is_linear_in_sequence_length(kernel):
+    """No S x S buffer: the memory a prefill call allocates beyond its inputs grows 4x from S =
+    4K to 16K (the output and lse), not 16x."""
+    extra = {}
+    for s in (4096, 16384):
+        q, k, v = (randn((1, s, 16, 128), BF16, "cuda", seed=i) for i in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = kernel.flash_attn_func(q, k, v, causal=True)
+        torch.cuda.synchronize()
+        extra[s] = torch.cuda.max_memory_allocated() - base
+        del q, k, v, out
+    out_bytes = 16384 * 16 * 128 * 2
+    assert extra[16384] <= 4.5 * extra[4096] and extra[16384] <= 2 * out_bytes, extra

@@ -1,0 +1,97 @@
+"""The benchmark scripts, checked without a GPU: benchmark.py's workloads run as `kernels benchmark`
+runs them (seed, setup, one call, verify, the runner's allclose with atol=1e-2) on the `kernel`
+fixture's device, with the sizes cut down on the CPU; their reference (the package's private
+_reference) and the sweep's sampled-row reference agree with the float64 reference of
+attention_cases.py; the sweep's FLOP
+and byte counts follow its stated formulas. The sweep's case order and command line are checked
+in tests/test_bench_table.py.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_cases import BF16, randn, ref_attention
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name, path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [str(BENCH_DIR), str(BENCH_DIR.parent.parent / "scripts")] + sys.path)
+    monkeypatch.delitem(sys.modules, "benchmark", raising=False)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bench(monkeypatch, request):
+    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))
+    return _load("attention_benchmark", BENCH_DIR / "benchmark.py", monkeypatch)
+
+
+@pytest.fixture
+def sweep(monkeypatch, request):
+    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))
+    return _load("attention_sweep", BENCH_DIR / "sweep.py", monkeypatch)
+
+
+def _workloads(bench):
+    from kernels.benchmark import Benchmark
+
+    for cls in (getattr(bench, n) for n in dir(bench)):
+        if isinstance(cls, type) and issubclass(cls, Benchmark) and cls is not Benchmark:
+            for name in dir(cls):
+                if name.startswith("benchmark_"):
+                    yield cls, name[len("benchmark_") :]
+
+
+def test_benchmark_workloads_verify(kernel, device, bench, monkeypatch):
+    """Every workload as the runner runs it (kernels/cli/benchmark.py); on the CPU the prompts are
+    256 tokens and the decode context 512 (the models' head shapes are kept)."""
+    if device == "cpu":
+        monkeypatch.setattr(bench, "PREFILL_TOKENS", 256)
+        monkeypatch.setattr(bench, "DECODE_CONTEXT", 512)
+        monkeypatch.setattr(bench, "DECODE_BATCH", 3)
+    seen = 0
+    for cls, workload in _workloads(bench):
+        instance = cls()
+        instance.kernel, instance.device = kernel, device
+        torch.manual_seed(instance.seed)
+        getattr(instance, f"setup_{workload}")()
+        getattr(instance, f"benchmark_{workload}")()
+        reference = getattr(instance, f"verify_{workload}")()
+        assert instance.out is not None and reference.dtype == instance.out.dtype, workload
+        assert torch.allclose(instance.out, reference, atol=1e-2), f"{cls.__name__}.{workload}"
+        assert instance.out.abs().max() < 2, "outputs must stay below 2 (the atol argument)"
+        seen += 1
+    assert seen >= 6
+
+
+def test_references_agree_with_float64(kernel, sweep):
+    q = randn((37, 4, 64), BF16, "cpu", seed=1)
+    k = randn((50, 2, 64), BF16, "cpu", seed=2)
+    v = randn((50, 2, 64), BF16, "cpu", seed=3)
+    ref, _ = ref_attention(q, k, v, 64 ** -0.5, causal=True)
+    got, _ = kernel._reference.attention(q, k, v, causal=True)
+    assert (got.double() - ref).abs().max() < 1e-5
+    rows = torch.tensor([0, 5, 36])
+    got = sweep.reference_rows(q, k, v, rows, causal=True)
+    assert (got.double() - ref[rows]).abs().max() < 1e-5
+    slopes = torch.rand(4) * 0.3
+    ref, ref_lse = ref_attention(q, k, v, 0.1, causal=True, window=(9, 0), softcap=2.0, slopes=slopes)
+    got, lse = kernel._reference.attention(q, k, v, 0.1, True, (9, 0), 2.0, slopes, dtype=torch.float64)
+    assert (got - ref).abs().max() < 1e-12 and torch.allclose(lse, ref_lse)
+
+
+def test_sweep_counts(sweep):
+    c = sweep.Case("prefill", "bfloat16", 8, 2048, 128, 32, 32, causal=True)
+    assert sweep.flops(c) == 4 * 8 * 32 * 2048 * 2048 * 128 // 2
+    assert sweep.flops(sweep.Case("prefill", "bfloat16", 8, 2048, 128, 32, 32, causal=False)) == 2 * sweep.flops(c)
+    d = sweep.Case("decode", "bfloat16", 64, 32768, 128, 32, 8, layout="paged16")
+    assert sweep.kv_bytes(d) == 2 * 64 * 32768 * 8 * 128 * 2

@@ -1,0 +1,200 @@
+"""Bad input: every rejected call raises, and its message names the offending argument.
+
+Shapes, dtypes, devices and strides are checked for every device before anything runs; the
+values of the index tensors (cu_seqlens, seqused_k / cache_seqlens, block tables, batch indices,
+left padding) are checked on the CPU, where reading them costs nothing, before anything is
+written. dropout and any backward raise NotImplementedError.
+"""
+
+import pytest
+import torch
+
+from attention_cases import BF16, F16, F32, cu_seqlens, dtypes_for, expect_raises, randn
+
+
+def _qkv(device, dtype=None, b=2, s=8, h=4, hk=2, d=32):
+    dtype = dtype or dtypes_for(device)[-1]
+    return (randn((b, s, h, d), dtype, device, seed=1), randn((b, s, hk, d), dtype, device, seed=2),
+            randn((b, s, hk, d), dtype, device, seed=3))
+
+
+@pytest.mark.kernels_ci
+def test_dense_bad_inputs(kernel, device):
+    q, k, v = _qkv(device)
+    f = kernel.flash_attn_func
+    other = F16 if q.dtype != F16 else BF16
+    calls = [
+        ("k", lambda: f(q, k.to(other), v)),                                   # dtype mismatch
+        ("v", lambda: f(q, k, v.to(other))),
+        ("q", lambda: f(q.to(torch.float64), k.double(), v.double())),        # unsupported dtype
+        ("q", lambda: f(q[0], k, v)),                                          # rank
+        ("k", lambda: f(q, k[:1], v)),                                         # batch
+        ("v", lambda: f(q, k, v[:, :4])),                                      # shape
+        ("q", lambda: f(randn((2, 8, 3, 32), q.dtype, device), k, v)),       # 3 heads vs 2 kv heads
+        ("k", lambda: f(q, randn((2, 8, 2, 16), q.dtype, device), v)),       # head_dim
+        ("q", lambda: f(randn((2, 8, 4, 64), q.dtype, device)[..., ::2], k, v)),  # last-dim stride
+        ("k", lambda: f(q, randn((2, 8, 2, 64), q.dtype, device)[..., ::2], v)),
+        ("alibi_slopes", lambda: f(q, k, v, alibi_slopes=torch.ones(3, device=device))),
+        ("alibi_slopes", lambda: f(q, k, v, alibi_slopes=torch.ones(4, device=device, dtype=F16))),
+        ("softcap", lambda: f(q, k, v, softcap=-1.0)),
+        ("window_size", lambda: f(q, k, v, window_size=3)),
+    ]
+    if q.dtype != F32 and device == "cpu":
+        pass
+    for arg, call in calls:
+        with expect_raises(arg):
+            call()
+
+
+@pytest.mark.kernels_ci
+def test_device_mismatch(kernel, device):
+    q, k, v = _qkv(device)
+    # A tensor on another device: "meta" always exists (the fake checks run for it).
+    with expect_raises("k"):
+        kernel.flash_attn_func(q, k.to("meta"), v)
+    with expect_raises("cu_seqlens_k"):
+        lens = cu_seqlens([8, 8], device)
+        kernel.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), lens, lens.to("meta"), 8, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA head-dim and dtype rules")
+def test_cuda_only_rules(kernel):
+    q, k, v = _qkv("cuda", d=80)
+    with expect_raises("q"):
+        kernel.flash_attn_func(q, k, v)  # head_dim 80 is not instantiated on CUDA
+    q, k, v = _qkv("cuda", dtype=F32)
+    with expect_raises("q"):
+        kernel.flash_attn_func(q, k, v)  # float32 is CPU-only
+
+
+@pytest.mark.kernels_ci
+def test_varlen_bad_inputs(kernel, device):
+    dtype = dtypes_for(device)[-1]
+    lens = [3, 5]
+    q = randn((8, 4, 32), dtype, device, seed=1)
+    k = randn((8, 2, 32), dtype, device, seed=2)
+    cu = cu_seqlens(lens, device)
+    f = kernel.flash_attn_varlen_func
+    calls = [
+        ("cu_seqlens_q", lambda: f(q, k, k, cu.long(), cu, 5, 5)),             # not int32
+        ("cu_seqlens_k", lambda: f(q, k, k, cu, cu.long(), 5, 5)),
+        ("cu_seqlens_q", lambda: f(q, k, k, cu[None], cu, 5, 5)),             # not 1-D
+        ("cu_seqlens_k", lambda: f(q, k, k, cu, cu[:2], 5, 5)),               # not [batch + 1]
+        ("q", lambda: f(q[None], k, k, cu, cu, 5, 5)),                        # rank
+        ("seqused_k", lambda: f(q, k, k, cu, cu, 5, 5, seqused_k=torch.ones(3, dtype=torch.int32, device=device))),
+        ("max_seqlen_q", lambda: f(q, k, k, cu, cu, -1, 5)),
+    ]
+    if device == "cpu":  # values
+        calls += [
+            ("cu_seqlens_q", lambda: f(q, k, k, torch.tensor([0, 5, 3], dtype=torch.int32), cu, 5, 5)),
+            ("cu_seqlens_q", lambda: f(q, k, k, torch.tensor([0, 3, 9], dtype=torch.int32), cu, 6, 5)),  # > total
+            ("cu_seqlens_k", lambda: f(q, k, k, cu, cu, 5, 4)),               # a sequence longer than max
+            ("seqused_k", lambda: f(q, k, k, cu, cu, 5, 5, seqused_k=torch.tensor([3, 6], dtype=torch.int32))),
+        ]
+    for arg, call in calls:
+        with expect_raises(arg):
+            call()
+
+
+@pytest.mark.kernels_ci
+def test_paged_bad_inputs(kernel, device):
+    dtype = dtypes_for(device)[-1]
+    q = randn((2, 4, 32), dtype, device, seed=1)
+    cache = randn((6, 16, 2, 32), dtype, device, seed=2)
+    cu = cu_seqlens([1, 1], device)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    used = torch.tensor([20, 5], dtype=torch.int32, device=device)
+    f = kernel.flash_attn_varlen_func
+    calls = [
+        ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table.long())),
+        ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table[:1])),
+        ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table[0])),
+        ("k", lambda: f(q, cache[0], cache[0], cu, None, 1, 32, seqused_k=used, block_table=table)),
+    ]
+    if device == "cpu":
+        bad = torch.tensor([[0, 6], [2, 3]], dtype=torch.int32)  # block 6 of 6
+        neg = torch.tensor([[0, 1], [-1, 3]], dtype=torch.int32)
+        calls += [
+            ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=bad)),
+            ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=neg)),
+            # cache too small: 40 keys in a 2-block (32-row) table
+            ("seqused_k", lambda: f(q, cache, cache, cu, None, 1, 40,
+                                    seqused_k=torch.tensor([40, 1], dtype=torch.int32), block_table=table)),
+            ("cu_seqlens_k", lambda: f(q, cache, cache, cu, cu_seqlens([33, 1], device), 1, 33, block_table=table)),
+        ]
+    for arg, call in calls:
+        with expect_raises(arg):
+            call()
+    # a table entry past the keys in use is never read, so it need not be valid
+    ok = torch.tensor([[0, 99], [2, -5]], dtype=torch.int32, device=device)
+    f(q, cache, cache, cu, None, 1, 32, seqused_k=torch.tensor([16, 3], dtype=torch.int32, device=device), block_table=ok)
+
+
+@pytest.mark.kernels_ci
+def test_kvcache_bad_inputs(kernel, device):
+    dtype = dtypes_for(device)[-1]
+    b, s, h, hk, d = 2, 16, 4, 2, 32
+    q = randn((b, 1, h, d), dtype, device, seed=1)
+    kc = randn((b, s, hk, d), dtype, device, seed=2)
+    vc = randn((b, s, hk, d), dtype, device, seed=3)
+    kn = randn((b, 2, hk, d), dtype, device, seed=4)
+    seqlens = torch.tensor([3, 4], dtype=torch.int32, device=device)
+    cos = torch.ones(40, 8, dtype=dtype, device=device)
+    f = kernel.flash_attn_with_kvcache
+    calls = [
+        ("cache_seqlens", lambda: f(q, kc, vc, kn, kn)),                                   # required with k
+        ("v", lambda: f(q, kc, vc, kn, None, cache_seqlens=seqlens)),
+        ("cache_seqlens", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens.long())),
+        ("cache_seqlens", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens[:1])),
+        ("k", lambda: f(q, kc, vc, kn[:, :, :1], kn, cache_seqlens=seqlens)),
+        ("k_cache", lambda: f(randn((b, 1, 3, d), dtype, device), kc, vc, cache_seqlens=seqlens)),  # heads
+        ("rotary_cos", lambda: f(q, kc, vc, cache_seqlens=seqlens, rotary_cos=cos, rotary_sin=cos)),  # no new k
+        ("rotary_sin", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=cos)),
+        ("rotary_cos", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=torch.ones(40, 17, dtype=dtype,
+                                                                                            device=device),
+                                 rotary_sin=torch.ones(40, 17, dtype=dtype, device=device))),  # rotary_dim > d
+        ("cache_batch_idx", lambda: f(q, kc, vc, cache_seqlens=seqlens,
+                                      cache_batch_idx=torch.zeros(b, dtype=torch.int64, device=device))),
+        ("cache_leftpad", lambda: f(q, kc, vc, cache_seqlens=seqlens, block_table=torch.zeros(b, 1, dtype=torch.int32,
+                                                                                             device=device),
+                                    cache_leftpad=torch.zeros(b, dtype=torch.int32, device=device))),
+    ]
+    if device == "cpu":
+        calls += [
+            # cache too small: 15 + 2 new rows in a 16-row cache
+            ("cache_seqlens", lambda: f(q, kc, vc, kn, kn, cache_seqlens=torch.tensor([15, 0], dtype=torch.int32))),
+            ("cache_batch_idx", lambda: f(q, kc, vc, cache_seqlens=seqlens,
+                                          cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))),
+            ("cache_leftpad", lambda: f(q, kc, vc, cache_seqlens=seqlens,
+                                        cache_leftpad=torch.tensor([0, 5], dtype=torch.int32))),
+            ("rotary_cos", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=cos[:4],
+                                     rotary_sin=cos[:4])),  # table shorter than the positions
+        ]
+    for arg, call in calls:
+        k0 = kc.clone()
+        with expect_raises(arg):
+            call()
+        assert torch.equal(kc, k0), f"{arg}: the cache was written by a rejected call"
+
+
+@pytest.mark.kernels_ci
+def test_dropout_and_backward_raise(kernel, device):
+    q, k, v = _qkv(device)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        kernel.flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        kernel.ops.fwd(q, k, v, None, None, 0.1, 1.0, False, -1, -1, 0.0, False, None)
+    with pytest.raises(NotImplementedError, match="return_softmax"):
+        kernel.ops.fwd(q, k, v, None, None, 0.0, 1.0, False, -1, -1, 0.0, True, None)
+    # forward with gradients enabled works; the backward fails loudly
+    qg = q.clone().requires_grad_()
+    out = kernel.flash_attn_func(qg, k, v, causal=True)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="backward"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert not kernel.flash_attn_func(qg, k, v).requires_grad
+    with torch.inference_mode():
+        kernel.flash_attn_func(q, k, v)
+    with pytest.raises(NotImplementedError, match="backward"):
+        kernel.flash_attn_interface._flash_attn_backward()

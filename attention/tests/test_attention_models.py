@@ -1,0 +1,241 @@
+"""The kernel inside the frameworks that load Hub attention kernels: transformers (a small random
+LlamaForCausalLM, prefill with padding and cached decoding) and diffusers (the flash_hub /
+flash_varlen_hub backends).
+
+transformers 5.23 loads a Hub attention kernel for ``attn_implementation="<org>/<repo>"``:
+``_check_and_adjust_attn_implementation`` -> ``lazy_import_flash_attention`` -> ``_lazy_imports``
+-> ``load_and_register_attn_kernel``, which calls ``get_kernel(repo, version=1)`` (so
+``LOCAL_KERNELS`` redirects it to our build), requires ``flash_attn_varlen_func`` and wraps it
+with transformers' own ``flash_attention_forward``; ``flash_attn_func`` serves unpadded batches
+and ``flash_attn_with_kvcache`` the paged continuous-batching cache. That code path is gated on
+kernels >= 0.18.2 (``is_kernels_available``); the repository pins kernels 0.17.2, with which it
+raises ImportError. So:
+
+* the AttentionInterface route, which works with the pinned kernels, registers
+  ``transformers_attention_forward`` (and transformers' flash mask function) under a name;
+* the Hub route is run with only the version gate lifted (``is_kernels_available`` patched to
+  True and ``get_kernel_hub`` bound to the installed kernels' ``get_kernel``): everything else
+  is transformers' own code calling our functions, which checks the names, argument names and
+  return types it needs;
+* a test pins down that the unpatched Hub route raises ImportError with kernels 0.17.2.
+
+Error bound for the logits: the same model in float64 with SDPA is the reference; ours (in the
+test dtype) may be at most twice as far from it as SDPA in the same dtype, plus a floor of
+2**-20 (fp32: ~8 float32 ulps at the logits' magnitude, below 1; the fp32 errors measured are
+about 2e-7, the bf16 ones about 3e-3).
+"""
+
+import copy
+import types
+from dataclasses import replace
+
+import pytest
+import torch
+
+from attention_cases import BF16, F32, dtype_id, randn
+
+transformers = pytest.importorskip("transformers")
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface  # noqa: E402
+
+REPO_ID = "open-kernels/attention"
+NAME = "open_kernels_attention"
+LOGIT_FLOOR = 2.0**-20
+
+
+def _config(device):
+    # head_dim 16 on the CPU (the issue's config); CUDA instantiates head_dim >= 32.
+    return LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+        head_dim=16 if device == "cpu" else 32,
+    )
+
+
+def _model(device, attn, dtype):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config(device)).eval()
+    model = model.to(device=device if dtype != torch.float64 else "cpu", dtype=dtype)
+    model.set_attn_implementation(attn)
+    return model
+
+
+def _inputs(device):
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (3, 13), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    mask[2, :1] = 0
+    return ids.to(device), mask.to(device)
+
+
+def _run(model, ids, mask, steps=3):
+    """Prefill logits, then greedy decoding with a DynamicCache: logits of every step (the tokens
+    fed back are the reference's, passed in by the caller through `feed`)."""
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        logits = [out.logits.float().cpu()]
+        for step in range(steps):
+            token = torch.full((ids.shape[0], 1), (7 * step + 3) % 128, dtype=ids.dtype, device=device)
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+            out = model(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            logits.append(out.logits.float().cpu())
+    return logits
+
+
+def _compare(ours, pytorch, ref, mask, what):
+    keep = mask.bool().cpu()
+    for step, (o, p, r) in enumerate(zip(ours, pytorch, ref)):
+        if step == 0:  # prefill: padded positions are not compared
+            o, p, r = o[keep], p[keep], r[keep]
+        r = r.double()
+        err = (o.double() - r).abs().max().item()
+        err_pt = (p.double() - r).abs().max().item()
+        assert err <= 2 * err_pt + LOGIT_FLOOR, f"{what} step {step}: {err:.3g} vs SDPA {err_pt:.3g}"
+
+
+def _dtypes(device):
+    return [BF16] if device == "cuda" else [F32, BF16]
+
+
+@pytest.fixture
+def isolated_interfaces(monkeypatch):
+    """Registrations into transformers' global attention / mask interfaces are undone after the
+    test, and so is the flash-attention state transformers caches at module level."""
+    from transformers import modeling_flash_attention_utils as mfa
+
+    monkeypatch.setattr(AttentionInterface, "_global_mapping", dict(AttentionInterface._global_mapping))
+    monkeypatch.setattr(AttentionMaskInterface, "_global_mapping", dict(AttentionMaskInterface._global_mapping))
+    for name in ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
+                 "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn"):
+        monkeypatch.setattr(mfa, name, getattr(mfa, name))
+    return monkeypatch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_id)
+def test_llama_through_attention_interface(kernel, device, dtype, isolated_interfaces):
+    """Works with the pinned kernels 0.17.2: our function registered under a name."""
+    if dtype not in _dtypes(device):
+        pytest.skip("float32 runs in bfloat16 on CUDA")
+    AttentionInterface.register(NAME, kernel.transformers_attention_forward)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    ids, mask = _inputs(device)
+    ref = _run(_model(device, "sdpa", torch.float64), ids, mask)
+    pytorch = _run(_model(device, "sdpa", dtype), ids, mask)
+    ours = _run(_model(device, NAME, dtype), ids, mask)
+    _compare(ours, pytorch, ref, mask, f"AttentionInterface {dtype_id(dtype)}")
+    # unpadded batch: the flash_attn_func path (no mask)
+    full = torch.ones_like(mask)
+    _compare(_run(_model(device, NAME, dtype), ids, full, steps=1), _run(_model(device, "sdpa", dtype), ids, full, steps=1),
+             _run(_model(device, "sdpa", torch.float64), ids, full, steps=1), full, "unpadded")
+
+
+def _kernels_version():
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("kernels"))
+
+
+@pytest.mark.kernels_ci
+def test_hub_route_needs_kernels_0_18_2(kernel, device):
+    """transformers 5.23's Hub route refuses kernels < 0.18.2 with an ImportError naming the
+    version range (this is why the AttentionInterface route exists)."""
+    from packaging.version import Version
+
+    if _kernels_version() >= Version("0.18.2"):
+        pytest.skip("kernels >= 0.18.2 is installed: the Hub route itself is tested below")
+    with pytest.raises(ImportError, match="kernels"):
+        _model(device, REPO_ID, _dtypes(device)[0])
+
+
+@pytest.mark.slow
+def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
+    """transformers' own Hub-kernel path (load_and_register_attn_kernel, flash_attention_forward,
+    _flash_attention_forward) running our build through LOCAL_KERNELS, with only the kernels
+    version gate lifted when the installed kernels is older than transformers wants."""
+    import kernels
+    from packaging.version import Version
+    from transformers.integrations import hub_kernels
+
+    if _kernels_version() < Version("0.18.2"):
+        isolated_interfaces.setattr(hub_kernels, "is_kernels_available", lambda *a, **k: True)
+        isolated_interfaces.setattr(hub_kernels, "get_kernel_hub", kernels.get_kernel, raising=False)
+    dtype = _dtypes(device)[-1]
+    ids, mask = _inputs(device)
+    model = _model(device, REPO_ID, dtype)
+    from transformers import modeling_flash_attention_utils as mfa
+
+    assert mfa._flash_varlen_fn is kernel.flash_attn_varlen_func  # transformers found our functions
+    assert mfa._flash_fn is kernel.flash_attn_func
+    ref = _run(_model(device, "sdpa", torch.float64), ids, mask)
+    pytorch = _run(_model(device, "sdpa", dtype), ids, mask)
+    ours = _run(model, ids, mask)
+    _compare(ours, pytorch, ref, mask, "Hub route")
+
+
+# ---- diffusers ----
+
+
+@pytest.fixture
+def diffusers_hub(kernel, monkeypatch):
+    """diffusers' flash_hub / flash_varlen_hub backends pointed at our repo id (LOCAL_KERNELS
+    resolves it to the build), loaded by diffusers' own _maybe_download_kernel_for_backend."""
+    ad = pytest.importorskip("diffusers.models.attention_dispatch")
+    registry = dict(ad._HUB_KERNELS_REGISTRY)
+    for name in (ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB):
+        registry[name] = replace(registry[name], repo_id=REPO_ID, version=1, kernel_fn=None, wrapped_forward_fn=None,
+                                 wrapped_backward_fn=None)
+    monkeypatch.setattr(ad, "_HUB_KERNELS_REGISTRY", registry)
+    monkeypatch.setattr(ad, "DIFFUSERS_TRUST_REMOTE_KERNELS", True)  # no Hub call for the publisher check
+    for name in (ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB):
+        ad._maybe_download_kernel_for_backend(name)
+    return ad
+
+
+def test_diffusers_flash_hub(kernel, device, diffusers_hub):
+    ad = diffusers_hub
+    dtype = BF16
+    b, s, h, d = 2, 33, 4, 64
+    q, k, v = (randn((b, s, h, d), dtype, device, seed=i) for i in range(3))
+    cfg = ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB]
+    assert cfg.kernel_fn is kernel.flash_attn_func
+    assert cfg.wrapped_forward_fn is kernel.flash_attn_interface._flash_attn_forward
+    out = ad.dispatch_attention_fn(q, k, v, is_causal=True, backend=ad.AttentionBackendName.FLASH_HUB)
+    want = kernel.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, want)
+    out, lse = ad.dispatch_attention_fn(q, k, v, backend=ad.AttentionBackendName.FLASH_HUB,
+                                        attention_kwargs={"return_lse": True})
+    assert out.shape == q.shape and lse.shape == (b, h, s)
+    # the context-parallel forward op calls flash_attn_interface._flash_attn_forward itself
+    saved = []
+    ctx = types.SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
+    out_cp, lse_cp = ad._flash_attention_hub_forward_op(ctx, q, k, v, None, 0.0, True, None, False, True)
+    assert torch.equal(out_cp, want) and lse_cp.shape == (b, s, h)
+    ctx.saved_tensors = tuple(saved)
+    with pytest.raises(NotImplementedError, match="backward"):
+        ad._flash_attention_hub_backward_op(ctx, torch.ones_like(out_cp))
+
+
+def test_diffusers_flash_varlen_hub(kernel, device, diffusers_hub):
+    ad = diffusers_hub
+    dtype = BF16
+    b, sq, sk, h, d = 2, 9, 20, 4, 64
+    q = randn((b, sq, h, d), dtype, device, seed=1)
+    k, v = (randn((b, sk, h, d), dtype, device, seed=i) for i in (2, 3))
+    mask = torch.ones(b, sk, dtype=torch.bool, device=device)
+    mask[1, 12:] = False  # the second sequence has 12 keys
+    out = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend=ad.AttentionBackendName.FLASH_VARLEN_HUB)
+    for i, n in enumerate((sk, 12)):
+        want = kernel.flash_attn_func(q[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n])
+        assert torch.equal(out[i : i + 1], want)
+    saved = []
+    ctx = types.SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
+    out_cp, lse_cp = ad._flash_varlen_attention_hub_forward_op(ctx, q, k, v, None, 0.0, False, None, False, True)
+    assert out_cp.shape == q.shape and lse_cp.shape == (b, sq, h)

@@ -1,0 +1,211 @@
+"""Attention forward kernels with flash-attn 2's Python API, vLLM's paged KV-cache writers, and the
+entry points transformers and diffusers load from a Hub kernel.
+
+Math (kernel_src/attention_params.h): per query row i and visible key j, s_j = softmax_scale *
+<q_i, k_j>, optionally softcapped (softcap * tanh(s_j / softcap)) and biased by ALiBi
+(-slope * |i + len_k - len_q - j|); causal and sliding-window masks are bottom-right aligned
+(flash-attn >= 2.1); out_i = softmax(s) @ v in fp32, rounded once; softmax_lse = log sum exp(s)
+(natural log). MQA / GQA: query head h reads kv head h // (heads_q // heads_kv). A row that sees
+no key gives out = 0 and lse = +inf.
+
+* flash-attn 2 (forward): ``flash_attn_func``, ``flash_attn_varlen_func`` (packed sequences,
+  optional paged K/V through ``block_table`` and ``seqused_k``), ``flash_attn_qkvpacked_func``,
+  ``flash_attn_kvpacked_func``, ``flash_attn_varlen_qkvpacked_func``,
+  ``flash_attn_varlen_kvpacked_func``, ``flash_attn_with_kvcache`` (appends new k/v into the
+  cache, optional rotary embedding, cache_batch_idx, cache_leftpad, block_table, num_splits); the
+  C++ entry points ``ops.fwd``, ``ops.varlen_fwd``, ``ops.fwd_kvcache``; ``bert_padding``.
+* vLLM: ``reshape_and_cache`` (paged layout) and ``reshape_and_cache_flash`` (flash layout).
+* transformers: ``attn_implementation="<org>/attention"`` finds ``flash_attn_varlen_func`` /
+  ``flash_attn_func`` / ``flash_attn_with_kvcache`` (kernels >= 0.18.2); with older kernels,
+  register ``transformers_attention_forward`` through ``AttentionInterface`` (see the card).
+* diffusers: the ``flash_hub`` / ``flash_varlen_hub`` backends call ``flash_attn_func`` /
+  ``flash_attn_varlen_func`` and ``flash_attn_interface._flash_attn_forward`` /
+  ``_flash_attn_varlen_forward`` (also exported as ``_wrapped_flash_attn_forward``).
+
+dtypes: float16 and bfloat16 on CUDA (head_dim 32, 64, 96, 128, 192, 256), float32 too on the CPU
+(any head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
+backward through any of these functions (inference works; training fails loudly). Every function
+traces with ``torch.compile(fullgraph=True)``.
+"""
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _custom_ops, _reference, bert_padding, flash_attn_interface
+from ._ops import ops
+from .flash_attn_interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
+
+__all__ = [
+    # vLLM (listed first: these are also the names of their ops)
+    "reshape_and_cache",
+    "reshape_and_cache_flash",
+    # flash-attn 2
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+    "flash_attn_interface",
+    "bert_padding",
+    # transformers AttentionInterface
+    "transformers_attention_forward",
+]
+
+
+# ---- vLLM paged KV cache ----
+
+
+def _scale(x) -> Optional[torch.Tensor]:
+    """vLLM passes k_scale / v_scale as tensors (current) or floats (older); both are unused with
+    kv_cache_dtype "auto", the only one supported."""
+    return x if isinstance(x, torch.Tensor) else None
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "auto",
+    k_scale: Union[torch.Tensor, float, None] = None,
+    v_scale: Union[torch.Tensor, float, None] = None,
+) -> None:
+    """vLLM ``reshape_and_cache``: writes token t's ``key [T, H, D]`` / ``value`` rows into cache
+    slot ``slot_mapping[t]`` (int64 or int32; ``-1`` skips the token; only the first
+    ``slot_mapping.size(0)`` tokens are written) of vLLM's paged layout: ``key_cache
+    [num_blocks, H, D // x, block_size, x]``, ``value_cache [num_blocks, H, D, block_size]``
+    (slot s = block s // block_size, row s % block_size). Values are copied bit for bit;
+    ``kv_cache_dtype`` must be ``"auto"`` (fp8 caches are not supported) and the scales are
+    unused. A slot past the cache raises (CPU) or stops the kernel with a device-side assertion
+    naming slot_mapping (CUDA)."""
+    ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, _scale(k_scale), _scale(v_scale))
+
+
+def reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "auto",
+    k_scale: Union[torch.Tensor, float, None] = None,
+    v_scale: Union[torch.Tensor, float, None] = None,
+) -> None:
+    """vLLM ``reshape_and_cache_flash``: as ``reshape_and_cache`` with both caches in the flash
+    layout ``[num_blocks, block_size, H, D]`` (any strides with unit stride along D: views of a
+    ``[2, num_blocks, block_size, H, D]`` or ``[num_blocks, 2, ...]`` KV tensor work). This is
+    the layout ``flash_attn_with_kvcache`` and ``flash_attn_varlen_func`` read with a
+    ``block_table``."""
+    ops.reshape_and_cache_flash(
+        key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, _scale(k_scale), _scale(v_scale)
+    )
+
+
+# ---- transformers AttentionInterface ----
+
+
+def _unpad(x: torch.Tensor, mask: torch.Tensor):
+    """Rows of x [B, S, ...] where mask [B, S] is true, with their flat indices, cu_seqlens (int32)
+    and the longest sequence."""
+    lengths = mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    cu = torch.nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    return x.reshape(-1, *x.shape[2:])[indices], indices, cu, int(lengths.max().item()) if lengths.numel() else 0
+
+
+def transformers_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> Tuple[torch.Tensor, None]:
+    """An attention function for transformers' ``AttentionInterface`` (the contract of its
+    ``flash_attention_forward``): ``query [B, H, S_q, D]``, ``key`` / ``value [B, H_kv, S_k, D]``
+    (the model's layout, cache included), ``attention_mask`` the 2-D padding mask transformers'
+    ``flash_attention_2`` mask function returns (``None`` without padding); returns
+    ``(attn_output [B, S_q, H, D], None)``.
+
+    Register it together with that mask function::
+
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import flash_attention_mask
+        AttentionInterface.register("open_kernels_attention", kernel.transformers_attention_forward)
+        AttentionMaskInterface.register("open_kernels_attention", flash_attention_mask)
+        model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="open_kernels_attention")
+
+    Semantics follow transformers' flash-attention path: causal (bottom-right aligned, so cached
+    decoding works), ``sliding_window`` as ``window_size = (sliding_window - 1, sliding_window -
+    1)`` when the keys outnumber it, ``softcap``, padded batches unpadded into packed sequences
+    (left or right padding; for a chunk of several new tokens after a cache, left padding as
+    transformers assumes), packed sequences from ``cu_seq_lens_q/k`` + ``max_length_q/k``
+    keyword arguments. float32 activations on CUDA run in bfloat16 (or the autocast dtype) and
+    are cast back. Attention sinks (``s_aux``) and dropout > 0 raise NotImplementedError.
+    """
+    op = "transformers_attention_forward"
+    if s_aux is not None:
+        raise NotImplementedError(f"{op}: attention sinks (s_aux) are not supported by this kernel")
+    if dropout and module is not None and module.training:
+        raise NotImplementedError(f"{op}: dropout = {dropout} is not implemented (forward-only kernel)")
+    causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D] views
+    dtype = q.dtype
+    if q.device.type == "cuda" and dtype == torch.float32:
+        target = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+        q, k, v = q.to(target), k.to(target), v.to(target)
+    batch, q_len = q.shape[0], q.shape[1]
+    kv_len = k.shape[1]
+    window = (-1, -1)
+    if sliding_window is not None and kv_len > sliding_window:
+        window = (sliding_window - 1, sliding_window - 1)
+    options = dict(softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0)
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    if attention_mask is not None:
+        mask = attention_mask.to(torch.bool)
+        if k.shape[1] > mask.shape[-1]:  # static cache longer than the mask: the mask's keys only
+            k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
+            kv_len = k.shape[1]
+        k_unpad, _, cu_k, max_k = _unpad(k, mask)
+        v_unpad = v.reshape(-1, *v.shape[2:])[torch.nonzero(mask.flatten(), as_tuple=False).flatten()]
+        if q_len == kv_len:
+            q_unpad, indices_q, cu_q, max_q = _unpad(q, mask)
+        elif q_len == 1:
+            q_unpad = q.reshape(batch, *q.shape[2:])
+            indices_q = torch.arange(batch, device=q.device)
+            cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+            max_q = 1
+        else:
+            q_unpad, indices_q, cu_q, max_q = _unpad(q, mask[:, -q_len:])
+        out_unpad = flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, **options)
+        out = out_unpad.new_zeros((batch * q_len, *out_unpad.shape[1:]))
+        out[indices_q] = out_unpad
+        out = out.view(batch, q_len, *out_unpad.shape[1:])
+    elif all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
+        q2, k2, v2 = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+        out = flash_attn_varlen_func(
+            q2, k2, v2, cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, **options
+        ).view(batch, q_len, *q.shape[2:])
+    else:
+        out = flash_attn_func(q, k, v, **options)
+    return out.to(dtype), None

@@ -1,0 +1,1021 @@
+// attention_ops.cpp: the Torch-facing layer of the attention ops (prototypes: torch_binding.h).
+//
+// For each op it validates the tensors (dtype, device, shapes, strides, overlap) with messages
+// that name the op and the argument and print expected vs. got, maps the call onto the strided
+// views of kernel_src/attention_params.h / cache_params.h (no copy of anything read or written),
+// and runs the CPU implementation (-DCPU_KERNEL builds) or launches the CUDA kernels on the
+// current stream of q's device under a device guard (-DCUDA_KERNEL builds).
+//
+// Rules (attention_params.h has the math):
+// - dtypes: q is float16 or bfloat16 (CUDA) or also float32 (CPU); k, v, out: q's dtype; lse and
+//   alibi_slopes float32; every index tensor int32, 1-D (block_table 2-D), contiguous. Every
+//   tensor on q's device.
+// - heads: q's head count is a positive multiple of k's (MQA / GQA); head_dim is the same for q,
+//   k and v; on CUDA one of 32, 64, 96, 128, 192, 256.
+// - layout: q, k, v and out need unit stride along head_dim (a stride of 1 in the last
+//   dimension); the other dimensions may have any strides (views of packed qkv tensors, the
+//   transposed [B, H, S, D] tensors of transformers). out must not overlap q, k, v or lse.
+// - index values (cu_seqlens, seqused_k, block_table, kv_batch_idx, leftpad_k): the shapes and
+//   dtypes are checked here for every device; the values are checked here for CPU tensors
+//   (reading them is free there), with an error naming the argument, the index and the value.
+//   On CUDA reading them would synchronize with the device, so they are trusted (flash-attn's
+//   behaviour); the KV-cache writers check theirs on the device (cache_cuda.h).
+// - empty calls (no sequence, no query row, no head) launch nothing after the checks; a
+//   sequence with no visible key gives out = 0 and lse = +inf.
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_params.h"
+#include "cache_params.h"
+#include "torch_binding.h"
+
+#if defined(CPU_KERNEL)
+#include "attention_cpu.h"
+#include "cache_cpu.h"
+#endif
+#if defined(CUDA_KERNEL)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "attention_cuda.h"
+#include "cache_cuda.h"
+#endif
+
+namespace {
+
+using attention::AttnFwdParams;
+using attention::DType;
+using OptTensor = std::optional<at::Tensor>;
+
+// ---- small helpers ----
+
+// The dtype as Python names it ("float32", "bfloat16", "int64"). Copied: getDtypeNames returns a
+// std::string by value in some Torch versions.
+std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+
+bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
+
+std::optional<DType> to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
+bool unit_last_stride(const at::Tensor& t) { return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1; }
+
+// Whether a and b share memory (conservative only where ATen cannot tell: strided views of one
+// buffer count as disjoint, the usual case of packed qkv / kv tensors).
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
+  const at::MemOverlapStatus s = at::get_overlap_status(a, b);
+  return s == at::MemOverlapStatus::Full || s == at::MemOverlapStatus::Partial;
+}
+
+#if defined(CUDA_KERNEL)
+// 16-byte aligned base pointer and batch / row / head strides (the CUDA kernels' 16-byte chunks).
+bool aligned16(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 != 0) return false;
+  const int64_t elems = 16 / static_cast<int64_t>(t.element_size());
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) % elems != 0) return false;
+  }
+  return true;
+}
+#endif
+
+bool supported_head_dim_cuda(int64_t d) {
+  return d == 32 || d == 64 || d == 96 || d == 128 || d == 192 || d == 256;
+}
+
+// Runs the implementation's call and names the op in its errors.
+template <typename F>
+void on_cpu(const char* op, F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, op, ": ", e.msg());
+  }
+}
+
+// ---- the general attention call ----
+
+// Argument names of one call, as the public op (and the Python function above it) spells them.
+struct Names {
+  const char* q = "q";
+  const char* k = "k";
+  const char* v = "v";
+  const char* out = "out";
+  const char* lse = "lse";
+  const char* cu_seqlens_q = "cu_seqlens_q";
+  const char* cu_seqlens_k = "cu_seqlens_k";
+  const char* seqused_k = "seqused_k";
+  const char* seqused_note = "";  // what seqused_k stands for when it was derived from other arguments
+  const char* block_table = "block_table";
+  const char* kv_batch_idx = "kv_batch_idx";
+  const char* leftpad_k = "leftpad_k";
+  const char* alibi_slopes = "alibi_slopes";
+  const char* max_seqlen_q = "max_seqlen_q";
+  const char* max_seqlen_k = "max_seqlen_k";
+};
+
+struct AttnCall {
+  const char* op = "";
+  Names names;
+  at::Tensor out, q, k, v;
+  OptTensor lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  double softmax_scale = 1.0, softcap = 0.0;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1, num_splits = 0;
+  std::function<void()> before_launch;  // runs after every check, before the kernel (zero_tensors)
+};
+
+// Sizes derived from the checked tensors.
+struct Geometry {
+  bool varlen_q = false, varlen_k = false, paged = false;
+  int64_t batch = 0, total_q = 0, seqlen_q = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  int64_t batch_k = 0, seqlen_k = 0, total_k = 0;  // dense: [batch_k, seqlen_k]; varlen: total_k rows
+  int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
+};
+
+void check_device(const AttnCall& c, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.device() == c.q.device(), c.op, ": ", name, " must be on the device of ", c.names.q, " (expected ",
+              c.q.device(), ", got ", t.device(), ")");
+}
+
+void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
+  check_device(c, name, t);
+  TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.dim() == dims, c.op, ": ", name, " must have shape ", layout, ", got ", t.sizes());
+  if (dims == 1) {
+    TORCH_CHECK(t.is_contiguous(), c.op, ": ", name, " must be contiguous, got strides ", t.strides());
+  } else {
+    TORCH_CHECK(unit_last_stride(t), c.op, ": ", name, " must have stride 1 along its last dimension, got strides ",
+                t.strides());
+  }
+}
+
+void check_vector(const AttnCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
+  check_int32(c, name, t, 1, what);
+  TORCH_CHECK(t.size(0) == expected, c.op, ": ", name, " must have shape [", expected, "] (", what, "), got ",
+              t.sizes());
+}
+
+// [batch + 1] cumulative lengths -> [batch] lengths (the key lengths of a paged
+// cache, flash-attn passes them as cu_seqlens_k).
+at::Tensor lengths_of(const at::Tensor& cu) { return cu.narrow(0, 1, cu.size(0) - 1).sub(cu.narrow(0, 0, cu.size(0) - 1)).to(at::kInt); }
+
+// Index values of a CPU call (see the file header).
+void check_index_values_cpu(const AttnCall& c, const Geometry& g) {
+  const Names& n = c.names;
+  auto check_cu = [&](const at::Tensor& cu, const char* name, int64_t total, int64_t max_len, const char* max_name) {
+    const int32_t* v = cu.const_data_ptr<int32_t>();
+    TORCH_CHECK(v[0] >= 0, c.op, ": ", name, "[0] = ", v[0], " must be >= 0");
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const int64_t len = static_cast<int64_t>(v[b + 1]) - v[b];
+      TORCH_CHECK(len >= 0, c.op, ": ", name, " must be non-decreasing, got ", name, "[", b, "] = ", v[b], " > ",
+                  name, "[", b + 1, "] = ", v[b + 1]);
+      TORCH_CHECK(len <= max_len, c.op, ": ", name, ": sequence ", b, " has ", len, " tokens, more than ", max_name,
+                  " = ", max_len);
+    }
+    TORCH_CHECK(v[g.batch] <= total, c.op, ": ", name, "[", g.batch, "] = ", v[g.batch],
+                " exceeds the number of packed rows (", total, ")");
+  };
+  if (g.varlen_q) check_cu(*c.cu_seqlens_q, n.cu_seqlens_q, g.total_q, g.seqlen_q, n.max_seqlen_q);
+  if (g.varlen_k) check_cu(*c.cu_seqlens_k, n.cu_seqlens_k, g.total_k, g.seqlen_k, n.max_seqlen_k);
+  const int32_t* kv_idx = present(c.kv_batch_idx) ? c.kv_batch_idx->const_data_ptr<int32_t>() : nullptr;
+  const int32_t* leftpad = present(c.leftpad_k) ? c.leftpad_k->const_data_ptr<int32_t>() : nullptr;
+  const int32_t* used = present(c.seqused_k) ? c.seqused_k->const_data_ptr<int32_t>() : nullptr;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    if (kv_idx != nullptr) {
+      TORCH_CHECK(kv_idx[b] >= 0 && kv_idx[b] < g.batch_k, c.op, ": ", n.kv_batch_idx, "[", b, "] = ", kv_idx[b],
+                  " is outside the batch of ", n.k, " [0, ", g.batch_k, ")");
+    }
+    int64_t available;  // key rows sequence b may use
+    if (g.paged) {
+      available = g.max_blocks * g.block_size;
+    } else if (g.varlen_k) {
+      const int32_t* cu = c.cu_seqlens_k->const_data_ptr<int32_t>();
+      available = static_cast<int64_t>(cu[b + 1]) - cu[b];
+    } else {
+      available = g.seqlen_k;
+      if (leftpad != nullptr) {
+        TORCH_CHECK(leftpad[b] >= 0 && leftpad[b] <= g.seqlen_k, c.op, ": ", n.leftpad_k, "[", b, "] = ", leftpad[b],
+                    " is outside [0, ", g.seqlen_k, "] (the rows of ", n.k, ")");
+        available -= leftpad[b];
+      }
+    }
+    int64_t len_k = available;
+    if (used != nullptr) {
+      TORCH_CHECK(used[b] >= 0 && used[b] <= available, c.op, ": ", n.seqused_k, "[", b, "]: sequence ", b,
+                  " uses ", used[b], " keys", n.seqused_note, ", but ", n.k, " has ", available, " rows for it",
+                  leftpad != nullptr ? " after its left padding" : "", " (valid: 0 .. ", available, ")");
+      len_k = used[b];
+    }
+    if (g.paged && len_k > 0) {
+      const at::Tensor& bt = *c.block_table;
+      const int32_t* row = bt.const_data_ptr<int32_t>() + b * bt.stride(0);
+      const int64_t blocks = (len_k + g.block_size - 1) / g.block_size;
+      for (int64_t i = 0; i < blocks; ++i) {
+        TORCH_CHECK(row[i] >= 0 && row[i] < g.num_blocks, c.op, ": ", n.block_table, "[", b, ", ", i, "] = ", row[i],
+                    " is outside the cache of ", g.num_blocks, " blocks (", n.k, ".size(0)); sequence ", b, " uses ",
+                    blocks, " blocks for its ", len_k, " keys");
+      }
+    }
+  }
+}
+
+Geometry check(AttnCall& c) {
+  const Names& n = c.names;
+  const char* op = c.op;
+  Geometry g;
+  const at::Device device = c.q.device();
+  const std::optional<DType> dtype = to_dtype(c.q.scalar_type());
+  if (device.is_cuda()) {
+    TORCH_CHECK(c.q.scalar_type() == at::kHalf || c.q.scalar_type() == at::kBFloat16, op, ": ", n.q,
+                " must be float16 or bfloat16 on CUDA, got ", dtype_name(c.q.scalar_type()));
+  } else {
+    TORCH_CHECK(dtype.has_value(), op, ": ", n.q, " must be float32, float16 or bfloat16, got ",
+                dtype_name(c.q.scalar_type()));
+  }
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor*>{n.k, &c.k}, {n.v, &c.v}, {n.out, &c.out}}) {
+    check_device(c, name, *t);
+    TORCH_CHECK(t->scalar_type() == c.q.scalar_type(), op, ": ", name, " must have the dtype of ", n.q, " (expected ",
+                dtype_name(c.q.scalar_type()), ", got ", dtype_name(t->scalar_type()), ")");
+  }
+
+  // q
+  g.varlen_q = present(c.cu_seqlens_q);
+  if (g.varlen_q) {
+    TORCH_CHECK(c.q.dim() == 3, op, ": ", n.q, " must have shape [total_q, num_heads, head_dim] with ", n.cu_seqlens_q,
+                ", got ", c.q.sizes());
+    check_int32(c, n.cu_seqlens_q, *c.cu_seqlens_q, 1, "[batch + 1]");
+    TORCH_CHECK(c.cu_seqlens_q->size(0) >= 1, op, ": ", n.cu_seqlens_q, " must have shape [batch + 1], got ",
+                c.cu_seqlens_q->sizes());
+    g.batch = c.cu_seqlens_q->size(0) - 1;
+    g.total_q = c.q.size(0);
+    TORCH_CHECK(c.max_seqlen_q >= 0, op, ": ", n.max_seqlen_q, " must be >= 0, got ", c.max_seqlen_q);
+    g.seqlen_q = c.max_seqlen_q;
+  } else {
+    TORCH_CHECK(c.q.dim() == 4, op, ": ", n.q, " must have shape [batch, seqlen_q, num_heads, head_dim], got ",
+                c.q.sizes());
+    g.batch = c.q.size(0);
+    g.seqlen_q = c.q.size(1);
+    g.total_q = g.batch * g.seqlen_q;
+  }
+  g.heads_q = c.q.size(-2);
+  g.head_dim = c.q.size(-1);
+
+  // k, v
+  g.paged = present(c.block_table);
+  if (g.paged && present(c.cu_seqlens_k)) {
+    // flash-attn's paged varlen call: cu_seqlens_k holds the key lengths (seqused_k wins).
+    check_vector(c, n.cu_seqlens_k, *c.cu_seqlens_k, g.batch + 1, "[batch + 1]");
+    if (!present(c.seqused_k)) {
+      c.seqused_k = lengths_of(*c.cu_seqlens_k);
+      c.names.seqused_k = c.names.cu_seqlens_k;
+      c.names.seqused_note = " (cu_seqlens_k[b + 1] - cu_seqlens_k[b], the key lengths of the paged cache)";
+    }
+    c.cu_seqlens_k.reset();
+  }
+  g.varlen_k = present(c.cu_seqlens_k);
+  if (g.paged) {
+    TORCH_CHECK(c.k.dim() == 4, op, ": ", n.k, " must be a paged cache [num_blocks, block_size, num_heads_k, head_dim] "
+                "with ", n.block_table, ", got ", c.k.sizes());
+    check_int32(c, n.block_table, *c.block_table, 2, "[batch, max_blocks_per_seq]");
+    TORCH_CHECK(c.block_table->size(0) == g.batch, op, ": ", n.block_table, " must have shape [batch = ", g.batch,
+                ", max_blocks_per_seq], got ", c.block_table->sizes());
+    g.num_blocks = c.k.size(0);
+    g.block_size = c.k.size(1);
+    g.max_blocks = c.block_table->size(1);
+    TORCH_CHECK(g.block_size > 0, op, ": ", n.k, " must have a block size > 0, got ", c.k.sizes());
+    g.seqlen_k = g.max_blocks * g.block_size;
+    TORCH_CHECK(!present(c.kv_batch_idx), op, ": ", n.kv_batch_idx, " cannot be combined with ", n.block_table,
+                " (the block table selects each sequence's blocks)");
+  } else if (g.varlen_k) {
+    TORCH_CHECK(c.k.dim() == 3, op, ": ", n.k, " must have shape [total_k, num_heads_k, head_dim] with ",
+                n.cu_seqlens_k, ", got ", c.k.sizes());
+    check_vector(c, n.cu_seqlens_k, *c.cu_seqlens_k, g.batch + 1, "[batch + 1]");
+    TORCH_CHECK(c.max_seqlen_k >= 0, op, ": ", n.max_seqlen_k, " must be >= 0, got ", c.max_seqlen_k);
+    g.total_k = c.k.size(0);
+    g.seqlen_k = c.max_seqlen_k;
+    TORCH_CHECK(!present(c.kv_batch_idx), op, ": ", n.kv_batch_idx, " cannot be combined with ", n.cu_seqlens_k);
+  } else {
+    TORCH_CHECK(c.k.dim() == 4, op, ": ", n.k, " must have shape [batch, seqlen_k, num_heads_k, head_dim], got ",
+                c.k.sizes());
+    g.batch_k = c.k.size(0);
+    g.seqlen_k = c.k.size(1);
+    if (present(c.kv_batch_idx)) {
+      check_vector(c, n.kv_batch_idx, *c.kv_batch_idx, g.batch, "one cache index per sequence");
+    } else {
+      TORCH_CHECK(g.batch_k == g.batch, op, ": ", n.k, " must have the batch size of ", n.q, " (", g.batch,
+                  "), got shape ", c.k.sizes());
+    }
+  }
+  TORCH_CHECK(!present(c.leftpad_k) || (!g.paged && !g.varlen_k), op, ": ", n.leftpad_k,
+              " cannot be combined with ", g.paged ? n.block_table : n.cu_seqlens_k);
+  TORCH_CHECK(c.v.sizes() == c.k.sizes(), op, ": ", n.v, " must have the shape of ", n.k, " ", c.k.sizes(), ", got ",
+              c.v.sizes());
+  g.heads_kv = c.k.size(-2);
+  TORCH_CHECK(g.heads_kv > 0 && g.heads_q % g.heads_kv == 0, op, ": the number of heads of ", n.q, " (", g.heads_q,
+              ") must be a multiple of that of ", n.k, " and ", n.v, " (", g.heads_kv, ")");
+  TORCH_CHECK(c.k.size(-1) == g.head_dim, op, ": ", n.k, " must have the head_dim of ", n.q, " (", g.head_dim,
+              "), got shape ", c.k.sizes());
+  if (device.is_cuda()) {
+    TORCH_CHECK(supported_head_dim_cuda(g.head_dim), op, ": head_dim ", g.head_dim, " of ", n.q,
+                " is not supported on CUDA (supported: 32, 64, 96, 128, 192, 256)");
+  } else {
+    TORCH_CHECK(g.head_dim > 0, op, ": head_dim of ", n.q, " must be > 0, got shape ", c.q.sizes());
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{n.q, &c.q},
+                                {n.k, &c.k},
+                                {n.v, &c.v},
+                                {n.out, &c.out}}) {
+    TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension (head_dim), got "
+                "strides ", t->strides());
+  }
+
+  // out, lse
+  TORCH_CHECK(c.out.sizes() == c.q.sizes(), op, ": ", n.out, " must have the shape of ", n.q, " ", c.q.sizes(),
+              ", got ", c.out.sizes());
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor*>{n.q, &c.q}, {n.k, &c.k}, {n.v, &c.v}}) {
+    TORCH_CHECK(!overlaps(c.out, *t), op, ": ", n.out, " must not share memory with ", name);
+  }
+  if (present(c.lse)) {
+    const at::Tensor& lse = *c.lse;
+    check_device(c, n.lse, lse);
+    TORCH_CHECK(lse.scalar_type() == at::kFloat, op, ": ", n.lse, " must be float32, got ",
+                dtype_name(lse.scalar_type()));
+    if (g.varlen_q) {
+      TORCH_CHECK(lse.dim() == 2 && lse.size(0) == g.heads_q && lse.size(1) == g.total_q, op, ": ", n.lse,
+                  " must have shape [num_heads = ", g.heads_q, ", total_q = ", g.total_q, "], got ", lse.sizes());
+    } else {
+      TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.batch && lse.size(1) == g.heads_q && lse.size(2) == g.seqlen_q,
+                  op, ": ", n.lse, " must have shape [batch = ", g.batch, ", num_heads = ", g.heads_q,
+                  ", seqlen_q = ", g.seqlen_q, "], got ", lse.sizes());
+    }
+    TORCH_CHECK(unit_last_stride(lse), op, ": ", n.lse, " must have stride 1 along its last dimension, got strides ",
+                lse.strides());
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{n.q, &c.q},
+                                  {n.k, &c.k},
+                                  {n.v, &c.v},
+                                  {n.out, &c.out}}) {
+      TORCH_CHECK(!overlaps(lse, *t), op, ": ", n.lse, " must not share memory with ", name);
+    }
+  }
+
+  // per-sequence vectors
+  if (present(c.seqused_k)) check_vector(c, n.seqused_k, *c.seqused_k, g.batch, "keys used per sequence");
+  if (present(c.leftpad_k)) check_vector(c, n.leftpad_k, *c.leftpad_k, g.batch, "left padding per sequence");
+  if (present(c.alibi_slopes)) {
+    const at::Tensor& a = *c.alibi_slopes;
+    check_device(c, n.alibi_slopes, a);
+    TORCH_CHECK(a.scalar_type() == at::kFloat, op, ": ", n.alibi_slopes, " must be float32, got ",
+                dtype_name(a.scalar_type()));
+    const bool shape_ok = (a.dim() == 1 && a.size(0) == g.heads_q) ||
+                          (a.dim() == 2 && a.size(0) == g.batch && a.size(1) == g.heads_q);
+    TORCH_CHECK(shape_ok, op, ": ", n.alibi_slopes, " must have shape [num_heads = ", g.heads_q,
+                "] or [batch = ", g.batch, ", num_heads = ", g.heads_q, "], got ", a.sizes());
+    TORCH_CHECK(unit_last_stride(a), op, ": ", n.alibi_slopes,
+                " must have stride 1 along its last dimension, got strides ", a.strides());
+  }
+
+  // scalars
+  TORCH_CHECK(std::isfinite(c.softmax_scale), op, ": softmax_scale must be finite, got ", c.softmax_scale);
+  TORCH_CHECK(c.softcap >= 0.0 && std::isfinite(c.softcap), op, ": softcap must be >= 0 (0: none), got ", c.softcap);
+  TORCH_CHECK(c.num_splits >= 0, op, ": num_splits must be >= 0 (0: the backend's choice), got ", c.num_splits);
+  c.window_left = c.window_left < 0 ? -1 : c.window_left;
+  c.window_right = c.window_right < 0 ? -1 : c.window_right;
+  if (c.causal) c.window_right = 0;
+
+  if (device.is_cpu()) check_index_values_cpu(c, g);
+  return g;
+}
+
+DType dtype_of(const at::Tensor& t) { return *to_dtype(t.scalar_type()); }
+
+// A stride as the params carry it: 0 for a dimension of size 1, whose stride is never used
+// (PyTorch leaves it arbitrary; the CUDA kernels require every stride to be a whole number of
+// 16-byte chunks).
+int64_t stride(const at::Tensor& t, int64_t dim) { return t.size(dim) == 1 ? 0 : t.stride(dim); }
+
+AttnFwdParams make_params(const AttnCall& c, const Geometry& g) {
+  AttnFwdParams p;
+  p.dtype = dtype_of(c.q);
+  p.batch = g.batch;
+  p.heads_q = g.heads_q;
+  p.heads_kv = g.heads_kv;
+  p.head_dim = g.head_dim;
+  p.seqlen_q = g.seqlen_q;
+  p.seqlen_k = g.seqlen_k;
+
+  p.q = c.q.const_data_ptr();
+  p.out = c.out.mutable_data_ptr();
+  if (g.varlen_q) {
+    p.q_row_stride = stride(c.q, 0);
+    p.q_head_stride = stride(c.q, 1);
+    p.out_row_stride = stride(c.out, 0);
+    p.out_head_stride = stride(c.out, 1);
+  } else {
+    p.q_batch_stride = stride(c.q, 0);
+    p.q_row_stride = stride(c.q, 1);
+    p.q_head_stride = stride(c.q, 2);
+    p.out_batch_stride = stride(c.out, 0);
+    p.out_row_stride = stride(c.out, 1);
+    p.out_head_stride = stride(c.out, 2);
+  }
+  p.k = c.k.const_data_ptr();
+  p.v = c.v.const_data_ptr();
+  if (g.varlen_k) {
+    p.k_row_stride = stride(c.k, 0);
+    p.k_head_stride = stride(c.k, 1);
+    p.v_row_stride = stride(c.v, 0);
+    p.v_head_stride = stride(c.v, 1);
+  } else {  // dense [B_k, S_k, H, D] or paged [num_blocks, block_size, H, D]
+    p.k_batch_stride = stride(c.k, 0);
+    p.k_row_stride = stride(c.k, 1);
+    p.k_head_stride = stride(c.k, 2);
+    p.v_batch_stride = stride(c.v, 0);
+    p.v_row_stride = stride(c.v, 1);
+    p.v_head_stride = stride(c.v, 2);
+  }
+  if (present(c.lse)) {
+    p.lse = c.lse->mutable_data_ptr<float>();
+    if (g.varlen_q) {
+      p.lse_head_stride = c.lse->stride(0);
+    } else {
+      p.lse_batch_stride = c.lse->stride(0);
+      p.lse_head_stride = c.lse->stride(1);
+    }
+  }
+  auto ptr = [](const OptTensor& t) { return present(t) ? t->const_data_ptr<int32_t>() : nullptr; };
+  p.cu_seqlens_q = ptr(c.cu_seqlens_q);
+  p.cu_seqlens_k = ptr(c.cu_seqlens_k);
+  p.seqused_k = ptr(c.seqused_k);
+  p.kv_batch_idx = ptr(c.kv_batch_idx);
+  p.leftpad_k = ptr(c.leftpad_k);
+  if (g.paged) {
+    p.block_table = c.block_table->const_data_ptr<int32_t>();
+    p.block_table_batch_stride = c.block_table->stride(0);
+    p.page_block_size = g.block_size;
+    p.num_blocks = g.num_blocks;
+  }
+  p.softmax_scale = static_cast<float>(c.softmax_scale);
+  p.softcap = static_cast<float>(c.softcap);
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  if (present(c.alibi_slopes)) {
+    p.alibi_slopes = c.alibi_slopes->const_data_ptr<float>();
+    p.alibi_batch_stride = c.alibi_slopes->dim() == 2 ? c.alibi_slopes->stride(0) : 0;
+  }
+  p.num_splits = c.num_splits;
+  return p;
+}
+
+void run_attention(AttnCall& c) {
+  const Geometry g = check(c);
+  if (c.before_launch) c.before_launch();
+  if (g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || (!g.varlen_q && g.seqlen_q == 0)) return;
+  if (c.k.numel() == 0) {
+    // No key row at all (a [B, 0, H, D] cache): every query row sees no key (out 0, lse +inf); the
+    // kernels are not called with empty K/V tensors.
+    c.out.zero_();
+    if (present(c.lse)) c.lse->fill_(std::numeric_limits<float>::infinity());
+    return;
+  }
+  AttnFwdParams p = make_params(c, g);
+  const at::Device device = c.q.device();
+#if defined(CPU_KERNEL)
+  if (device.is_cpu()) {
+    p.num_splits = attention::cpu::attn_fwd_num_splits(p);
+    on_cpu(c.op, [&] { attention::cpu::attn_fwd(p); });
+    return;
+  }
+#endif
+#if defined(CUDA_KERNEL)
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard device_guard(device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
+    // The CUDA kernels move 16-byte chunks (attention_cuda.h): a q/k/v view that is not 16-byte
+    // aligned (base pointer, or a batch/row/head stride not a multiple of 16 bytes) is read
+    // through a contiguous copy, and an unaligned out / lse is written through a temporary.
+    AttnCall a = c;
+    if (!aligned16(a.q)) a.q = a.q.contiguous();
+    if (!aligned16(a.k) || !aligned16(a.v)) {
+      a.k = a.k.contiguous();
+      a.v = a.v.contiguous();
+    }
+    const bool out_tmp = !aligned16(a.out);
+    if (out_tmp) a.out = at::empty(a.out.sizes(), a.out.options());
+    const bool lse_tmp = present(a.lse) && reinterpret_cast<uintptr_t>(a.lse->data_ptr()) % 8 != 0;
+    if (lse_tmp) a.lse = at::empty(a.lse->sizes(), a.lse->options());
+    if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous()) a.alibi_slopes = a.alibi_slopes->contiguous();
+    p = make_params(a, g);
+    const int64_t splits = attention::cuda::attn_fwd_num_splits(p);
+    at::Tensor out_accum, lse_accum;
+    if (splits > 1) {
+      const auto f32 = c.q.options().dtype(at::kFloat);
+      out_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q, g.head_dim}, f32);
+      lse_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q}, f32);
+      p.out_accum = out_accum.mutable_data_ptr<float>();
+      p.lse_accum = lse_accum.mutable_data_ptr<float>();
+    }
+    const cudaError_t err = attention::cuda::attn_fwd(p, stream);
+    TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));
+    if (out_tmp) c.out.copy_(a.out);
+    if (lse_tmp) c.lse->copy_(*a.lse);
+    return;
+  }
+#endif
+  TORCH_CHECK(false, c.op, ": no implementation for device ", device, " in this build");
+}
+
+// ---- flash-attn's C++ entry points ----
+
+void check_no_dropout(const char* op, double p_dropout, bool return_softmax) {
+  TORCH_CHECK_NOT_IMPLEMENTED(p_dropout == 0.0, op, ": dropout (p_dropout = ", p_dropout,
+                              ") is not implemented: this kernel is forward-only without dropout (use p_dropout = 0)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!return_softmax, op,
+                              ": return_softmax (the attention probabilities S) is not implemented; the log-sum-exp "
+                              "is returned as softmax_lse");
+}
+
+// An output like q: q's strides when they are dense (flash-attn's empty_like), else contiguous.
+at::Tensor output_like(const at::Tensor& q) {
+  if (q.is_non_overlapping_and_dense()) return at::empty_like(q);
+  return at::empty(q.sizes(), q.options());
+}
+
+at::Tensor given_or_new_out(const OptTensor& out, const at::Tensor& q) { return present(out) ? *out : output_like(q); }
+
+
+// ---- vLLM cache writers ----
+
+attention::CacheLayout layout_of(const at::Tensor& t, bool split_key) {
+  attention::CacheLayout c;
+  c.data = t.mutable_data_ptr();
+  c.block_stride = t.stride(0);
+  if (split_key) {  // key [nb, H, D/x, bs, x]
+    c.head_stride = t.stride(1);
+    c.d_outer_stride = t.stride(2);
+    c.row_stride = t.stride(3);
+    c.d_inner_stride = t.stride(4);
+    c.x = t.size(4);
+  }
+  return c;
+}
+
+void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                 at::Tensor& value_cache, const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                 const OptTensor& k_scale, const OptTensor& v_scale) {
+  TORCH_CHECK_NOT_IMPLEMENTED(kv_cache_dtype == "auto", op, ": kv_cache_dtype '", kv_cache_dtype,
+                              "' is not supported (only 'auto': the caches have the dtype of key)");
+  (void)k_scale;
+  (void)v_scale;
+  const at::Device device = key.device();
+  TORCH_CHECK(to_dtype(key.scalar_type()).has_value(), op, ": key must be float32, float16 or bfloat16, got ",
+              dtype_name(key.scalar_type()));
+  TORCH_CHECK(key.dim() == 3, op, ": key must have shape [num_tokens, num_heads, head_size], got ", key.sizes());
+  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value must have the shape of key ", key.sizes(), ", got ",
+              value.sizes());
+  const int64_t heads = key.size(1);
+  const int64_t head_size = key.size(2);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"value", &value},
+                                {"key_cache", &key_cache},
+                                {"value_cache", &value_cache},
+                                {"slot_mapping", &slot_mapping}}) {
+    TORCH_CHECK(t->device() == device, op, ": ", name, " must be on the device of key (expected ", device, ", got ",
+                t->device(), ")");
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"value", &value},
+                                {"key_cache", &key_cache},
+                                {"value_cache", &value_cache}}) {
+    TORCH_CHECK(t->scalar_type() == key.scalar_type(), op, ": ", name, " must have the dtype of key (expected ",
+                dtype_name(key.scalar_type()), ", got ", dtype_name(t->scalar_type()),
+                "; kv_cache_dtype 'auto' stores key's dtype)");
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"key", &key}, {"value", &value}}) {
+    TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension (head_size), got "
+                "strides ", t->strides());
+  }
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong || slot_mapping.scalar_type() == at::kInt, op,
+              ": slot_mapping must be int64 or int32, got ", dtype_name(slot_mapping.scalar_type()));
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) <= key.size(0), op,
+              ": slot_mapping must have shape [num_tokens] with num_tokens <= key.size(0) = ", key.size(0), ", got ",
+              slot_mapping.sizes());
+  TORCH_CHECK(slot_mapping.is_contiguous(), op, ": slot_mapping must be contiguous, got strides ",
+              slot_mapping.strides());
+
+  attention::CacheWriteParams p;
+  p.dtype = dtype_of(key);
+  p.num_tokens = slot_mapping.size(0);
+  p.num_heads = heads;
+  p.head_size = head_size;
+  p.key = key.const_data_ptr();
+  p.key_token_stride = key.stride(0);
+  p.key_head_stride = key.stride(1);
+  p.value = value.const_data_ptr();
+  p.value_token_stride = value.stride(0);
+  p.value_head_stride = value.stride(1);
+  p.slot_mapping = slot_mapping.const_data_ptr();
+  p.slot_mapping_int64 = slot_mapping.scalar_type() == at::kLong;
+  if (flash) {
+    for (const auto& [name, t] :
+         {std::pair<const char*, const at::Tensor*>{"key_cache", &key_cache}, {"value_cache", &value_cache}}) {
+      TORCH_CHECK(t->dim() == 4 && t->size(2) == heads && t->size(3) == head_size, op, ": ", name,
+                  " must have shape [num_blocks, block_size, num_heads = ", heads, ", head_size = ", head_size,
+                  "], got ", t->sizes());
+      TORCH_CHECK(unit_last_stride(*t), op, ": ", name,
+                  " must have stride 1 along its last dimension (head_size), got strides ", t->strides());
+    }
+    TORCH_CHECK(value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == key_cache.size(1), op,
+                ": value_cache must have the shape of key_cache ", key_cache.sizes(), ", got ", value_cache.sizes());
+    p.num_blocks = key_cache.size(0);
+    p.block_size = key_cache.size(1);
+    for (auto [layout, t] : {std::pair<attention::CacheLayout*, at::Tensor*>{&p.key_cache, &key_cache},
+                             {&p.value_cache, &value_cache}}) {
+      layout->data = t->mutable_data_ptr();
+      layout->block_stride = t->stride(0);
+      layout->row_stride = t->stride(1);
+      layout->head_stride = t->stride(2);
+      layout->x = head_size;
+      layout->d_inner_stride = 1;
+    }
+  } else {
+    TORCH_CHECK(key_cache.dim() == 5 && key_cache.size(1) == heads && key_cache.size(4) > 0 &&
+                    key_cache.size(2) * key_cache.size(4) == head_size,
+                op, ": key_cache must have shape [num_blocks, num_heads = ", heads, ", head_size / x, block_size, x] ",
+                "with head_size = ", head_size, " a multiple of x, got ", key_cache.sizes());
+    TORCH_CHECK(value_cache.dim() == 4 && value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == heads &&
+                    value_cache.size(2) == head_size && value_cache.size(3) == key_cache.size(3),
+                op, ": value_cache must have shape [num_blocks = ", key_cache.size(0), ", num_heads = ", heads,
+                ", head_size = ", head_size, ", block_size = ", key_cache.size(3), "], got ", value_cache.sizes());
+    p.num_blocks = key_cache.size(0);
+    p.block_size = key_cache.size(3);
+    p.key_cache = layout_of(key_cache, true);
+    attention::CacheLayout& vc = p.value_cache;
+    vc.data = value_cache.mutable_data_ptr();
+    vc.block_stride = value_cache.stride(0);
+    vc.head_stride = value_cache.stride(1);
+    vc.row_stride = value_cache.stride(3);
+    vc.x = head_size;
+    vc.d_outer_stride = 0;
+    vc.d_inner_stride = value_cache.stride(2);
+  }
+  TORCH_CHECK(!overlaps(key_cache, value_cache), op, ": key_cache and value_cache must not share memory");
+  for (const auto& [cname, cache] : {std::pair<const char*, const at::Tensor*>{"key_cache", &key_cache},
+                                     {"value_cache", &value_cache}}) {
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"key", &key},
+                                  {"value", &value},
+                                  {"slot_mapping", &slot_mapping}}) {
+      TORCH_CHECK(!overlaps(*cache, *t), op, ": ", cname, " must not share memory with ", name);
+    }
+  }
+  if (p.num_tokens == 0 || heads == 0 || head_size == 0) return;
+#if defined(CPU_KERNEL)
+  if (device.is_cpu()) {
+    on_cpu(op, [&] { attention::cpu::cache_write(p); });
+    return;
+  }
+#endif
+#if defined(CUDA_KERNEL)
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard device_guard(device);
+    const cudaError_t err = attention::cuda::cache_write(p, c10::cuda::getCurrentCUDAStream(device.index()));
+    TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+    return;
+  }
+#endif
+  TORCH_CHECK(false, op, ": no implementation for device ", device, " in this build");
+}
+
+}  // namespace
+
+// ---- the ops of torch_binding.h ----
+
+void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& lse,
+              const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, const OptTensor& seqused_k,
+              const OptTensor& block_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
+              const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+              double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits) {
+  AttnCall c;
+  c.op = "attn_fwd";
+  c.out = out;
+  c.q = q;
+  c.k = k;
+  c.v = v;
+  c.lse = lse;
+  c.cu_seqlens_q = cu_seqlens_q;
+  c.cu_seqlens_k = cu_seqlens_k;
+  c.seqused_k = seqused_k;
+  c.block_table = block_table;
+  c.kv_batch_idx = kv_batch_idx;
+  c.leftpad_k = leftpad_k;
+  c.alibi_slopes = alibi_slopes;
+  c.max_seqlen_q = max_seqlen_q;
+  c.max_seqlen_k = max_seqlen_k;
+  c.softmax_scale = softmax_scale;
+  c.softcap = softcap;
+  c.causal = causal;
+  c.window_left = window_left;
+  c.window_right = window_right;
+  c.num_splits = num_splits;
+  run_attention(c);
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
+                            const OptTensor& alibi_slopes, double p_dropout, double softmax_scale, bool is_causal,
+                            int64_t window_size_left, int64_t window_size_right, double softcap, bool return_softmax,
+                            const std::optional<at::Generator>& gen) {
+  (void)gen;
+  constexpr const char* op = "fwd";
+  check_no_dropout(op, p_dropout, return_softmax);
+  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
+  AttnCall c;
+  c.op = op;
+  c.q = q;
+  c.k = k;
+  c.v = v;
+  c.out = given_or_new_out(out, q);
+  at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  c.lse = lse;
+  c.alibi_slopes = alibi_slopes;
+  c.softmax_scale = softmax_scale;
+  c.softcap = softcap;
+  c.causal = is_causal;
+  c.window_left = window_size_left;
+  c.window_right = window_size_right;
+  run_attention(c);
+  return std::make_tuple(c.out, lse);
+}
+
+std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const OptTensor& out, const at::Tensor& cu_seqlens_q,
+                                   const at::Tensor& cu_seqlens_k, const OptTensor& seqused_k,
+                                   const OptTensor& leftpad_k, const OptTensor& block_table,
+                                   const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                   double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
+                                   int64_t window_size_left, int64_t window_size_right, double softcap,
+                                   bool return_softmax, const std::optional<at::Generator>& gen) {
+  (void)gen;
+  constexpr const char* op = "varlen_fwd";
+  check_no_dropout(op, p_dropout, return_softmax);
+  TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ", q.sizes());
+  AttnCall c;
+  c.op = op;
+  c.q = q;
+  c.k = k;
+  c.v = v;
+  c.out = given_or_new_out(out, q);
+  at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+  c.lse = lse;
+  c.cu_seqlens_q = cu_seqlens_q;
+  c.seqused_k = seqused_k;
+  c.leftpad_k = leftpad_k;
+  c.alibi_slopes = alibi_slopes;
+  c.max_seqlen_q = max_seqlen_q;
+  c.max_seqlen_k = max_seqlen_k;
+  c.softmax_scale = softmax_scale;
+  c.softcap = softcap;
+  c.causal = is_causal;
+  c.window_left = window_size_left;
+  c.window_right = window_size_right;
+  c.block_table = block_table;
+  c.cu_seqlens_k = cu_seqlens_k;  // with block_table: the key lengths (unless seqused_k)
+  if (zero_tensors) {
+    c.before_launch = [&c, &lse] {
+      c.out.zero_();
+      lse.fill_(-std::numeric_limits<float>::infinity());
+    };
+  }
+  run_attention(c);
+  return std::make_tuple(c.out, lse);
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                                    const OptTensor& k, const OptTensor& v, const OptTensor& cache_seqlens,
+                                    const OptTensor& rotary_cos, const OptTensor& rotary_sin,
+                                    const OptTensor& cache_batch_idx, const OptTensor& cache_leftpad,
+                                    const OptTensor& block_table, const OptTensor& alibi_slopes,
+                                    const OptTensor& out, double softmax_scale, bool is_causal,
+                                    int64_t window_size_left, int64_t window_size_right, double softcap,
+                                    bool rotary_interleaved, int64_t num_splits) {
+  constexpr const char* op = "fwd_kvcache";
+  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
+  const int64_t batch = q.size(0);
+  const bool paged = present(block_table);
+  const bool new_kv = present(k);
+  const bool rotary = present(rotary_cos);
+  TORCH_CHECK(new_kv == present(v), op, ": k and v must be given together (new keys and values to append)");
+  TORCH_CHECK(rotary == present(rotary_sin), op, ": rotary_cos and rotary_sin must be given together");
+  TORCH_CHECK(!new_kv || present(cache_seqlens), op,
+              ": cache_seqlens is required with new k / v (the cache row where they are appended)");
+  TORCH_CHECK(!rotary || new_kv, op, ": rotary_cos / rotary_sin need new k / v to append (flash-attn's rule)");
+  TORCH_CHECK(k_cache.dim() == 4, op, ": k_cache must have shape ",
+              paged ? "[num_blocks, block_size, num_heads_k, head_dim]" : "[batch_cache, seqlen_cache, num_heads_k, head_dim]",
+              ", got ", k_cache.sizes());
+  const auto names = [&]() {
+    Names n;
+    n.k = "k_cache";
+    n.v = "v_cache";
+    n.lse = "softmax_lse";
+    n.seqused_k = "cache_seqlens";
+    n.kv_batch_idx = "cache_batch_idx";
+    n.leftpad_k = "cache_leftpad";
+    return n;
+  }();
+  if (present(cache_seqlens)) {
+    const at::Tensor& s = *cache_seqlens;
+    TORCH_CHECK(s.device() == q.device(), op, ": cache_seqlens must be on the device of q (expected ", q.device(),
+                ", got ", s.device(), ")");
+    TORCH_CHECK(s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == batch && s.is_contiguous(), op,
+                ": cache_seqlens must be a contiguous int32 tensor of shape [batch = ", batch, "], got ",
+                dtype_name(s.scalar_type()), " ", s.sizes());
+  }
+  int64_t seqlen_new = 0;
+  if (new_kv) {
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"k", &*k}, {"v", &*v}}) {
+      TORCH_CHECK(t->device() == q.device(), op, ": ", name, " must be on the device of q (expected ", q.device(),
+                  ", got ", t->device(), ")");
+      TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": ", name, " must have the dtype of q (expected ",
+                  dtype_name(q.scalar_type()), ", got ", dtype_name(t->scalar_type()), ")");
+      TORCH_CHECK(t->dim() == 4 && t->size(0) == batch && t->size(2) == k_cache.size(2) && t->size(3) == k_cache.size(3),
+                  op, ": ", name, " must have shape [batch = ", batch, ", seqlen_new, num_heads_k = ", k_cache.size(2),
+                  ", head_dim = ", k_cache.size(3), "], got ", t->sizes());
+      TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension, got strides ",
+                  t->strides());
+      TORCH_CHECK(!overlaps(*t, k_cache) && !overlaps(*t, v_cache), op, ": ", name,
+                  " must not share memory with k_cache or v_cache");
+    }
+    TORCH_CHECK(v->size(1) == k->size(1), op, ": v must have the shape of k ", k->sizes(), ", got ", v->sizes());
+    seqlen_new = k->size(1);
+  }
+
+  // The attention over the caches (their own checks name k_cache, v_cache, cache_batch_idx, ...).
+  AttnCall c;
+  c.op = op;
+  c.names = names;
+  c.k = k_cache;
+  c.v = v_cache;
+  c.block_table = block_table;
+  c.kv_batch_idx = cache_batch_idx;
+  c.leftpad_k = cache_leftpad;
+  c.alibi_slopes = alibi_slopes;
+  c.softmax_scale = softmax_scale;
+  c.softcap = softcap;
+  c.causal = is_causal;
+  c.window_left = window_size_left;
+  c.window_right = window_size_right;
+  c.num_splits = num_splits;
+  c.q = q;
+  c.out = given_or_new_out(out, q);
+  at::Tensor lse = at::empty({batch, q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  c.lse = lse;
+  if (present(cache_seqlens)) {
+    // Keys per sequence: [cache_leftpad, cache_seqlens + seqlen_new) (flash-attn's absolute rows).
+    at::Tensor used = cache_seqlens->to(at::kLong).add(seqlen_new);
+    if (present(cache_leftpad)) used = used.sub(cache_leftpad->to(at::kLong));
+    c.seqused_k = used.to(at::kInt);
+    c.names.seqused_note = present(cache_leftpad) ? " (cache_seqlens + new tokens - cache_leftpad)"
+                                                  : " (cache_seqlens + new tokens)";
+  }
+  // Check everything (tensors of the attention call included) before anything is written.
+  AttnCall probe = c;
+  const Geometry g = check(probe);
+  at::Tensor q_attn = q;
+
+  if (new_kv) {
+    attention::KvAppendParams a;
+    a.dtype = dtype_of(q);
+    a.batch = batch;
+    a.heads_q = g.heads_q;
+    a.heads_kv = g.heads_kv;
+    a.head_dim = g.head_dim;
+    a.seqlen_new = seqlen_new;
+    a.k_new = k->const_data_ptr();
+    a.k_new_batch_stride = k->stride(0);
+    a.k_new_row_stride = k->stride(1);
+    a.k_new_head_stride = k->stride(2);
+    a.v_new = v->const_data_ptr();
+    a.v_new_batch_stride = v->stride(0);
+    a.v_new_row_stride = v->stride(1);
+    a.v_new_head_stride = v->stride(2);
+    a.k_cache = k_cache.mutable_data_ptr();
+    a.k_cache_batch_stride = k_cache.stride(0);
+    a.k_cache_row_stride = k_cache.stride(1);
+    a.k_cache_head_stride = k_cache.stride(2);
+    a.v_cache = v_cache.mutable_data_ptr();
+    a.v_cache_batch_stride = v_cache.stride(0);
+    a.v_cache_row_stride = v_cache.stride(1);
+    a.v_cache_head_stride = v_cache.stride(2);
+    a.cache_batch = g.batch_k;
+    a.cache_seqlen = g.seqlen_k;
+    a.cache_seqlens = cache_seqlens->const_data_ptr<int32_t>();
+    if (present(cache_batch_idx)) a.kv_batch_idx = cache_batch_idx->const_data_ptr<int32_t>();
+    if (paged) {
+      a.block_table = block_table->const_data_ptr<int32_t>();
+      a.block_table_batch_stride = block_table->stride(0);
+      a.max_blocks = g.max_blocks;
+      a.page_block_size = g.block_size;
+      a.num_blocks = g.num_blocks;
+    }
+    if (rotary) {
+      const at::Tensor& cos = *rotary_cos;
+      const at::Tensor& sin = *rotary_sin;
+      for (const auto& [name, t] :
+           {std::pair<const char*, const at::Tensor*>{"rotary_cos", &cos}, {"rotary_sin", &sin}}) {
+        TORCH_CHECK(t->device() == q.device(), op, ": ", name, " must be on the device of q (expected ", q.device(),
+                    ", got ", t->device(), ")");
+        TORCH_CHECK(t->scalar_type() == q.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
+                    " must have the dtype of q (", dtype_name(q.scalar_type()), ") or float32, got ",
+                    dtype_name(t->scalar_type()));
+        TORCH_CHECK(t->dim() == 2 && t->size(1) > 0 && 2 * t->size(1) <= g.head_dim, op, ": ", name,
+                    " must have shape [seqlen_ro, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ", g.head_dim,
+                    ", got ", t->sizes());
+        TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension, got strides ",
+                    t->strides());
+      }
+      TORCH_CHECK(sin.sizes() == cos.sizes() && sin.scalar_type() == cos.scalar_type(), op,
+                  ": rotary_sin must have the shape and dtype of rotary_cos (", cos.sizes(), " ",
+                  dtype_name(cos.scalar_type()), "), got ", sin.sizes(), " ", dtype_name(sin.scalar_type()));
+      q_attn = at::empty(q.sizes(), q.options());
+      a.rotary_cos = cos.const_data_ptr();
+      a.rotary_sin = sin.const_data_ptr();
+      a.rotary_fp32 = cos.scalar_type() == at::kFloat && q.scalar_type() != at::kFloat;
+      a.rotary_rows = cos.size(0);
+      a.rotary_dim = 2 * cos.size(1);
+      a.rotary_cos_row_stride = cos.stride(0);
+      a.rotary_sin_row_stride = sin.stride(0);
+      a.rotary_interleaved = rotary_interleaved;
+      a.q = q.const_data_ptr();
+      a.q_batch_stride = q.stride(0);
+      a.q_row_stride = q.stride(1);
+      a.q_head_stride = q.stride(2);
+      a.q_out = q_attn.mutable_data_ptr();
+      a.q_out_batch_stride = q_attn.stride(0);
+      a.q_out_row_stride = q_attn.stride(1);
+      a.q_out_head_stride = q_attn.stride(2);
+      a.seqlen_q = q.size(1);
+      // flash-attn: causal / local attention rotates query i at cache_seqlens + i, otherwise every
+      // query token at cache_seqlens.
+      a.q_positions_per_token = is_causal || window_size_left >= 0 || window_size_right >= 0;
+    }
+    const at::Device device = q.device();
+    bool launched = false;
+#if defined(CPU_KERNEL)
+    if (device.is_cpu()) {
+      on_cpu(op, [&] { attention::cpu::kv_append(a); });
+      launched = true;
+    }
+#endif
+#if defined(CUDA_KERNEL)
+    if (device.is_cuda()) {
+      const c10::cuda::CUDAGuard device_guard(device);
+      const cudaError_t err = attention::cuda::kv_append(a, c10::cuda::getCurrentCUDAStream(device.index()));
+      TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+      launched = true;
+    }
+#endif
+    TORCH_CHECK(launched, op, ": no implementation for device ", device, " in this build");
+  }
+  c.q = q_attn;
+  run_attention(c);
+  return std::make_tuple(c.out, lse);
+}
+
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
+                       const at::Tensor& slot_mapping, const std::string& kv_cache_dtype, const OptTensor& k_scale,
+                       const OptTensor& v_scale) {
+  write_cache("reshape_and_cache", false, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+              v_scale);
+}
+
+void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                             at::Tensor& value_cache, const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                             const OptTensor& k_scale, const OptTensor& v_scale) {
+  write_cache("reshape_and_cache_flash", true, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+              k_scale, v_scale);
+}
