@@ -40,8 +40,8 @@
 //   p = exp2(s * scale log2 e - max * scale log2 e) (one FFMA + ex2.approx per score); with
 //   softcap or ALiBi a second build turns scores into log2 units first (tanh.approx, slope).
 //   Row maxima by a quad butterfly; rows with nothing visible yet keep max = -inf and exponentiate
-//   against 0 (never -inf - -inf). O and the sums are rescaled only when a row max of the warp
-//   moved (warp vote). lse = (max c + log2 l) ln 2.
+//   against 0 (never -inf - -inf). O is rescaled only when a row max of the warp moved (a warp
+//   vote; the running sums always are). lse = (max c + log2 l) ln 2.
 // - GQA packing: when the query tile would be mostly empty (decode, or seqlen_q < tile rows), the
 //   q heads of one kv head are packed into the rows (row m -> query m / group, head m % group):
 //   one CTA reads each K/V tile once for the whole group, which is what makes decode bound by
@@ -59,12 +59,19 @@
 //   lse from the quad's first lane.
 // - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
 //   wait for their predecessor before the first global access and release their dependents.
-// - Registers (nvcc 13.0, no spills on sm_80 / sm_90a / sm_120): REGS_PLACEHOLDER
+// - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
+//   in parentheses): prefill D32 191-203 (217-238), D64 237-241 (247-254), D96 252-255
+//   (254-255), D128 245-248 (252-255), D192 240-255 (200-232), D256 245-246 (244-245); decode
+//   D32 85-95, D64 113-122, D96 150-164, D128 168 (the 3-CTA cap), D192 195-240, D256 245-253.
+//   No local memory inside any main loop (cuobjdump, sm_80 / 90a / 100 / 120); a few values
+//   live in local memory around the loop (stored before it, reloaded after) in the sm_120
+//   softcap / ALiBi builds of D96 / D128 and the sm_100 builds of D96 / D192.
 // - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
 //
 // Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
 // to 12.0 (a Hopper-specific kernel can come later behind the same params). Two 16-row tiles per
-// warp in prefill halve the shared-memory traffic per MMA compared with one; the decode tiles
+// warp (prefill, head_dim <= 128) halve the K/V shared-memory traffic per MMA compared with one
+// (FlashAttention-2's 128-row tiles over 4 warps do the same); the decode tiles
 // trade the row split for a key split so that GQA decode issues 4x fewer MMAs per K/V byte.
 // Checked without a GPU: a host emulation (.exp/attn_emul, not part of the build) compiles this
 // file as C++ and runs every thread as a fiber, warps in lockstep at each mma / ldmatrix /
@@ -103,6 +110,7 @@ using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
 using detail::pack2;
+using detail::shfl_idx;
 using detail::shfl_xor;
 using detail::smem_u32;
 using detail::tile_offset;
@@ -738,9 +746,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
       apply_mask<Cfg>(sc, diag, a, s.len_k, key0, lane);
     }
 
-    // Online softmax: new row maxima (quad butterfly), P = exp2(S c - max c) in place, and the
-    // running sums and O rescaled by exp2((old max - new max) c), skipped (a warp vote) when no
-    // row max of the warp moved: after the first tiles of a row the usual case.
+    // Online softmax: new row maxima (quad butterfly), P = exp2(S c - max c) in place, the
+    // running sums rescaled by exp2((old max - new max) c), and O too unless no row max of the
+    // warp moved (a warp vote; after the first tiles of a row the usual case, and then every
+    // correction is exactly 1).
     float corr[kMT][2];
     bool moved = false;
 #pragma unroll
@@ -986,17 +995,6 @@ struct CombineArgs {
   int batch, heads_q, seqlen_q, head_dim, num_splits;
 };
 
-__device__ __forceinline__ float shfl_idx(float v, int src) {
-#if defined(__CUDA_ARCH__)
-  return __shfl_sync(0xffffffffu, v, src);
-#elif defined(ATTENTION_HOST_EMULATION)
-  return attention_emu::shfl_idx(v, src);
-#else
-  (void)src;
-  return v;
-#endif
-}
-
 template <typename T>
 __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
     attn_fwd_combine_kernel(const CombineArgs a) {
@@ -1209,19 +1207,26 @@ bool params_ok(const AttnFwdParams& p, bool* empty) {
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)}) {
     if (!aligned_to(ptr, 16)) return false;
   }
-  // (A stride along a dimension of extent 1 is never used; the extent of the K/V batch or block
-  // dimension is not known here, so those strides are always checked.)
+  // (A stride along a dimension of extent 1 is never used. Extents not known here count as 2,
+  // i.e. the stride is always checked: the rows of packed varlen q/k (total rows, not the
+  // per-sequence maximum) and the K/V batches addressed through kv_batch_idx.)
   const bool paged_kv = p.block_table != nullptr;
-  const int64_t q_batches = p.cu_seqlens_q != nullptr ? 1 : p.batch;
-  const int64_t kv_rows = paged_kv ? p.page_block_size : p.seqlen_k;
+  const bool varlen_q = p.cu_seqlens_q != nullptr;
+  const int64_t q_batches = varlen_q ? 1 : p.batch;
+  const int64_t q_rows = varlen_q ? 2 : p.seqlen_q;
+  const int64_t kv_rows = paged_kv ? p.page_block_size : p.cu_seqlens_k != nullptr ? 2 : p.seqlen_k;
+  const int64_t kv_batches = paged_kv ? (p.num_blocks > 0 ? p.num_blocks : 2)
+                             : p.cu_seqlens_k != nullptr ? 1
+                             : p.kv_batch_idx != nullptr ? 2
+                                                          : p.batch;
   const struct {
     int64_t stride, extent;
-  } strides[] = {{p.q_batch_stride, q_batches},   {p.q_row_stride, p.seqlen_q},
-                 {p.q_head_stride, p.heads_q},     {p.out_batch_stride, q_batches},
-                 {p.out_row_stride, p.seqlen_q},   {p.out_head_stride, p.heads_q},
-                 {p.k_batch_stride, 2},            {p.k_row_stride, kv_rows},
-                 {p.k_head_stride, p.heads_kv},    {p.v_batch_stride, 2},
-                 {p.v_row_stride, kv_rows},        {p.v_head_stride, p.heads_kv}};
+  } strides[] = {{p.q_batch_stride, q_batches},    {p.q_row_stride, q_rows},
+                 {p.q_head_stride, p.heads_q},      {p.out_batch_stride, q_batches},
+                 {p.out_row_stride, q_rows},        {p.out_head_stride, p.heads_q},
+                 {p.k_batch_stride, kv_batches},    {p.k_row_stride, kv_rows},
+                 {p.k_head_stride, p.heads_kv},     {p.v_batch_stride, kv_batches},
+                 {p.v_row_stride, kv_rows},         {p.v_head_stride, p.heads_kv}};
   for (const auto& st : strides) {
     if (st.extent > 1 && st.stride % 8 != 0) return false;
   }

@@ -1,8 +1,8 @@
 // attention_cuda_mma.cuh: the warp-level building blocks of attention_cuda.cu (CUDA runtime and
 // cuda_fp16/cuda_bf16 only, no Torch headers): mma.sync m16n8k16 with fp32 accumulation,
-// ldmatrix (plain and transposed), cp.async with zero fill, quad shuffles, ex2/tanh
-// approximations, fp32 -> fp16/bf16 pair packing, the swizzled shared-memory tile layout and a
-// division by an invariant 32-bit divisor.
+// ldmatrix (plain and transposed), cp.async with zero fill, shuffles and a warp vote, ex2 / lg2 /
+// tanh approximations, fp32 -> fp16/bf16 pair packing, the swizzled shared-memory tile layout and
+// a division by an invariant 32-bit divisor.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" with .f16/.bf16 inputs), with
 // lane = 4 g + t (g = lane / 4, t = lane % 4):
@@ -224,7 +224,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
-// Butterfly inside the quad of lanes that share a C-fragment row (masks 1 and 2).
+// Butterfly exchange (quad reductions of C-fragment rows: masks 1 and 2; warp sums: 1 .. 16).
 __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
 #if defined(__CUDA_ARCH__)
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
@@ -232,6 +232,18 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
   return attention_emu::shfl_xor(v, lane_mask);
 #else
   (void)lane_mask;
+  return v;
+#endif
+}
+
+// Lane `src`'s value (the split weights of the combine kernel).
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_sync(0xffffffffu, v, src);
+#elif defined(ATTENTION_HOST_EMULATION)
+  return attention_emu::shfl_idx(v, src);
+#else
+  (void)src;
   return v;
 #endif
 }
