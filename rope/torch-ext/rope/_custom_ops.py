@@ -336,6 +336,16 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
 def _rope_functional(
     q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
 ):
+    return _rope_allocating(
+        q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+    )
+
+
+def _rope_allocating(
+    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+):
+    """New outputs (q's and k's layouts) written by the out-param op: the body of rope_functional,
+    and the eager inference path of `rope`, which skips the custom op's dispatch layers."""
     q_out = _empty_like(q)
     k_out = None if k is None else _empty_like(k)
     ops.rope_out(
@@ -495,7 +505,12 @@ def rope(
     """
     args = (positions, seqlen_offsets, cu_seqlens, int(seqlen_offset), int(rot_dim), bool(interleaved), bool(full_table))
     if not inplace:
-        return _rope_functional(q, k, cos, sin, *args, False)
+        if _requires_grad(q, k, cos, sin) or torch.compiler.is_compiling():
+            return _rope_functional(q, k, cos, sin, *args, False)
+        # Eager inference (transformers' decode calls this once per layer): the out-param op
+        # directly. The custom op's autograd and redispatch layers cost more host time per call
+        # than the rest of the wrapper.
+        return _rope_allocating(q, k, cos, sin, *args, False)
     if not _requires_grad(q, k, cos, sin):
         ops.rope_inplace(q, k, cos, sin, *args, False)
         return q, k
