@@ -112,8 +112,6 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second, in GB/s).
 
     Half a second of copies first brings the GPU from its idle clock to its working clock."""
-    import time
-
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
     start = time.perf_counter()

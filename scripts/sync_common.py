@@ -51,8 +51,9 @@ def copies() -> list[tuple[Path, Path]]:
     return pairs
 
 
-def stale() -> list[Path]:
-    return [dst for src, dst in copies() if not dst.exists() or dst.read_bytes() != src.read_bytes()]
+def stale() -> list[tuple[Path, Path]]:
+    """The (source, copy) pairs whose copy is missing or differs from its source."""
+    return [(src, dst) for src, dst in copies() if not dst.exists() or dst.read_bytes() != src.read_bytes()]
 
 
 def main() -> int:
@@ -61,13 +62,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.check:
         bad = stale()
-        for path in bad:
-            print(f"out of date: {path.relative_to(REPO)} (run python scripts/sync_common.py)")
+        for _, dst in bad:
+            print(f"out of date: {dst.relative_to(REPO)} (run python scripts/sync_common.py)")
         return 1 if bad else 0
-    for src, dst in copies():
-        if not dst.exists() or dst.read_bytes() != src.read_bytes():
-            dst.write_bytes(src.read_bytes())
-            print(f"wrote {dst.relative_to(REPO)}")
+    for src, dst in stale():
+        dst.write_bytes(src.read_bytes())
+        print(f"wrote {dst.relative_to(REPO)}")
     return 0
 
 
