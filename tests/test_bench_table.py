@@ -1,5 +1,6 @@
 """README benchmark tables are generated from the result files, never typed."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_rmsnorm_sweep_measures_the_readme_rows_first(monkeypatch, request):
     assert len(set(full)) == len(full)
     forward = {(c.dtype, c.tokens, c.hidden) for c in full if c.op in (sweep.FWD, sweep.FUSED)}
     assert forward == {(d, t, h) for d in ("bfloat16", "float16") for t in sweep.TOKENS for h in sweep.HIDDEN}
-    shown = [bench_table.ROW_FILTERS["rmsnorm"](sweep.asdict(c)) for c in full]
+    shown = [bench_table.ROW_FILTERS["rmsnorm"](dataclasses.asdict(c)) for c in full]
     assert all(shown[: sum(shown)]) and sum(shown) == 3 * 2 * 4  # fwd, fused, bwd × 2 hidden × 4 token counts
     assert set(sweep.cases(quick=True)) <= set(full)
 
@@ -188,7 +189,7 @@ def test_rope_sweep_measures_the_readme_rows_first(monkeypatch, request):
     vllm = {(c.tokens, c.head_dim) for c in full if c.op == sweep.VLLM}
     assert vllm == {(t, d) for t in sweep.TOKENS for d in sweep.HEAD_DIMS}
     assert {c.tokens for c in full if c.op == sweep.HF} == set(sweep.TRANSFORMERS_TOKENS)
-    shown = [bench_table.ROW_FILTERS["rope"](sweep.asdict(c)) for c in full]
+    shown = [bench_table.ROW_FILTERS["rope"](dataclasses.asdict(c)) for c in full]
     assert all(shown[: sum(shown)]) and sum(shown) == 4 + len(sweep.TRANSFORMERS_TOKENS)
     assert set(sweep.cases(quick=True)) <= set(full)
     args = sweep.parse_args(["--quick", "--budget-s", "30"])

@@ -1,5 +1,8 @@
-"""The copies of common/ helpers in the kernel folders match their source (scripts/sync_common.py)."""
+"""The copies of common/ helpers in the kernel folders match their source (scripts/sync_common.py)
+and build.toml lists every copied source or header, so Nix (which sees only listed files) builds
+with it."""
 
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -10,27 +13,57 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 import sync_common  # noqa: E402
 
+COPIES = sync_common.copies()
+# Sources and headers are built from build.toml's lists; Python helpers of tests/ need no listing.
+BUILT_COPIES = [(src, dst) for src, dst in COPIES if dst.suffix != ".py"]
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
 
 def test_every_common_file_has_users():
     names = {p.name for p in (REPO / "common").iterdir() if p.is_file()}
     assert names == set(sync_common.USERS), "list every common/ file in sync_common.USERS"
 
 
-@pytest.mark.parametrize("src,dst", sync_common.copies(), ids=lambda p: str(p.relative_to(REPO)))
+def test_destinations_are_known_folders():
+    for name, users in sync_common.USERS.items():
+        folder = users.dest.split("/")[0]
+        assert folder in ("kernel_src", "torch-ext", "tests"), f"{name}: copies go to kernel_src/, torch-ext/ or tests/"
+        assert Path(users.dest).suffix == Path(name).suffix, f"{name}: a copy keeps the file type"
+
+
+@pytest.mark.parametrize("src,dst", COPIES, ids=lambda p: _id(p))
 def test_copy_is_identical(src, dst):
-    assert dst.exists(), f"{dst.relative_to(REPO)} is missing: run python scripts/sync_common.py"
+    assert dst.exists(), f"{_id(dst)} is missing: run python scripts/sync_common.py"
     assert dst.read_bytes() == src.read_bytes(), (
-        f"{dst.relative_to(REPO)} differs from {src.relative_to(REPO)}: edit common/, then run "
-        "python scripts/sync_common.py"
+        f"{_id(dst)} differs from {_id(src)}: edit common/, then run python scripts/sync_common.py"
     )
 
 
-@pytest.mark.parametrize("src,dst", sync_common.copies(), ids=lambda p: str(p.relative_to(REPO)))
+def _includes(kernel_dir: Path, sources: list[str], header: str) -> bool:
+    pattern = re.compile(r'^\s*#\s*include\s+"' + re.escape(header) + '"', re.MULTILINE)
+    return any(pattern.search((kernel_dir / s).read_text()) for s in sources if (kernel_dir / s).is_file())
+
+
+@pytest.mark.parametrize("src,dst", BUILT_COPIES, ids=lambda p: _id(p))
 def test_copy_is_listed_in_build_toml(src, dst):
-    """A copy that build.toml does not list would be missing from Nix builds."""
-    build_toml = dst.parent.parent / "build.toml"
+    """A copy that build.toml does not list would be missing from Nix builds: a torch-ext/ copy
+    belongs to [torch] src; a kernel_src/ copy to the src of every [kernel.*] component whose
+    listed sources include it (and of one at least)."""
+    kernel_dir = REPO / dst.relative_to(REPO).parts[0]
+    build_toml = kernel_dir / "build.toml"
     if not build_toml.exists():
-        pytest.skip(f"{build_toml.parent.name} has no build.toml yet")
+        pytest.skip(f"{kernel_dir.name} has no build.toml yet")
     config = tomllib.loads(build_toml.read_text())
-    listed = {s for k in config.get("kernel", {}).values() for s in k.get("src", [])}
-    assert f"kernel_src/{dst.name}" in listed, f"{build_toml.relative_to(REPO)} must list kernel_src/{dst.name}"
+    rel = str(dst.relative_to(kernel_dir))
+    if rel.startswith("torch-ext/"):
+        assert rel in config.get("torch", {}).get("src", []), f"{_id(build_toml)}: [torch] src must list {rel}"
+        return
+    components = config.get("kernel", {})
+    listing = [name for name, comp in components.items() if rel in comp.get("src", [])]
+    assert listing, f"{_id(build_toml)}: the src of a [kernel.*] component must list {rel}"
+    for name, comp in components.items():
+        if _includes(kernel_dir, comp.get("src", []), dst.name):
+            assert name in listing, f"{_id(build_toml)}: [kernel.{name}] includes {dst.name}, so its src must list {rel}"

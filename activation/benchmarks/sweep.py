@@ -155,12 +155,7 @@ def main():
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/<device>.json)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("the sweep times CUDA kernels; no GPU is available")
-
-    import kernels
-
-    kernel = kernels.get_local_kernel(KERNEL_DIR / "build", backend="cuda")
+    kernel = benchlib.load_built_kernel(KERNEL_DIR)
     torch._dynamo.config.cache_size_limit = 256
     dtype = getattr(torch, args.dtype)
     env = benchlib.environment(kernel)
@@ -189,12 +184,7 @@ def main():
                if "wall_us" in r else ""),
             flush=True,
         )
-    # The ceiling is the better of two copy measurements, before and after the sweep, so that
-    # no fraction is inflated by a copy measured while the clocks were still low.
-    copy_gbs = max(copy_gbs, benchlib.copy_bandwidth_gbs())
-    for r in results:
-        r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
-    print(f"copy ceiling (best of before/after): {copy_gbs:.0f} GB/s")
+    copy_gbs = benchlib.final_copy_ceiling(results, copy_gbs)
     payload = {
         "kernel": "activation",
         "environment": env,
@@ -207,7 +197,7 @@ def main():
         "copy_gbs": copy_gbs,
         "results": results,
     }
-    path = args.out or KERNEL_DIR / "benchmarks" / "results" / f"{benchlib.device_slug(env['device'])}.json"
+    path = benchlib.result_path(args.out, KERNEL_DIR, env)
     benchlib.save(path, payload)
     print(f"wrote {path}")
 

@@ -3,39 +3,18 @@
 Tests never import the source package: `kernel` is `kernels.get_kernel("open-kernels/activation",
 version=1)`, which `LOCAL_KERNELS` redirects to this folder's `build/` (run
 `python scripts/build.py activation` first). Set LOCAL_KERNELS yourself to test another build.
+The fixtures come from activation_fixture.py, a copy of common/kernel_fixture.py (scripts/sync_common.py).
 """
 
-import os
 from pathlib import Path
 
-import pytest
-import torch
+from activation_fixture import KERNELS_CI_MARKER, kernel_fixtures
 
 REPO_ID = "open-kernels/activation"
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build"
 
-
-
-def _add_local_kernel() -> None:
-    # Appended to (not replacing) an existing LOCAL_KERNELS, so that a session that also runs
-    # other kernels' suites keeps their redirections; an explicit entry for our id wins.
-    entries = [e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e]
-    if not any(e.split("=", 1)[0] == REPO_ID for e in entries):
-        os.environ["LOCAL_KERNELS"] = ":".join(entries + [f"{REPO_ID}={BUILD_DIR}"])
+kernel, device = kernel_fixtures(REPO_ID, version=1, build_dir=BUILD_DIR)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "kernels_ci: fast subset (< 60 s) run by kernels CI")
-
-
-@pytest.fixture(scope="session")
-def kernel():
-    import kernels
-
-    _add_local_kernel()
-    return kernels.get_kernel(REPO_ID, version=1)
-
-
-@pytest.fixture(scope="session")
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    config.addinivalue_line("markers", KERNELS_CI_MARKER)

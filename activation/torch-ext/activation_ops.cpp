@@ -12,19 +12,17 @@
 // view is read through a contiguous copy. Written tensors must not share memory with read ones
 // (no in-place calls); for two strided views of one buffer this check is conservative and
 // rejects views whose address ranges interleave even when no element is shared.
-#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <optional>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "activation_params.h"
 #include "torch_binding.h"
+#include "torch_checks.h"
 
 #if defined(CPU_KERNEL)
 #include "activation_cpu.h"
@@ -47,136 +45,39 @@ using activation::UnaryAct;
 using activation::UnaryActBwdParams;
 using activation::UnaryActFwdParams;
 
-// ---- validation ----
+// ---- validation (the shared checks and row views: torch_checks.h) ----
 
-// The dtype as Python names it without the "torch." prefix ("float32", "bfloat16", "int64").
-// c10::getDtypeNames returns std::string by value in Torch 2.11 and static views in 2.13: copy,
-// as a view into the 2.11 temporary dangles (it garbled these messages on CUDA).
-std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+using torch_checks::check_shape;
+using torch_checks::dtype_name;
+using torch_checks::last_dim;
+using torch_checks::read_row_stride;
+using torch_checks::readable;
+using torch_checks::written_row_stride;
 
 DType check_dtype(const char* op, const char* name, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kDouble:
-      return DType::kFloat64;
-    default:
-      TORCH_CHECK(false, op, ": ", name, " must be float32, float16, bfloat16 or float64, got ",
-                  dtype_name(t.scalar_type()));
+  if (t.scalar_type() == at::kDouble) {
+    return DType::kFloat64;
   }
+  const std::optional<DType> dtype = torch_checks::to_dtype<DType>(t.scalar_type());
+  TORCH_CHECK(dtype.has_value(), op, ": ", name,
+              " must be float32, float16, bfloat16 or float64, got ", dtype_name(t.scalar_type()));
+  return *dtype;
 }
 
 // `t` must have the dtype and device of `ref`.
 void check_like(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
                 const at::Tensor& ref) {
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have the dtype of ",
-              ref_name, " (expected ", dtype_name(ref.scalar_type()), ", got ",
-              dtype_name(t.scalar_type()), ")");
-  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the device of ", ref_name,
-              " (expected ", ref.device(), ", got ", t.device(), ")");
+  torch_checks::check_dtype_of(op, name, t, ref_name, ref);
+  torch_checks::check_device_of(op, name, t, ref_name, ref);
 }
 
-void check_shape(const char* op, const char* name, const at::Tensor& t,
-                 at::IntArrayRef expected, const char* what) {
-  TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", expected, " (", what,
-              "), got ", t.sizes());
-}
-
-// Width of the last dimension; a 0-d tensor is one row of one element.
-int64_t last_dim(const at::Tensor& t) { return t.dim() == 0 ? 1 : t.size(-1); }
-
-// Element stride between consecutive rows when the leading dimensions of `t` collapse into one,
-// else nullopt. Size-1 dimensions do not constrain the layout.
-std::optional<int64_t> collapsed_row_stride(const at::Tensor& t) {
-  std::optional<int64_t> stride;  // stride of the innermost non-trivial leading dimension
-  int64_t next = 0;               // stride the next outer non-trivial dimension must have
-  for (int64_t i = t.dim() - 2; i >= 0; --i) {
-    if (t.size(i) == 1) {
-      continue;
-    }
-    if (stride && t.stride(i) != next) {
-      return std::nullopt;
-    }
-    if (!stride) {
-      stride = t.stride(i);
-    }
-    next = t.stride(i) * t.size(i);
-  }
-  return stride ? *stride : last_dim(t);  // at most one row: any stride works
-}
-
-bool unit_last_stride(const at::Tensor& t) {
-  return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1;
-}
-
-// Checks that the written tensor `t` fits the 2-D view and returns its row stride.
-int64_t written_row_stride(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(unit_last_stride(t), op, ": ", name,
-              " must have stride 1 along its last dimension, got strides ", t.strides());
-  const std::optional<int64_t> stride = collapsed_row_stride(t);
-  TORCH_CHECK(stride.has_value(), op, ": ", name,
-              " must have leading dimensions that collapse into one row stride (e.g. a "
-              "contiguous tensor or a row slice of one), got shape ",
-              t.sizes(), " and strides ", t.strides());
-  const int64_t width = last_dim(t);
-  const int64_t rows = width == 0 ? 0 : t.numel() / width;
-  TORCH_CHECK(rows <= 1 || *stride >= width, op, ": ", name,
-              " rows must not overlap (expected a row stride >= ", width, ", got ", *stride, ")");
-  return *stride;
-}
-
-// The read tensor `t` itself when it fits the 2-D view, else a contiguous copy.
-at::Tensor readable(const at::Tensor& t) {
-  if (unit_last_stride(t) && collapsed_row_stride(t).has_value()) {
-    return t;
-  }
-  return t.contiguous();
-}
-
-int64_t read_row_stride(const at::Tensor& t) { return collapsed_row_stride(t).value(); }
-
-// [first, last] byte addresses spanned by a non-empty tensor (strides are never negative).
-std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
-  int64_t last = 0;
-  for (int64_t i = 0; i < t.dim(); ++i) {
-    last += (t.size(i) - 1) * t.stride(i);
-  }
-  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size()) - 1};
-}
-
-// The kernels do not run in place: a written tensor must not share memory with a read one. ATen
-// answers exactly for dense tensors; for strided views of one buffer it cannot ("too hard"), and
-// then any overlap of the address spans is rejected (conservative).
+// The kernels do not run in place: a written tensor must not share memory with a read one
+// (torch_checks::may_overlap: exact for dense tensors, conservative for strided views of one
+// buffer).
 void check_no_overlap(const char* op, const char* name, const at::Tensor& written,
                       const char* read_name, const at::Tensor& read) {
-  if (written.numel() == 0 || read.numel() == 0) {
-    return;
-  }
-  bool overlap = false;
-  switch (at::get_overlap_status(written, read)) {
-    case at::MemOverlapStatus::Full:
-    case at::MemOverlapStatus::Partial:
-      overlap = true;
-      break;
-    case at::MemOverlapStatus::No:
-      overlap = false;
-      break;
-    case at::MemOverlapStatus::TooHard: {
-      const auto w = byte_span(written);
-      const auto r = byte_span(read);
-      overlap = written.is_alias_of(read) && w.first <= r.second && r.first <= w.second;
-      break;
-    }
-    default:
-      TORCH_CHECK(false, op, ": unexpected memory overlap status");
-  }
-  TORCH_CHECK(!overlap, op, ": ", name, " must not share memory with ", read_name,
-              " (in-place calls are not supported)");
+  TORCH_CHECK(!torch_checks::may_overlap(op, written, read), op, ": ", name,
+              " must not share memory with ", read_name, " (in-place calls are not supported)");
 }
 
 std::vector<int64_t> halved_last_dim(const at::Tensor& t) {

@@ -37,12 +37,10 @@ import time
 
 _START = time.perf_counter()  # the time budget counts imports and compilation too
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
+import functools  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import types  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -144,15 +142,6 @@ def add_f_rms_norm(x, residual, weight):
     return f_rms_norm(r, weight), r
 
 
-def compiled(fn, tag: str):
-    """torch.compile(fn, dynamic=False) on a copy of fn with its own code object: Dynamo caches
-    per code object, so each shape gets a one-entry cache (no recompile limit, no walk over the
-    guards of other shapes in the per-call times)."""
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
-    fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    return torch.compile(fresh, dynamic=False)
-
-
 # ---- timing ----
 
 
@@ -188,17 +177,10 @@ def graph_time_us_on(stream: torch.cuda.Stream, fn, *, rep_ms: int = REP_MS) -> 
     return 1000.0 * statistics.median(times)
 
 
-def check(what: str, got: torch.Tensor, want: torch.Tensor, *, ulps: float = 2.0, rms_ulps: float = 2.0):
-    """|got - want| <= ulps * eps * |want| + rms_ulps * eps * rms(want), eps of got's dtype; NaN fails.
-
-    `want` is the fp32 reference (rounded once where the op rounds once). The kernel and the
-    reference sum squares in different orders, which can move a rounding by one ulp."""
-    eps = torch.finfo(got.dtype).eps
-    want = want.float()
-    err = (got.float() - want).abs()
-    bound = ulps * eps * want.abs() + rms_ulps * eps * want.pow(2).mean().sqrt()
-    if not bool((err <= bound).all()):
-        raise SystemExit(f"verification failed for {what}: max err {err.max().item()}")
+# Verification bound (benchlib.check_close): `want` is the fp32 reference (rounded once where the
+# op rounds once). The kernel and the reference sum squares in different orders, which can move a
+# rounding by one ulp.
+check = functools.partial(benchlib.check_close, ulps=2.0, rms_ulps=2.0)
 
 
 # ---- cases ----
@@ -262,7 +244,7 @@ def run_forward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, dic
         out = torch.full_like(x, float("nan"))  # poisoned: an unwritten element fails the check
         kernel.rms_norm(out, x, w, EPS)
         check(case.label, out, reference_rms_norm(x, w, EPS))
-        compiled_fn = compiled(llama_rms_norm, tag)
+        compiled_fn = benchlib.compiled(llama_rms_norm, tag)
         timed = {
             "ours": lambda: kernel.rms_norm(out, x, w, EPS),
             "eager": lambda: llama_rms_norm(x, w),
@@ -276,7 +258,7 @@ def run_forward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, dic
         kernel.fused_add_rms_norm(x_in, residual_in, w, EPS)
         check(case.label, x_in, want_out)
         check(case.label + " residual", residual_in, want_residual, ulps=1.0, rms_ulps=0.0)
-        compiled_fn = compiled(add_llama_rms_norm, tag)
+        compiled_fn = benchlib.compiled(add_llama_rms_norm, tag)
         # Ours re-applies to the same buffers: residual grows by about |w| per call until adding
         # x (|x| < 10) no longer changes it in the input dtype: it settles at 4096 in bf16 and
         # 32768 in fp16 (of 65504), so it stays finite; checked after the timing.
@@ -313,7 +295,7 @@ def run_backward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, di
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    compiled_fn = compiled(llama_rms_norm, tag)
+    compiled_fn = benchlib.compiled(llama_rms_norm, tag)
     with torch.cuda.stream(stream):  # record the forwards on the stream the backward is timed on
         xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
         outputs = {"eager": llama_rms_norm(xr, wr), "F.rms_norm": f_rms_norm(xr, wr), "compile": compiled_fn(xr, wr)}
@@ -327,111 +309,33 @@ def run_backward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, di
 def run_case(kernel, case: Case, l2_bytes: int | None) -> dict:
     dtype = getattr(torch, case.dtype)
     us, wall, extra = (run_backward if case.op == BWD else run_forward)(kernel, case, dtype)
-    nbytes = _bytes(case, torch.finfo(dtype).bits // 8)
-    result = {
-        **asdict(case),
-        "bytes": nbytes,
-        "l2_resident": None if l2_bytes is None else nbytes <= l2_bytes,
-        "us": us,
-        "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
-    }
-    for name in BASELINES:
-        result[f"speedup_vs_{name}"] = us[name] / us["ours"]
-    if wall:
-        result["wall_us"] = wall
-        for name in wall:
-            if name != "ours":
-                result[f"wall_speedup_vs_{name}"] = wall[name] / wall["ours"]
+    result = benchlib.timing_row(case, _bytes(case, torch.finfo(dtype).bits // 8), l2_bytes, us, wall, BASELINES)
     result.update(extra)
     return result
 
 
 def _summary(r: dict) -> str:
-    line = (
-        f"{r['op']:24s} {r['dtype']:8s} T={r['tokens']:6d} H={r['hidden']:5d}  ours {r['us']['ours']:9.2f} us "
-        f"{r['gbs']['ours']:6.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)"
-        + "".join(f"  {k} x{r[f'speedup_vs_{k}']:.2f}" for k in BASELINES)
-    )
-    if "wall_us" in r:
-        line += "  per call: " + " / ".join(f"{k} {v:.1f}" for k, v in r["wall_us"].items()) + " us"
+    head = f"{r['op']:24s} {r['dtype']:8s} T={r['tokens']:6d} H={r['hidden']:5d}"
+    line = benchlib.summary_line(head, r, BASELINES)
     if r.get("finite_after_timing") is False:
         line += "  WARNING: in-place buffers not finite after timing"
     return line
 
 
+def parse_args(argv=None):
+    parser = benchlib.sweep_arguments(__doc__.split("\n\n")[0], "bf16, hidden 4096/8192, 4 token counts", BUDGET_S)
+    return parser.parse_args(argv)
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="bf16, hidden 4096/8192, 4 token counts")
-    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/<device>.json)")
-    parser.add_argument(
-        "--budget-s", type=float,
-        help="start no new case once this many seconds since process start would be exceeded "
-        f"(default {BUDGET_S['full']:.0f}, --quick {BUDGET_S['quick']:.0f}; 0: no limit)",
-    )
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("the sweep times CUDA kernels; no GPU is available")
-    budget = args.budget_s if args.budget_s is not None else BUDGET_S["quick" if args.quick else "full"]
-
-    import kernels
-
-    kernel = kernels.get_local_kernel(KERNEL_DIR / "build", backend="cuda")
-    env = benchlib.environment(kernel)
-    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None)
-    copy_gbs = benchlib.copy_bandwidth_gbs()
-    print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s, L2 {l2_bytes} B", flush=True)
-
-    todo = cases(args.quick)
-    results, skipped, spent = [], [], {}
-    # Each CUDA-graph capture starts with gc.collect(), which would walk every object of torch,
-    # Dynamo and Inductor again: freeze what is alive between cases (after collecting, so that
-    # no garbage of a case is frozen) and each collection sees only the objects of one case.
-    gc.collect()
-    gc.freeze()
-    for case in todo:
-        elapsed = time.perf_counter() - _START
-        # The next case of an op costs about what the last ones did (the first case of the run
-        # also pays the one-time torch.compile start-up: a median leaves it out).
-        past = spent.get(case.op, [])[-5:]
-        estimate = 1.5 * statistics.median(past) if past else 0.0
-        if budget > 0 and elapsed + estimate > budget:
-            skipped.append(case)
-            continue
-        began = time.perf_counter()
-        r = run_case(kernel, case, l2_bytes)
-        gc.collect()
-        gc.freeze()
-        spent.setdefault(case.op, []).append(time.perf_counter() - began)
-        r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
-        results.append(r)
-        print(f"[{elapsed:5.0f} s] " + _summary(r), flush=True)
-    if skipped:
-        print(f"time budget of {budget:.0f} s reached: {len(skipped)} of {len(todo)} cases skipped "
-              f"(listed in the result file; --budget-s 0 runs them all)", flush=True)
-    # The ceiling is the better of two copy measurements, before and after the sweep, so that
-    # no fraction is inflated by a copy measured while the clocks were still low.
-    copy_gbs = max(copy_gbs, benchlib.copy_bandwidth_gbs())
-    for r in results:
-        r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
-    print(f"copy ceiling (best of before/after): {copy_gbs:.0f} GB/s")
+    args = parse_args()
     order = {op: i for i, op in enumerate((FWD, FUSED, BWD))}
-    results.sort(key=lambda r: (order[r["op"]], r["dtype"], r["hidden"], r["tokens"]))
-    payload = {
-        "kernel": "rmsnorm",
-        "environment": env,
-        "method": METHOD,
-        "baselines": BASELINES_NOTE,
-        "contenders": CONTENDERS,
-        "copy_gbs": copy_gbs,
-        "l2_bytes": l2_bytes,
-        "budget_s": budget,
-        "skipped": [asdict(c) for c in skipped],
-        "wall_s": time.perf_counter() - _START,
-        "results": results,
-    }
-    path = args.out or KERNEL_DIR / "benchmarks" / "results" / f"{benchlib.device_slug(env['device'])}.json"
-    benchlib.save(path, payload)
-    print(f"wrote {path} ({len(results)} cases, {payload['wall_s']:.0f} s)")
+    benchlib.run_budgeted_sweep(
+        kernel_name="rmsnorm", kernel_dir=KERNEL_DIR, start=_START, args=args, budget_s=BUDGET_S,
+        cases=cases(args.quick), run_case=run_case, summary=_summary,
+        sort_key=lambda r: (order[r["op"]], r["dtype"], r["hidden"], r["tokens"]),
+        notes={"method": METHOD, "baselines": BASELINES_NOTE, "contenders": CONTENDERS},
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@
 // and strides). Any other sharing of memory between a written tensor and another written or read
 // tensor is an error; for two strided views of one buffer this check is conservative and rejects
 // views whose address ranges interleave even when no element is shared.
-#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -48,6 +47,7 @@
 
 #include "rmsnorm_params.h"
 #include "torch_binding.h"
+#include "torch_checks.h"
 
 #if defined(CPU_KERNEL)
 #include "rmsnorm_cpu.h"
@@ -68,27 +68,19 @@ using rmsnorm::RmsNormFwdParams;
 
 using OptTensor = std::optional<at::Tensor>;
 
-// ---- validation ----
+// ---- validation (the shared checks and row views: torch_checks.h) ----
 
-// The dtype as Python names it without the "torch." prefix ("float32", "bfloat16", "int64").
-// c10::getDtypeNames returns std::string by value in Torch 2.11 and static views in 2.13: copy,
-// as a view into the 2.11 temporary dangles (it garbled activation's messages on CUDA).
-std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+using torch_checks::check_dtype_of;
+using torch_checks::check_shape;
+using torch_checks::dtype_name;
+using torch_checks::may_overlap;
+using torch_checks::present;
+using torch_checks::read_row_stride;
+using torch_checks::readable;
+using torch_checks::same_view;
+using torch_checks::written_row_stride;
 
-bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
-
-std::optional<DType> to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
+std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
 
 // input's dtype: float32, float16 or bfloat16.
 DType check_input_dtype(const char* op, const at::Tensor& input) {
@@ -98,19 +90,10 @@ DType check_input_dtype(const char* op, const at::Tensor& input) {
   return *dtype;
 }
 
+// `t` must be on the device of input.
 void check_device(const char* op, const char* name, const at::Tensor& t,
                   const at::Tensor& input) {
-  TORCH_CHECK(t.device() == input.device(), op, ": ", name,
-              " must be on the device of input (expected ", input.device(), ", got ", t.device(),
-              ")");
-}
-
-// `t` must have the dtype of `ref`.
-void check_dtype_of(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
-                    const at::Tensor& ref) {
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have the dtype of ",
-              ref_name, " (expected ", dtype_name(ref.scalar_type()), ", got ",
-              dtype_name(t.scalar_type()), ")");
+  torch_checks::check_device_of(op, name, t, "input", input);
 }
 
 // `t` must have the dtype of input or float32; returns it.
@@ -120,12 +103,6 @@ DType check_input_dtype_or_float32(const char* op, const char* name, const at::T
               name, " must have the dtype of input (", dtype_name(input.scalar_type()),
               ") or float32, got ", dtype_name(t.scalar_type()));
   return *to_dtype(t.scalar_type());
-}
-
-void check_shape(const char* op, const char* name, const at::Tensor& t,
-                 at::IntArrayRef expected, const char* what) {
-  TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", expected, " (", what,
-              "), got ", t.sizes());
 }
 
 // `t` must have the device, dtype and shape of input.
@@ -201,56 +178,6 @@ std::vector<int64_t> leading_shape(const at::Tensor& input) {
   return std::vector<int64_t>(input.sizes().begin(), input.sizes().end() - 1);
 }
 
-// ---- layouts ----
-
-// Element stride between consecutive rows when the leading dimensions of `t` collapse into one,
-// else nullopt. Size-1 dimensions do not constrain the layout.
-std::optional<int64_t> collapsed_row_stride(const at::Tensor& t) {
-  std::optional<int64_t> stride;  // stride of the innermost non-trivial leading dimension
-  int64_t next = 0;               // stride the next outer non-trivial dimension must have
-  for (int64_t i = t.dim() - 2; i >= 0; --i) {
-    if (t.size(i) == 1) {
-      continue;
-    }
-    if (stride && t.stride(i) != next) {
-      return std::nullopt;
-    }
-    if (!stride) {
-      stride = t.stride(i);
-    }
-    next = t.stride(i) * t.size(i);
-  }
-  return stride ? *stride : t.size(-1);  // at most one row: any stride works
-}
-
-bool unit_last_stride(const at::Tensor& t) { return t.size(-1) <= 1 || t.stride(-1) == 1; }
-
-// Checks that the written tensor `t` (at least 1-D) fits the row view; returns its row stride.
-int64_t written_row_stride(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(unit_last_stride(t), op, ": ", name,
-              " must have stride 1 along its last dimension, got strides ", t.strides());
-  const std::optional<int64_t> stride = collapsed_row_stride(t);
-  TORCH_CHECK(stride.has_value(), op, ": ", name,
-              " must have leading dimensions that collapse into one row stride (e.g. a "
-              "contiguous tensor or a row slice of one), got shape ",
-              t.sizes(), " and strides ", t.strides());
-  const int64_t width = t.size(-1);
-  const int64_t rows = width == 0 ? 0 : t.numel() / width;
-  TORCH_CHECK(rows <= 1 || *stride >= width, op, ": ", name,
-              " rows must not overlap (expected a row stride >= ", width, ", got ", *stride, ")");
-  return *stride;
-}
-
-// The read tensor `t` (at least 1-D) itself when it fits the row view, else a contiguous copy.
-at::Tensor readable(const at::Tensor& t) {
-  if (unit_last_stride(t) && collapsed_row_stride(t).has_value()) {
-    return t;
-  }
-  return t.contiguous();
-}
-
-int64_t read_row_stride(const at::Tensor& t) { return collapsed_row_stride(t).value(); }
-
 // ---- overlap ----
 
 // One tensor argument of a call, by name; tensor is null for an absent optional.
@@ -261,45 +188,6 @@ struct Arg {
 
 Arg arg(const char* name, const at::Tensor& t) { return {name, &t}; }
 Arg arg(const char* name, const OptTensor& t) { return {name, present(t) ? &*t : nullptr}; }
-
-// The same elements in the same layout and dtype: the in-place forms the params contract allows.
-bool same_view(const at::Tensor& a, const at::Tensor& b) {
-  return a.const_data_ptr() == b.const_data_ptr() && a.scalar_type() == b.scalar_type() &&
-         a.sizes() == b.sizes() && a.strides() == b.strides();
-}
-
-// [first, last] byte addresses spanned by a non-empty tensor (strides are never negative).
-std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
-  int64_t last = 0;
-  for (int64_t i = 0; i < t.dim(); ++i) {
-    last += (t.size(i) - 1) * t.stride(i);
-  }
-  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size()) - 1};
-}
-
-// Whether `a` and `b` may share memory. ATen answers exactly for dense tensors; for strided views
-// of one buffer it cannot ("too hard"), and then any overlap of the address spans counts.
-bool may_overlap(const char* op, const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) {
-    return false;
-  }
-  switch (at::get_overlap_status(a, b)) {
-    case at::MemOverlapStatus::Full:
-    case at::MemOverlapStatus::Partial:
-      return true;
-    case at::MemOverlapStatus::No:
-      return false;
-    case at::MemOverlapStatus::TooHard: {
-      const auto sa = byte_span(a);
-      const auto sb = byte_span(b);
-      return a.is_alias_of(b) && sa.first <= sb.second && sb.first <= sa.second;
-    }
-    default:
-      TORCH_CHECK(false, op, ": unexpected memory overlap status");
-  }
-  return true;
-}
 
 // No written tensor shares memory with another written one or with a read one, except the
 // (written, read) pairs of `in_place` when the two are the same view.

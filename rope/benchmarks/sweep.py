@@ -34,12 +34,9 @@ import time
 
 _START = time.perf_counter()  # the time budget counts imports and compilation too
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import statistics  # noqa: E402
+import functools  # noqa: E402
 import sys  # noqa: E402
-import types  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -152,26 +149,10 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return q_embed, k_embed
 
 
-def compiled(fn, tag: str):
-    """torch.compile(fn, dynamic=False) on a copy of fn with its own code object: Dynamo caches
-    per code object, so each shape gets a one-entry cache (no recompile limit, no walk over the
-    guards of other shapes in the per-call times)."""
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
-    fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    return torch.compile(fresh, dynamic=False)
-
-
-def check(what: str, got: torch.Tensor, want: torch.Tensor, *, ulps: float = 1.0, rms_ulps: float = 1.0):
-    """|got - want| <= ulps * eps * |want| + rms_ulps * eps * rms(want), eps of got's dtype; NaN
-    fails. `want` is the fp32 reference rounded once, as the kernel's result is: the two fp32
-    values may differ in their last bits (evaluation order, FMA), which can move a rounding by one
-    ulp."""
-    eps = torch.finfo(got.dtype).eps
-    want = want.float()
-    err = (got.float() - want).abs()
-    bound = ulps * eps * want.abs() + rms_ulps * eps * want.pow(2).mean().sqrt()
-    if not bool((err <= bound).all()):
-        raise SystemExit(f"verification failed for {what}: max err {err.max().item()}")
+# Verification bound (benchlib.check_close): `want` is the fp32 reference rounded once, as the
+# kernel's result is; the two fp32 values may differ in their last bits (evaluation order, FMA),
+# which can move a rounding by one ulp.
+check = functools.partial(benchlib.check_close, ulps=1.0, rms_ulps=1.0)
 
 
 # ---- cases ----
@@ -243,8 +224,8 @@ def run_vllm(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict]:
             raise SystemExit(f"baseline {name} disagrees with the reference for {case.label}: relative error {err}")
     del q0, k0, v0, want_q, got_q, qkv_copy
 
-    compiled_oop = compiled(rope_rotate_half, tag)
-    compiled_inplace = compiled(rope_in_place, tag)
+    compiled_oop = benchlib.compiled(rope_rotate_half, tag)
+    compiled_inplace = benchlib.compiled(rope_in_place, tag)
     # Every contender re-applies to the same buffer (a rotation keeps the values bounded).
     timed = {
         "ours": lambda: kernel.rotary_embedding(positions, q, k, d, cache, True),
@@ -278,7 +259,7 @@ def run_transformers(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict
     check(case.label + " key", k_out, reference_transformers(k, cos, sin))
     del q_out, k_out
 
-    compiled_fn = compiled(apply_rotary_pos_emb, tag)
+    compiled_fn = benchlib.compiled(apply_rotary_pos_emb, tag)
     timed = {
         "ours": lambda: kernel.apply_rotary_transformers(q, k, cos, sin),
         "eager": lambda: apply_rotary_pos_emb(q, k, cos, sin),
@@ -294,112 +275,29 @@ def run_transformers(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict
 def run_case(kernel, case: Case, l2_bytes: int | None) -> dict:
     dtype = getattr(torch, case.dtype)
     us, wall = (run_vllm if case.op == VLLM else run_transformers)(kernel, case, dtype)
-    nbytes = _bytes(case, torch.finfo(dtype).bits // 8)
-    result = {
-        **asdict(case),
-        "bytes": nbytes,
-        "l2_resident": None if l2_bytes is None else nbytes <= l2_bytes,
-        "us": us,
-        "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
-    }
-    for name in BASELINES[case.op]:
-        result[f"speedup_vs_{name}"] = us[name] / us["ours"]
-    if wall:
-        result["wall_us"] = wall
-        for name in wall:
-            if name != "ours":
-                result[f"wall_speedup_vs_{name}"] = wall[name] / wall["ours"]
-    return result
+    return benchlib.timing_row(case, _bytes(case, torch.finfo(dtype).bits // 8), l2_bytes, us, wall, BASELINES[case.op])
 
 
 def _summary(r: dict) -> str:
-    line = (
-        f"{r['op']:26s} T={r['tokens']:6d} D={r['head_dim']:4d}  ours {r['us']['ours']:9.2f} us "
-        f"{r['gbs']['ours']:6.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)"
-        + "".join(f"  {k} x{r[f'speedup_vs_{k}']:.2f}" for k in BASELINES[r["op"]])
-    )
-    if "wall_us" in r:
-        line += "  per call: " + " / ".join(f"{k} {v:.1f}" for k, v in r["wall_us"].items()) + " us"
-    return line
+    return benchlib.summary_line(f"{r['op']:26s} T={r['tokens']:6d} D={r['head_dim']:4d}", r, BASELINES[r["op"]])
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="head_dim 128, 4 token counts, one transformers size")
-    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/<device>.json)")
-    parser.add_argument(
-        "--budget-s", type=float,
-        help="start no new case once this many seconds since process start would be exceeded "
-        f"(default {BUDGET_S['full']:.0f}, --quick {BUDGET_S['quick']:.0f}; 0: no limit)",
+    parser = benchlib.sweep_arguments(
+        __doc__.split("\n\n")[0], "head_dim 128, 4 token counts, one transformers size", BUDGET_S
     )
     return parser.parse_args(argv)
 
 
 def main():
     args = parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("the sweep times CUDA kernels; no GPU is available")
-    budget = args.budget_s if args.budget_s is not None else BUDGET_S["quick" if args.quick else "full"]
-
-    import kernels
-
-    kernel = kernels.get_local_kernel(KERNEL_DIR / "build", backend="cuda")
-    env = benchlib.environment(kernel)
-    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None)
-    copy_gbs = benchlib.copy_bandwidth_gbs()
-    print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s, L2 {l2_bytes} B", flush=True)
-
-    todo = cases(args.quick)
-    results, skipped, spent = [], [], {}
-    # Each CUDA-graph capture starts with gc.collect(), which would walk every object of torch,
-    # Dynamo and Inductor again: freeze what is alive between cases (after collecting, so that
-    # no garbage of a case is frozen) and each collection sees only the objects of one case.
-    gc.collect()
-    gc.freeze()
-    for case in todo:
-        elapsed = time.perf_counter() - _START
-        # The next case of an op costs about what the last ones did (the first case of the run
-        # also pays the one-time torch.compile start-up: a median leaves it out).
-        past = spent.get(case.op, [])[-5:]
-        estimate = 1.5 * statistics.median(past) if past else 0.0
-        if budget > 0 and elapsed + estimate > budget:
-            skipped.append(case)
-            continue
-        began = time.perf_counter()
-        r = run_case(kernel, case, l2_bytes)
-        gc.collect()
-        gc.freeze()
-        spent.setdefault(case.op, []).append(time.perf_counter() - began)
-        r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
-        results.append(r)
-        print(f"[{elapsed:5.0f} s] " + _summary(r), flush=True)
-    if skipped:
-        print(f"time budget of {budget:.0f} s reached: {len(skipped)} of {len(todo)} cases skipped "
-              f"(listed in the result file; --budget-s 0 runs them all)", flush=True)
-    # The ceiling is the better of two copy measurements, before and after the sweep, so that
-    # no fraction is inflated by a copy measured while the clocks were still low.
-    copy_gbs = max(copy_gbs, benchlib.copy_bandwidth_gbs())
-    for r in results:
-        r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
-    print(f"copy ceiling (best of before/after): {copy_gbs:.0f} GB/s")
     order = {VLLM: 0, HF: 1}
-    results.sort(key=lambda r: (order[r["op"]], r["dtype"], r["head_dim"], r["tokens"]))
-    payload = {
-        "kernel": "rope",
-        "environment": env,
-        "method": METHOD,
-        "baselines": BASELINES_NOTE,
-        "contenders": CONTENDERS,
-        "copy_gbs": copy_gbs,
-        "l2_bytes": l2_bytes,
-        "budget_s": budget,
-        "skipped": [asdict(c) for c in skipped],
-        "wall_s": time.perf_counter() - _START,
-        "results": results,
-    }
-    path = args.out or KERNEL_DIR / "benchmarks" / "results" / f"{benchlib.device_slug(env['device'])}.json"
-    benchlib.save(path, payload)
-    print(f"wrote {path} ({len(results)} cases, {payload['wall_s']:.0f} s)")
+    benchlib.run_budgeted_sweep(
+        kernel_name="rope", kernel_dir=KERNEL_DIR, start=_START, args=args, budget_s=BUDGET_S,
+        cases=cases(args.quick), run_case=run_case, summary=_summary,
+        sort_key=lambda r: (order[r["op"]], r["dtype"], r["head_dim"], r["tokens"]),
+        notes={"method": METHOD, "baselines": BASELINES_NOTE, "contenders": CONTENDERS},
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 // or per-channel tables, the forward or its transpose, rows from positions, sequence offsets or
 // varlen cu_seqlens. All arithmetic is fp32: each output is a * ca - b * sa (or b * cb + a * sb),
 // two fp32 products and one fp32 sum, then one rounding to the output dtype, to nearest even
-// (c10::BFloat16; c10::Half, or the F16C instructions, which round identically, on x86-64 CPUs
-// that have them). The build compiles this file with -ffp-contract=off (build.toml) so that no
+// (cpu_convert.h: c10::BFloat16; c10::Half, or the F16C instructions, which round identically,
+// on x86-64 CPUs that have them). The build compiles this file with -ffp-contract=off (build.toml) so that no
 // compiler fuses a product and the sum into an FMA: the fp32 values are then bit for bit those of
 // PyTorch's eager `x.float() * cos + rotate(x).float() * sin` (diffusers' LTX-Video formula, and
 // transformers' formula on fp32 inputs). Any head_dim and rot_dim work (the row buffers are on the
@@ -28,9 +28,7 @@
 #include "rope_cpu.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -39,10 +37,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ROPE_X86_F16C 1
-#endif
+#include "cpu_convert.h"
 
 namespace rope {
 namespace cpu {
@@ -60,109 +55,17 @@ bool valid_dtype(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
 }
 
-int64_t element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
-
-const char* at_elem(const void* base, DType dtype, int64_t index) {
-  return static_cast<const char*>(base) + index * element_size(dtype);
-}
-char* at_elem(void* base, DType dtype, int64_t index) {
-  return static_cast<char*>(base) + index * element_size(dtype);
-}
-
-template <typename T>
-void load_as(float* __restrict dst, const T* __restrict src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-template <typename T>
-void store_as(T* __restrict dst, const float* __restrict src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-}
-
-// fp16 on x86-64: c10::Half converts with bit manipulation that GCC does not vectorize unless
-// the whole build targets F16C, which the baseline x86-64 build does not (rmsnorm measured 0.7
-// GB/s against 5 GB/s for bf16). The F16C instructions convert 8 values at a time with the same
-// IEEE round-to-nearest-even results; they are used when the CPU has them (checked once).
-#if defined(ROPE_X86_F16C)
-bool cpu_has_f16c() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
-}
-
-__attribute__((target("avx,f16c"))) void load_half_f16c(float* dst, const c10::Half* src,
-                                                          int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  load_as(dst + i, src + i, n - i);
-}
-
-__attribute__((target("avx,f16c"))) void store_half_f16c(c10::Half* dst, const float* src,
-                                                           int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
-  }
-  store_as(dst + i, src + i, n - i);
-}
-#endif
-
-void load_half(float* dst, const c10::Half* src, int64_t n) {
-#if defined(ROPE_X86_F16C)
-  if (cpu_has_f16c()) {
-    load_half_f16c(dst, src, n);
-    return;
-  }
-#endif
-  load_as(dst, src, n);
-}
-
-void store_half(c10::Half* dst, const float* src, int64_t n) {
-#if defined(ROPE_X86_F16C)
-  if (cpu_has_f16c()) {
-    store_half_f16c(dst, src, n);
-    return;
-  }
-#endif
-  store_as(dst, src, n);
-}
+using cpu_convert::at_index;
+using cpu_convert::element_size;
 
 // dst[0, n) <- src[0, n) converted to fp32 (exact).
 void load(DType dtype, float* dst, const void* src, int64_t n) {
-  switch (dtype) {
-    case DType::kFloat32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
-    case DType::kFloat16:
-      load_half(dst, static_cast<const c10::Half*>(src), n);
-      return;
-    case DType::kBFloat16:
-      load_as(dst, static_cast<const c10::BFloat16*>(src), n);
-      return;
-  }
-  TORCH_CHECK(false, "rope::cpu: unsupported DType value ", static_cast<int>(dtype));
+  cpu_convert::load(dtype, dst, src, n, "rope::cpu");
 }
 
 // dst[0, n) <- src[0, n) rounded to `dtype` (to nearest even).
 void store(DType dtype, void* dst, const float* src, int64_t n) {
-  switch (dtype) {
-    case DType::kFloat32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
-    case DType::kFloat16:
-      store_half(static_cast<c10::Half*>(dst), src, n);
-      return;
-    case DType::kBFloat16:
-      store_as(static_cast<c10::BFloat16*>(dst), src, n);
-      return;
-  }
-  TORCH_CHECK(false, "rope::cpu: unsupported DType value ", static_cast<int>(dtype));
+  cpu_convert::store(dtype, dst, src, n, "rope::cpu");
 }
 
 // even[i] <- v[2 i], odd[i] <- v[2 i + 1], i < n.
@@ -296,8 +199,8 @@ struct Buffers {
 void load_coefficients(const RopeParams& p, int64_t entry, Buffers& buf) {
   const int64_t half = p.rot_dim / 2;
   const DType t = p.table_dtype;
-  const char* cos = at_elem(p.cos, t, entry);
-  const char* sin = at_elem(p.sin, t, entry);
+  const char* cos = at_index(p.cos, t, entry);
+  const char* sin = at_index(p.sin, t, entry);
   float* ca = buf.ca();
   float* cb = buf.cb();
   float* sa = buf.sa();
@@ -309,9 +212,9 @@ void load_coefficients(const RopeParams& p, int64_t entry, Buffers& buf) {
     std::memcpy(sb, sa, half * sizeof(float));
   } else if (p.layout == PairLayout::kNeox) {
     load(t, ca, cos, half);
-    load(t, cb, at_elem(cos, t, half), half);
+    load(t, cb, at_index(cos, t, half), half);
     load(t, sa, sin, half);
-    load(t, sb, at_elem(sin, t, half), half);
+    load(t, sb, at_index(sin, t, half), half);
   } else {
     float* row = buf.scratch();
     load(t, row, cos, 2 * half);
@@ -341,7 +244,7 @@ void rotate_head(const RopeParams& p, const void* in, void* out, Buffers& buf) {
   const float* __restrict sb = buf.sb();
   if (p.layout == PairLayout::kNeox) {
     load(d, a, in, half);
-    load(d, b, at_elem(in, d, half), half);
+    load(d, b, at_index(in, d, half), half);
   } else {
     load(d, buf.scratch(), in, 2 * half);
     deinterleave(buf.scratch(), a, b, half);
@@ -354,13 +257,13 @@ void rotate_head(const RopeParams& p, const void* in, void* out, Buffers& buf) {
   }
   if (p.layout == PairLayout::kNeox) {
     store(d, out, a, half);
-    store(d, at_elem(out, d, half), b, half);
+    store(d, at_index(out, d, half), b, half);
   } else {
     interleave(a, b, buf.scratch(), half);
     store(d, out, buf.scratch(), 2 * half);
   }
   if (out != in && p.head_dim > p.rot_dim) {
-    std::memcpy(at_elem(out, d, p.rot_dim), at_elem(in, d, p.rot_dim),
+    std::memcpy(at_index(out, d, p.rot_dim), at_index(in, d, p.rot_dim),
                 (p.head_dim - p.rot_dim) * element_size(d));
   }
 }
@@ -392,9 +295,9 @@ void forward(const RopeParams& p, const std::vector<int64_t>& rows) {
         load_coefficients(p, entry, buf);
         loaded = entry;
       }
-      const void* in = at_elem(t.in, d, b * t.in_batch_stride + s * t.in_seq_stride +
+      const void* in = at_index(t.in, d, b * t.in_batch_stride + s * t.in_seq_stride +
                                             h * t.in_head_stride);
-      void* out = at_elem(t.out, d, b * t.out_batch_stride + s * t.out_seq_stride +
+      void* out = at_index(t.out, d, b * t.out_batch_stride + s * t.out_seq_stride +
                                         h * t.out_head_stride);
       rotate_head(p, in, out, buf);
     }

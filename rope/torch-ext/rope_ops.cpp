@@ -55,6 +55,7 @@
 
 #include "rope_params.h"
 #include "torch_binding.h"
+#include "torch_checks.h"
 
 #if defined(CPU_KERNEL)
 #include "rope_cpu.h"
@@ -77,34 +78,21 @@ using rope::TableKind;
 
 using OptTensor = std::optional<at::Tensor>;
 
-// ---- small helpers ----
+// ---- small helpers (the shared checks: torch_checks.h) ----
 
-// The dtype as Python names it without the "torch." prefix ("float32", "bfloat16", "int64").
-// c10::getDtypeNames returns std::string by value in Torch 2.11 and static views in 2.13: copy,
-// as a view into the 2.11 temporary dangles.
-std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+using torch_checks::check_dtype_of;
+using torch_checks::dtype_name;
+using torch_checks::present;
+using torch_checks::same_view;
+using torch_checks::unit_last_stride;
 
-bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
+std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
 
-std::optional<DType> to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
-
-bool unit_last_stride(const at::Tensor& t) { return t.size(-1) <= 1 || t.stride(-1) == 1; }
-
-// The same elements in the same layout and dtype: the in-place forms the contract allows.
-bool same_view(const at::Tensor& a, const at::Tensor& b) {
-  return a.const_data_ptr() == b.const_data_ptr() && a.scalar_type() == b.scalar_type() &&
-         a.sizes() == b.sizes() && a.strides() == b.strides();
+// `t` must have the shape of `ref`.
+void check_shape_of(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                    const at::Tensor& ref) {
+  TORCH_CHECK(t.sizes() == ref.sizes(), op, ": ", name, " must have the shape of ", ref_name, " ",
+              ref.sizes(), ", got ", t.sizes());
 }
 
 // ---- overlap ----
@@ -185,20 +173,10 @@ bool strided_overlap(const at::Tensor& a, const at::Tensor& b) {
                    d + static_cast<int64_t>(b.element_size()), budget);
 }
 
-// Whether `a` and `b` may share memory.
+// Whether `a` and `b` may share memory (exact: ATen's answer for dense tensors, strided_overlap
+// for strided views of one buffer).
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) {
-    return false;
-  }
-  switch (at::get_overlap_status(a, b)) {
-    case at::MemOverlapStatus::Full:
-    case at::MemOverlapStatus::Partial:
-      return true;
-    case at::MemOverlapStatus::No:
-      return false;
-    default:  // TooHard: strided views of one buffer
-      return strided_overlap(a, b);
-  }
+  return torch_checks::may_overlap_with("rope", a, b, strided_overlap);
 }
 
 // Whether two elements of `t` may share memory. Dims of size > 1 sorted by stride must each
@@ -266,8 +244,7 @@ struct Call {
 };
 
 void check_device(const Call& c, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.device() == c.q.device(), c.op, ": ", name, " must be on the device of ",
-              c.names.q, " (expected ", c.q.device(), ", got ", t.device(), ")");
+  torch_checks::check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
 void check_4d(const Call& c, const char* name, const at::Tensor& t, const char* layout) {
@@ -356,11 +333,8 @@ void run(Call& c) {
   const int64_t seqlen = c.q.size(1);
   const int64_t head_dim = c.q.size(3);
   check_device(c, n.q_out, c.q_out);
-  TORCH_CHECK(c.q_out.scalar_type() == c.q.scalar_type(), op, ": ", n.q_out,
-              " must have the dtype of ", n.q, " (expected ", dtype_name(c.q.scalar_type()),
-              ", got ", dtype_name(c.q_out.scalar_type()), ")");
-  TORCH_CHECK(c.q_out.sizes() == c.q.sizes(), op, ": ", n.q_out, " must have the shape of ", n.q,
-              " ", c.q.sizes(), ", got ", c.q_out.sizes());
+  check_dtype_of(op, n.q_out, c.q_out, n.q, c.q);
+  check_shape_of(op, n.q_out, c.q_out, n.q, c.q);
 
   // k and its output.
   TORCH_CHECK(present(c.k) == present(c.k_out), op, ": ", n.k, " and ", n.k_out,
@@ -370,18 +344,13 @@ void run(Call& c) {
     const at::Tensor& k = *c.k;
     check_4d(c, n.k, k, "[B, S, Hk, D]");
     check_device(c, n.k, k);
-    TORCH_CHECK(k.scalar_type() == c.q.scalar_type(), op, ": ", n.k, " must have the dtype of ",
-                n.q, " (expected ", dtype_name(c.q.scalar_type()), ", got ",
-                dtype_name(k.scalar_type()), ")");
+    check_dtype_of(op, n.k, k, n.q, c.q);
     TORCH_CHECK(k.size(0) == batch && k.size(1) == seqlen && k.size(3) == head_dim, op, ": ",
                 n.k, " must have shape [", batch, ", ", seqlen, ", Hk, ", head_dim,
                 "] (the batch, sequence and head_dim of ", n.q, "), got ", k.sizes());
     check_device(c, n.k_out, *c.k_out);
-    TORCH_CHECK(c.k_out->scalar_type() == k.scalar_type(), op, ": ", n.k_out,
-                " must have the dtype of ", n.k, " (expected ", dtype_name(k.scalar_type()),
-                ", got ", dtype_name(c.k_out->scalar_type()), ")");
-    TORCH_CHECK(c.k_out->sizes() == k.sizes(), op, ": ", n.k_out, " must have the shape of ", n.k,
-                " ", k.sizes(), ", got ", c.k_out->sizes());
+    check_dtype_of(op, n.k_out, *c.k_out, n.k, k);
+    check_shape_of(op, n.k_out, *c.k_out, n.k, k);
   }
   const int64_t heads_q = c.q.size(2);
   const int64_t heads_k = present(c.k) ? c.k->size(2) : 0;
@@ -392,11 +361,8 @@ void run(Call& c) {
   check_device(c, n.cos, c.cos);
   check_device(c, n.sin, c.sin);
   check_4d(c, n.cos, c.cos, "[TB, R, TH, W]");
-  TORCH_CHECK(c.sin.sizes() == c.cos.sizes(), op, ": ", n.sin, " must have the shape of ", n.cos,
-              " ", c.cos.sizes(), ", got ", c.sin.sizes());
-  TORCH_CHECK(c.sin.scalar_type() == c.cos.scalar_type(), op, ": ", n.sin,
-              " must have the dtype of ", n.cos, " (expected ", dtype_name(c.cos.scalar_type()),
-              ", got ", dtype_name(c.sin.scalar_type()), ")");
+  check_shape_of(op, n.sin, c.sin, n.cos, c.cos);
+  check_dtype_of(op, n.sin, c.sin, n.cos, c.cos);
   TORCH_CHECK(c.cos.scalar_type() == at::kFloat || c.cos.scalar_type() == c.q.scalar_type(), op,
               ": ", n.cos, " must be float32 or have the dtype of ", n.q, " (",
               dtype_name(c.q.scalar_type()), "), got ", dtype_name(c.cos.scalar_type()));
@@ -737,6 +703,27 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
   return true;
 }
 
+// A call of the general forms (rope_inplace, rope_out) with their table, row and pair options;
+// the caller sets q, k, their outputs and the names that differ.
+Call general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
+                  const OptTensor& positions, const OptTensor& seqlen_offsets,
+                  const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
+                  bool interleaved, bool full_table, bool transpose) {
+  Call c;
+  c.op = op;
+  c.cos = cos;
+  c.sin = sin;
+  c.positions = positions;
+  c.seqlen_offsets = seqlen_offsets;
+  c.cu_seqlens = cu_seqlens;
+  c.seqlen_offset = seqlen_offset;
+  c.rot_dim = rot_dim;
+  c.interleaved = interleaved;
+  c.full_table = full_table;
+  c.transpose = transpose;
+  return c;
+}
+
 }  // namespace
 
 // ---- the ops of torch_binding.h ----
@@ -758,9 +745,7 @@ void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
   TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt, op,
               ": positions must be int64 or int32, got ", dtype_name(positions.scalar_type()));
   const at::Tensor& offsets = cos_sin_cache_offsets;
-  TORCH_CHECK(offsets.device() == positions.device(), op,
-              ": cos_sin_cache_offsets must be on the device of positions (expected ",
-              positions.device(), ", got ", offsets.device(), ")");
+  torch_checks::check_device_of(op, "cos_sin_cache_offsets", offsets, "positions", positions);
   TORCH_CHECK(offsets.scalar_type() == at::kLong || offsets.scalar_type() == at::kInt, op,
               ": cos_sin_cache_offsets must be int64 or int32, got ",
               dtype_name(offsets.scalar_type()));
@@ -779,24 +764,14 @@ void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, cons
                   const OptTensor& positions, const OptTensor& seqlen_offsets,
                   const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
                   bool interleaved, bool full_table, bool transpose) {
-  Call c;
-  c.op = "rope_inplace";
+  Call c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
+                        seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.names.q_out = "q";
   c.names.k_out = "k";
   c.q = c.q_out = q;
   if (present(k)) {
     c.k = c.k_out = *k;
   }
-  c.cos = cos;
-  c.sin = sin;
-  c.positions = positions;
-  c.seqlen_offsets = seqlen_offsets;
-  c.cu_seqlens = cu_seqlens;
-  c.seqlen_offset = seqlen_offset;
-  c.rot_dim = rot_dim;
-  c.interleaved = interleaved;
-  c.full_table = full_table;
-  c.transpose = transpose;
   run(c);
 }
 
@@ -804,22 +779,12 @@ void rope_out(at::Tensor& q_out, const at::Tensor& q, const OptTensor& k_out, co
               const at::Tensor& cos, const at::Tensor& sin, const OptTensor& positions,
               const OptTensor& seqlen_offsets, const OptTensor& cu_seqlens, int64_t seqlen_offset,
               int64_t rot_dim, bool interleaved, bool full_table, bool transpose) {
-  Call c;
-  c.op = "rope_out";
+  Call c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
+                        seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.q = q;
   c.q_out = q_out;
   c.k = k;
   c.k_out = k_out;
-  c.cos = cos;
-  c.sin = sin;
-  c.positions = positions;
-  c.seqlen_offsets = seqlen_offsets;
-  c.cu_seqlens = cu_seqlens;
-  c.seqlen_offset = seqlen_offset;
-  c.rot_dim = rot_dim;
-  c.interleaved = interleaved;
-  c.full_table = full_table;
-  c.transpose = transpose;
   run(c);
 }
 
@@ -833,20 +798,13 @@ void apply_rotary(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& 
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x2", &x2},
                                 {"out1", &out1},
                                 {"out2", &out2}}) {
-    TORCH_CHECK(t->device() == x1.device(), op, ": ", name,
-                " must be on the device of x1 (expected ", x1.device(), ", got ", t->device(),
-                ")");
-    TORCH_CHECK(t->scalar_type() == x1.scalar_type(), op, ": ", name,
-                " must have the dtype of x1 (expected ", dtype_name(x1.scalar_type()), ", got ",
-                dtype_name(t->scalar_type()), ")");
-    TORCH_CHECK(t->sizes() == x1.sizes(), op, ": ", name, " must have the shape of x1 ",
-                x1.sizes(), ", got ", t->sizes());
+    torch_checks::check_device_of(op, name, *t, "x1", x1);
+    check_dtype_of(op, name, *t, "x1", x1);
+    check_shape_of(op, name, *t, "x1", x1);
   }
   for (const auto& [name, t] :
        {std::pair<const char*, const at::Tensor*>{"cos", &cos}, {"sin", &sin}}) {
-    TORCH_CHECK(t->device() == x1.device(), op, ": ", name,
-                " must be on the device of x1 (expected ", x1.device(), ", got ", t->device(),
-                ")");
+    torch_checks::check_device_of(op, name, *t, "x1", x1);
     TORCH_CHECK(at::isFloatingType(t->scalar_type()), op, ": ", name,
                 " must be a floating-point tensor, got ", dtype_name(t->scalar_type()));
     bool broadcasts = t->dim() <= x1.dim();

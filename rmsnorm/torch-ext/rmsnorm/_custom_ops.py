@@ -282,6 +282,11 @@ def _rms_norm_bwd_fake(
     "ScalarType? norm_dtype, ScalarType out_dtype) -> Tensor",
 )
 def _rms_norm_functional(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype):
+    return _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype)
+
+
+def _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype):
+    """The body of rms_norm_functional, also called directly by `norm` in eager inference."""
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     ops.rms_norm_fwd(out, input, weight, None, None, scale, shift, None, epsilon, weight_offset, norm_dtype)
     return out
@@ -301,10 +306,24 @@ def _rms_norm_functional_fake(input, weight, scale, shift, epsilon, weight_offse
     "ScalarType? norm_dtype, ScalarType out_dtype) -> (Tensor, Tensor)",
 )
 def _add_rms_norm_functional(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype):
+    return _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype)
+
+
+def _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype):
+    """The body of add_rms_norm_functional, also called directly by `add_norm` in eager inference."""
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     ops.rms_norm_fwd(out, input, weight, residual, residual_out, None, None, None, epsilon, weight_offset, norm_dtype)
     return out, residual_out
+
+
+def _custom_op_needed(*tensors: Optional[torch.Tensor]) -> bool:
+    """Autograd or torch.compile needs the allocating custom ops; eager inference (a decode step
+    calls the norm twice per layer) calls the out-param op directly: the custom op's autograd
+    and redispatch layers cost more host time per call than the rest of the wrapper."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("add_rms_norm_functional"))
@@ -439,7 +458,8 @@ def norm(
     shift: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Differentiable `rms_norm_fwd` with every option (weight already in a kernel dtype)."""
-    return _rms_norm_functional(
+    impl = _rms_norm_functional if _custom_op_needed(x, weight, scale, shift) else _norm_allocating
+    return impl(
         x, weight, scale, shift, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype
     )
 
@@ -455,7 +475,8 @@ def add_norm(
     out_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Differentiable fused residual add + norm: ``(norm(r), r)``, ``r = round(x + residual)``."""
-    return _add_rms_norm_functional(
+    impl = _add_rms_norm_functional if _custom_op_needed(x, residual, weight) else _add_norm_allocating
+    return impl(
         x, residual, weight, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype
     )
 

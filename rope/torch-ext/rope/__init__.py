@@ -125,7 +125,7 @@ def apply_rope_with_cos_sin_cache_inplace(
 
 def _check_activation(op: str, name: str, t: torch.Tensor) -> None:
     if t.dtype not in _custom_ops.KERNEL_DTYPES:
-        raise ValueError(f"{op}: {name} must be float32, float16 or bfloat16, got {str(t.dtype).replace('torch.', '')}")
+        raise ValueError(f"{op}: {name} must be float32, float16 or bfloat16, got {_custom_ops._dtype_name(t.dtype)}")
 
 
 def _fa_tables(op: str, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, head_dim: int, names=("cos", "sin")):

@@ -47,6 +47,21 @@ def _check_device(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_na
     )
 
 
+def _check_dtype(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    torch._check(
+        t.dtype == ref.dtype,
+        lambda: f"{op}: {name} must have the dtype of {ref_name} (expected {_dtype_name(ref.dtype)}, got "
+        f"{_dtype_name(t.dtype)})",
+    )
+
+
+def _check_shape(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    torch._check(
+        tuple(t.shape) == tuple(ref.shape),
+        lambda: f"{op}: {name} must have the shape of {ref_name} {list(ref.shape)}, got {list(t.shape)}",
+    )
+
+
 def _check_core(
     op: str,
     q: torch.Tensor,
@@ -76,14 +91,8 @@ def _check_core(
     )
     batch, seqlen, heads_q, head_dim = q.shape
     _check_device(op, nqo, q_out, q, nq)
-    torch._check(
-        q_out.dtype == q.dtype,
-        lambda: f"{op}: {nqo} must have the dtype of {nq} (expected {_dtype_name(q.dtype)}, got {_dtype_name(q_out.dtype)})",
-    )
-    torch._check(
-        tuple(q_out.shape) == tuple(q.shape),
-        lambda: f"{op}: {nqo} must have the shape of {nq} {list(q.shape)}, got {list(q_out.shape)}",
-    )
+    _check_dtype(op, nqo, q_out, q, nq)
+    _check_shape(op, nqo, q_out, q, nq)
     torch._check(
         (k is None) == (k_out is None),
         lambda: f"{op}: {nk} and {nko} must be given together or not at all, got {nk if k is not None else nko} only",
@@ -92,24 +101,15 @@ def _check_core(
     if k is not None:
         torch._check(k.dim() == 4, lambda: f"{op}: {nk} must have 4 dimensions [B, S, Hk, D], got shape {list(k.shape)}")
         _check_device(op, nk, k, q, nq)
-        torch._check(
-            k.dtype == q.dtype,
-            lambda: f"{op}: {nk} must have the dtype of {nq} (expected {_dtype_name(q.dtype)}, got {_dtype_name(k.dtype)})",
-        )
+        _check_dtype(op, nk, k, q, nq)
         torch._check(
             k.shape[0] == batch and k.shape[1] == seqlen and k.shape[3] == head_dim,
             lambda: f"{op}: {nk} must have shape [{batch}, {seqlen}, Hk, {head_dim}] (the batch, sequence and "
             f"head_dim of {nq}), got {list(k.shape)}",
         )
         _check_device(op, nko, k_out, q, nq)
-        torch._check(
-            k_out.dtype == k.dtype,
-            lambda: f"{op}: {nko} must have the dtype of {nk} (expected {_dtype_name(k.dtype)}, got {_dtype_name(k_out.dtype)})",
-        )
-        torch._check(
-            tuple(k_out.shape) == tuple(k.shape),
-            lambda: f"{op}: {nko} must have the shape of {nk} {list(k.shape)}, got {list(k_out.shape)}",
-        )
+        _check_dtype(op, nko, k_out, k, nk)
+        _check_shape(op, nko, k_out, k, nk)
         heads_k = k.shape[2]
     torch._check(
         rot_dim > 0 and rot_dim % 2 == 0 and rot_dim <= head_dim,
@@ -118,14 +118,8 @@ def _check_core(
     _check_device(op, ncos, cos, q, nq)
     _check_device(op, nsin, sin, q, nq)
     torch._check(cos.dim() == 4, lambda: f"{op}: {ncos} must have 4 dimensions [TB, R, TH, W], got shape {list(cos.shape)}")
-    torch._check(
-        tuple(sin.shape) == tuple(cos.shape),
-        lambda: f"{op}: {nsin} must have the shape of {ncos} {list(cos.shape)}, got {list(sin.shape)}",
-    )
-    torch._check(
-        sin.dtype == cos.dtype,
-        lambda: f"{op}: {nsin} must have the dtype of {ncos} (expected {_dtype_name(cos.dtype)}, got {_dtype_name(sin.dtype)})",
-    )
+    _check_shape(op, nsin, sin, cos, ncos)
+    _check_dtype(op, nsin, sin, cos, ncos)
     torch._check(
         cos.dtype == torch.float32 or cos.dtype == q.dtype,
         lambda: f"{op}: {ncos} must be float32 or have the dtype of {nq} ({_dtype_name(q.dtype)}), got {_dtype_name(cos.dtype)}",
@@ -309,14 +303,8 @@ def _apply_rotary_fake(x1, x2, cos, sin, out1, out2, conj):
     torch._check(x1.dim() >= 1, lambda: f"{op}: x1 must have at least one dimension, got a 0-d tensor")
     for name, t in (("x2", x2), ("out1", out1), ("out2", out2)):
         _check_device(op, name, t, x1, "x1")
-        torch._check(
-            t.dtype == x1.dtype,
-            lambda: f"{op}: {name} must have the dtype of x1 (expected {_dtype_name(x1.dtype)}, got {_dtype_name(t.dtype)})",
-        )
-        torch._check(
-            tuple(t.shape) == tuple(x1.shape),
-            lambda: f"{op}: {name} must have the shape of x1 {list(x1.shape)}, got {list(t.shape)}",
-        )
+        _check_dtype(op, name, t, x1, "x1")
+        _check_shape(op, name, t, x1, "x1")
     for name, t in (("cos", cos), ("sin", sin)):
         _check_device(op, name, t, x1, "x1")
         torch._check(t.dtype.is_floating_point, lambda: f"{op}: {name} must be a floating-point tensor, got {_dtype_name(t.dtype)}")
@@ -348,6 +336,16 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
 def _rope_functional(
     q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
 ):
+    return _rope_allocating(
+        q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+    )
+
+
+def _rope_allocating(
+    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+):
+    """New outputs (q's and k's layouts) written by the out-param op: the body of rope_functional,
+    and the eager inference path of `rope`, which skips the custom op's dispatch layers."""
     q_out = _empty_like(q)
     k_out = None if k is None else _empty_like(k)
     ops.rope_out(
@@ -507,7 +505,12 @@ def rope(
     """
     args = (positions, seqlen_offsets, cu_seqlens, int(seqlen_offset), int(rot_dim), bool(interleaved), bool(full_table))
     if not inplace:
-        return _rope_functional(q, k, cos, sin, *args, False)
+        if _requires_grad(q, k, cos, sin) or torch.compiler.is_compiling():
+            return _rope_functional(q, k, cos, sin, *args, False)
+        # Eager inference (transformers' decode calls this once per layer): the out-param op
+        # directly. The custom op's autograd and redispatch layers cost more host time per call
+        # than the rest of the wrapper.
+        return _rope_allocating(q, k, cos, sin, *args, False)
     if not _requires_grad(q, k, cos, sin):
         ops.rope_inplace(q, k, cos, sin, *args, False)
         return q, k
