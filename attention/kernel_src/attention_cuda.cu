@@ -934,6 +934,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
     return;
   }
 
+  // The lanes of a warp may still be reading their Q rows (ldmatrix of the last tile) when
+  // others start staging output over them: converge the warp first (racecheck's intra-warp hazard).
+  if constexpr (!kQRegs) __syncwarp();
   if (owner) {
     // Stage the rounded tile in the Q area: a warp writes only rows that it alone read from
     // there (prefill), or rows that every warp finished reading before the merge (decode).
