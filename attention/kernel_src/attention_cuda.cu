@@ -51,8 +51,8 @@
 //   works at the same cost; no assumption that a tile stays in one page.
 // - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
 //   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
-//   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one warp per
-//   output row. attn_fwd_num_splits picks the count when asked: no split when the grid already
+//   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
+//   output row (its warps take interleaved splits). attn_fwd_num_splits picks the count when asked: no split when the grid already
 //   covers 2 waves of resident CTAs, else the smallest count within 85% of the best wave
 //   efficiency, at least 2 key tiles per split, at most 128 (LaunchConfig).
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
@@ -172,15 +172,17 @@ struct TileConfig {
 // ~1.5 clk/SM at the mma.sync peak); one tile per warp above that, to stay within 255
 // registers. Q stays in registers for head_dim <= 64 (32 registers); for 96/128 it is re-read
 // from shared memory per K/V tile (the O and S accumulators take 96-128 + 32-64 registers).
-// Head dim 128 takes 32-key tiles in 3 stages: with 64-key tiles (FlashAttention-2's shape on
-// sm_80/90) ptxas (13.0, sm_90a) spills a row sum and two loop invariants (3 local loads and a
-// store per tile, 255 registers); 128 x 32 x 3 stages compiles spill-free, and at 80 KB runs
-// two CTAs per SM on sm_80 as well as sm_90 (to A/B: TileConfig<128, 128, 64, 4, 1, 2, ...>).
-// Shared memory: 24 / 48 / 72 / 80 / 72 / 96 KB, within the 99 KB opt-in of sm_86/89/120.
+// Head dim 128: 64-key tiles (FlashAttention-2's shape) where two 96 KB CTAs fit per SM (sm_90,
+// sm_100), else 32-key tiles in 3 stages (80 KB: two CTAs per SM on sm_80 too). ptxas (13.0,
+// sm_90a) spills 56-80 bytes per thread of the 64-key build and none of the 32-key one, yet the
+// 64-key tile was 3-8% faster on an H200 (bf16, S 2K / 8K, causal and not: 0.92-0.97x -> 0.99-1.03x
+// SDPA's flash backend); tiles of 64 rows or 8 warps were slower (.exp A/B, session notes).
+// Shared memory: 24 / 48 / 72 / 80 (96) / 72 / 96 KB, within the 99 KB opt-in of sm_86/89/120.
 using Prefill32 = TileConfig<32, 128, 64, 4, 1, 2, true, 2>;
 using Prefill64 = TileConfig<64, 128, 64, 4, 1, 2, true, 2>;
 using Prefill96 = TileConfig<96, 128, 64, 4, 1, 2, false, 2>;
 using Prefill128 = TileConfig<128, 128, 32, 4, 1, 3, false, 2>;
+using Prefill128Wide = TileConfig<128, 128, 64, 4, 1, 2, false, 2>;
 using Prefill192 = TileConfig<192, 64, 32, 4, 1, 2, true, 2>;
 using Prefill256 = TileConfig<256, 64, 32, 4, 1, 2, false, 2>;
 // Decode: one 16-row tile (seqlen_q x the q heads of a kv head, packed) shared by all warps,
@@ -209,7 +211,8 @@ struct LaunchConfig {
   static constexpr int kNoSplitWaves = 2;
   // Splits: the smallest count whose wave efficiency is within this factor of the best.
   static constexpr double kSplitEfficiency = 0.85;
-  static constexpr int kCombineWarps = 4;  // one output row per warp
+  static constexpr int kCombineWarps = 4;  // per output row (one CTA)
+  static constexpr int kCombineUnroll = 4;  // split rows loaded at once per warp
   static constexpr int64_t kMaxGridYZ = 65535;
 };
 
@@ -983,9 +986,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
 }
 
 // ---------------------------------------------------------------------------------------------
-// Split-KV combine: one warp per output row (b, h, i). lse = log(sum_s exp(lse_s)),
+// Split-KV combine: one CTA per output row (b, h, i). lse = log(sum_s exp(lse_s)),
 // out = sum_s exp(lse_s - lse) out_s; splits with lse_s = -inf (no visible key) are skipped and
 // their out_accum rows never read; a row with no split left gets out = 0, lse = +inf.
+// The warps take interleaved splits, kCombineUnroll independent row loads at a time, and warp 0
+// adds up their partial rows: a single warp walking the splits one dependent L2 load after
+// another cost about 0.4 us per split (H200), which at batch 1 was a third of the decode time.
 // ---------------------------------------------------------------------------------------------
 struct CombineArgs {
   const float* out_accum;  // [splits, batch, heads_q, seqlen_q, D]
@@ -998,15 +1004,24 @@ struct CombineArgs {
   int batch, heads_q, seqlen_q, head_dim, num_splits;
 };
 
+struct CombineSmem {
+  static constexpr int kWarps = LaunchConfig::kCombineWarps;
+  float weight[LaunchConfig::kMaxSplits];  // exp(lse_s - lse), 0 for skipped splits
+  float4 partial[kWarps - 1][2][32];       // rows of warps 1.., 4 channels per lane (D <= 256)
+};
+
 template <typename T>
 __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
     attn_fwd_combine_kernel(const CombineArgs a) {
   constexpr int kPerLane = LaunchConfig::kMaxSplits / 32;
+  constexpr int kWarps = LaunchConfig::kCombineWarps;
+  constexpr int kUnroll = LaunchConfig::kCombineUnroll;
   pdl::wait_and_release();
+  CombineSmem& sm = *reinterpret_cast<CombineSmem*>(dynamic_smem());
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * LaunchConfig::kCombineWarps + (threadIdx.x >> 5);
+  const int warp = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x;  // the grid has exactly one CTA per row
   const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seqlen_q;
-  if (row >= total) return;
   const int i = static_cast<int>(row % a.seqlen_q);
   const int64_t bh = row / a.seqlen_q;
   const int h = static_cast<int>(bh % a.heads_q);
@@ -1016,65 +1031,93 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
     q_start = __ldg(a.cu_seqlens_q + b);
     len_q = __ldg(a.cu_seqlens_q + b + 1) - q_start;
   }
-  if (i >= len_q) return;
+  if (i >= len_q) return;  // the whole CTA: padding row of a varlen batch
   const int64_t split_stride = total;
-  float w[kPerLane];
-  float mx = -kInf;
+
+  // Warp 0: the weights and the row's lse.
+  float lse_row = kInf;
+  if (warp == 0) {
+    float w[kPerLane];
+    float mx = -kInf;
 #pragma unroll
-  for (int t = 0; t < kPerLane; ++t) {
-    const int sp = lane + 32 * t;
-    w[t] = sp < a.num_splits ? a.lse_accum[sp * split_stride + row] : -kInf;
-    mx = fmaxf(mx, w[t]);
-  }
+    for (int t = 0; t < kPerLane; ++t) {
+      const int sp = lane + 32 * t;
+      w[t] = sp < a.num_splits ? a.lse_accum[sp * split_stride + row] : -kInf;
+      mx = fmaxf(mx, w[t]);
+    }
 #pragma unroll
-  for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, shfl_xor(mx, d));
-  T* out = static_cast<T*>(a.out) +
-           (a.cu_seqlens_q != nullptr ? static_cast<int64_t>(q_start + i) * a.out_row_stride
-                                      : b * a.out_batch_stride + static_cast<int64_t>(i) * a.out_row_stride) +
-           static_cast<int64_t>(h) * a.out_head_stride;
-  float lse_row;
-  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  if (mx == -kInf) {
-    lse_row = kInf;
-  } else {
+    for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, shfl_xor(mx, d));
     float sum = 0.0f;
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
-      w[t] = w[t] == -kInf ? 0.0f : expf(w[t] - mx);
+      w[t] = (mx == -kInf || w[t] == -kInf) ? 0.0f : expf(w[t] - mx);
       sum += w[t];
     }
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) sum += shfl_xor(sum, d);
-    lse_row = mx + logf(sum);
-    const float inv = 1.0f / sum;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (sum > 0.0f) lse_row = mx + logf(sum);
 #pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int n = a.num_splits - 32 * t < 32 ? a.num_splits - 32 * t : 32;  // in w[t] (<= 0: none)
-      for (int sl = 0; sl < n; ++sl) {
-        const float ws = shfl_idx(w[t], sl) * inv;
-        if (ws == 0.0f) continue;
-        const float* src = a.out_accum + ((32 * t + sl) * split_stride + row) * a.head_dim;
+    for (int t = 0; t < kPerLane; ++t) sm.weight[lane + 32 * t] = w[t] * inv;
+  }
+  __syncthreads();
+
+  // Every warp: its splits warp, warp + kWarps, ... in groups of kUnroll independent loads.
+  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  for (int sp0 = warp; sp0 < a.num_splits; sp0 += kWarps * kUnroll) {
+    float ws[kUnroll];
+    float4 x[kUnroll][2];
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int d0 = 4 * lane + 128 * k;
-          if (d0 < a.head_dim) {
-            const float4 x = *reinterpret_cast<const float4*>(src + d0);
-            acc[k][0] += ws * x.x;
-            acc[k][1] += ws * x.y;
-            acc[k][2] += ws * x.z;
-            acc[k][3] += ws * x.w;
-          }
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int sp = sp0 + u * kWarps;
+      ws[u] = sp < a.num_splits ? sm.weight[sp] : 0.0f;
+      const float* src = a.out_accum + (sp * split_stride + row) * a.head_dim;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int d0 = 4 * lane + 128 * k;
+        x[u][k] = ws[u] != 0.0f && d0 < a.head_dim ? *reinterpret_cast<const float4*>(src + d0)
+                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        acc[k].x = fmaf(ws[u], x[u][k].x, acc[k].x);
+        acc[k].y = fmaf(ws[u], x[u][k].y, acc[k].y);
+        acc[k].z = fmaf(ws[u], x[u][k].z, acc[k].z);
+        acc[k].w = fmaf(ws[u], x[u][k].w, acc[k].w);
       }
     }
   }
+  if (warp > 0) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) sm.partial[warp - 1][k][lane] = acc[k];
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float4 p = sm.partial[w][k][lane];
+      acc[k].x += p.x;
+      acc[k].y += p.y;
+      acc[k].z += p.z;
+      acc[k].w += p.w;
+    }
+  }
+  T* out = static_cast<T*>(a.out) +
+           (a.cu_seqlens_q != nullptr ? static_cast<int64_t>(q_start + i) * a.out_row_stride
+                                      : b * a.out_batch_stride + static_cast<int64_t>(i) * a.out_row_stride) +
+           static_cast<int64_t>(h) * a.out_head_stride;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int d0 = 4 * lane + 128 * k;
     if (d0 < a.head_dim) {
       uint2 packed;
-      packed.x = pack2<T>(acc[k][0], acc[k][1]);
-      packed.y = pack2<T>(acc[k][2], acc[k][3]);
+      packed.x = pack2<T>(acc[k].x, acc[k].y);
+      packed.y = pack2<T>(acc[k].z, acc[k].w);
       *reinterpret_cast<uint2*>(out + d0) = packed;
     }
   }
@@ -1093,22 +1136,29 @@ constexpr int kMaxDevices = 64;
 
 struct DeviceInfo {
   int sms;
+  int smem_optin;  // bytes of shared memory one CTA may opt into
 };
 
 cudaError_t device_info(DeviceInfo* info) {
   static std::atomic<int> sms_of[kMaxDevices] = {};
+  static std::atomic<int> smem_optin_of[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
   int sms = sms_of[device].load(std::memory_order_relaxed);
-  if (sms == 0) {
+  int smem_optin = smem_optin_of[device].load(std::memory_order_relaxed);
+  if (sms == 0 || smem_optin == 0) {
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    if (sms <= 0) return cudaErrorInvalidDevice;
+    err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    if (sms <= 0 || smem_optin <= 0) return cudaErrorInvalidDevice;
     sms_of[device].store(sms, std::memory_order_relaxed);
+    smem_optin_of[device].store(smem_optin, std::memory_order_relaxed);
   }
   info->sms = sms;
+  info->smem_optin = smem_optin;
   return cudaSuccess;
 }
 
@@ -1147,12 +1197,17 @@ template <typename T, class Cfg, bool kScoreMod> KernelInfo kernel_info() {
                     Cfg::kBlockM, Cfg::kBlockN, prepare_kernel<T, Cfg, kScoreMod>};
 }
 
-template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, KernelInfo* k) {
+// Head dim 128 takes the 64-key tile where two of its CTAs fit in an SM's shared memory.
+bool prefill128_wide(const DeviceInfo& dev) { return 2 * Prefill128Wide::kSmemBytes <= dev.smem_optin; }
+
+template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
   switch (head_dim) {
     case 32: *k = kernel_info<T, Prefill32, kScoreMod>(); return true;
     case 64: *k = kernel_info<T, Prefill64, kScoreMod>(); return true;
     case 96: *k = kernel_info<T, Prefill96, kScoreMod>(); return true;
-    case 128: *k = kernel_info<T, Prefill128, kScoreMod>(); return true;
+    case 128:
+      *k = prefill128_wide(dev) ? kernel_info<T, Prefill128Wide, kScoreMod>() : kernel_info<T, Prefill128, kScoreMod>();
+      return true;
     case 192: *k = kernel_info<T, Prefill192, kScoreMod>(); return true;
     case 256: *k = kernel_info<T, Prefill256, kScoreMod>(); return true;
     default: return false;
@@ -1248,7 +1303,7 @@ bool params_ok(const AttnFwdParams& p, bool* empty) {
 }
 
 // Kernel family, packing and tiles for the params (no split decision).
-bool plan_tiles(const AttnFwdParams& p, Plan* plan) {
+bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   const int64_t group = p.heads_q / p.heads_kv;
   const bool score_mod = p.softcap > 0.0f || p.alibi_slopes != nullptr;
   const bool bf16 = p.dtype == DType::kBFloat16;
@@ -1266,16 +1321,16 @@ bool plan_tiles(const AttnFwdParams& p, Plan* plan) {
     if (group > 1) {
       int64_t block_m = 0;
       KernelInfo probe;
-      if (!prefill_kernel<__half, false>(p.head_dim, &probe)) return false;
+      if (!prefill_kernel<__half, false>(p.head_dim, dev, &probe)) return false;
       block_m = probe.block_m;
       if (p.seqlen_q < block_m) qpack = group;  // fill the query tile with the group's heads
     }
     if (bf16) {
-      ok = score_mod ? prefill_kernel<__nv_bfloat16, true>(p.head_dim, &k)
-                     : prefill_kernel<__nv_bfloat16, false>(p.head_dim, &k);
+      ok = score_mod ? prefill_kernel<__nv_bfloat16, true>(p.head_dim, dev, &k)
+                     : prefill_kernel<__nv_bfloat16, false>(p.head_dim, dev, &k);
     } else {
-      ok = score_mod ? prefill_kernel<__half, true>(p.head_dim, &k)
-                     : prefill_kernel<__half, false>(p.head_dim, &k);
+      ok = score_mod ? prefill_kernel<__half, true>(p.head_dim, dev, &k)
+                     : prefill_kernel<__half, false>(p.head_dim, dev, &k);
     }
   }
   if (!ok) return false;
@@ -1290,18 +1345,15 @@ bool plan_tiles(const AttnFwdParams& p, Plan* plan) {
 }
 
 // Splits for a plan: params.num_splits when given, else the wave-efficiency heuristic.
-cudaError_t plan_splits(const AttnFwdParams& p, Plan* plan) {
+cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   const int64_t n_blocks = ceil_div(p.seqlen_k, plan->kernel.block_n);
   const int64_t cap = min64(LaunchConfig::kMaxSplits, max64(1, n_blocks));
   if (p.num_splits >= 1) {
     plan->num_splits = static_cast<int>(min64(p.num_splits, cap));
     return cudaSuccess;
   }
-  DeviceInfo dev;
-  cudaError_t err = device_info(&dev);
-  if (err != cudaSuccess) return err;
   int occ = 0;
-  err = plan->kernel.prepare(&occ);
+  cudaError_t err = plan->kernel.prepare(&occ);
   if (err != cudaSuccess) return err;
   const int64_t slots = static_cast<int64_t>(dev.sms) * occ;
   const int64_t ctas = p.batch * plan->heads_grid * plan->m_blocks;
@@ -1389,9 +1441,11 @@ int64_t attn_fwd_num_splits(const AttnFwdParams& p) {
   bool empty = false;
   if (!params_ok(p, &empty)) return 0;
   if (empty) return 1;
+  DeviceInfo dev;
+  if (device_info(&dev) != cudaSuccess) return 0;
   Plan plan;
-  if (!plan_tiles(p, &plan)) return 0;
-  if (plan_splits(p, &plan) != cudaSuccess) return 0;
+  if (!plan_tiles(p, dev, &plan)) return 0;
+  if (plan_splits(p, dev, &plan) != cudaSuccess) return 0;
   return plan.num_splits;
 }
 
@@ -1399,9 +1453,12 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   bool empty = false;
   if (!params_ok(p, &empty)) return cudaErrorInvalidValue;
   if (empty) return cudaSuccess;
+  DeviceInfo dev;
+  cudaError_t err = device_info(&dev);
+  if (err != cudaSuccess) return err;
   Plan plan;
-  if (!plan_tiles(p, &plan)) return cudaErrorInvalidValue;
-  cudaError_t err = plan_splits(p, &plan);
+  if (!plan_tiles(p, dev, &plan)) return cudaErrorInvalidValue;
+  err = plan_splits(p, dev, &plan);
   if (err != cudaSuccess) return err;
   if (plan.num_splits > 1) {
     if (p.out_accum == nullptr || p.lse_accum == nullptr || !aligned_to(p.out_accum, 16) ||
@@ -1443,13 +1500,13 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   c.head_dim = static_cast<int>(p.head_dim);
   c.num_splits = plan.num_splits;
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
-  const int64_t blocks = ceil_div(rows, LaunchConfig::kCombineWarps);
-  if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(blocks));
+  if (rows > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(rows));  // one CTA per output row
   const dim3 block(32 * LaunchConfig::kCombineWarps);
+  constexpr size_t kSmem = sizeof(CombineSmem);
   return p.dtype == DType::kBFloat16
-             ? pdl::launch<kAttentionPdlEnv>(attn_fwd_combine_kernel<__nv_bfloat16>, grid, block, 0, stream, c)
-             : pdl::launch<kAttentionPdlEnv>(attn_fwd_combine_kernel<__half>, grid, block, 0, stream, c);
+             ? pdl::launch<kAttentionPdlEnv>(attn_fwd_combine_kernel<__nv_bfloat16>, grid, block, kSmem, stream, c)
+             : pdl::launch<kAttentionPdlEnv>(attn_fwd_combine_kernel<__half>, grid, block, kSmem, stream, c);
 }
 
 }  // namespace cuda
