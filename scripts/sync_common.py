@@ -33,11 +33,12 @@ class Users(NamedTuple):
 USERS: dict[str, Users] = {
     # device code and launchers: listed in the [kernel.*] src of the components that include it
     "pdl.cuh": Users("kernel_src/pdl.cuh", ("activation", "attention", "rmsnorm", "rope")),
+    "cuda_chunk.cuh": Users("kernel_src/cuda_chunk.cuh", ("rmsnorm", "rope")),
     "cpu_convert.h": Users("kernel_src/cpu_convert.h", ("rmsnorm", "rope")),
     # the Torch-facing layer: listed in [torch] src
-    "torch_checks.h": Users("torch-ext/torch_checks.h", ("activation", "rmsnorm", "rope")),
+    "torch_checks.h": Users("torch-ext/torch_checks.h", ("activation", "attention", "rmsnorm", "rope")),
     # pytest helpers (Nix sees the Python files of tests/ without a listing)
-    "kernel_fixture.py": Users("tests/{kernel}_fixture.py", ("activation", "rmsnorm", "rope")),
+    "kernel_fixture.py": Users("tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")),
 }
 
 

@@ -3,8 +3,8 @@ it) and `device`.
 
 One source of truth: common/kernel_fixture.py, copied by scripts/sync_common.py into each kernel's
 tests/ as <kernel>_fixture.py (a kernel's tests run on their own, from its folder, so they cannot
-import from outside it; the module names differ so that `pytest tests */tests` can import all
-three). tests/test_common_sync.py fails when a copy drifts: edit common/, then run the script.
+import from outside it; the module names differ so that `pytest tests */tests` can import
+every copy). tests/test_common_sync.py fails when a copy drifts: edit common/, then run the script.
 
 Usage, in <kernel>/tests/conftest.py:
 

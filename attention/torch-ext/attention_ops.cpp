@@ -22,7 +22,6 @@
 //   behaviour); the KV-cache writers check theirs on the device (cache_cuda.h).
 // - empty calls (no sequence, no query row, no head) launch nothing after the checks; a
 //   sequence with no visible key gives out = 0 and lse = +inf.
-#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -41,6 +40,7 @@
 #include "attention_params.h"
 #include "cache_params.h"
 #include "torch_binding.h"
+#include "torch_checks.h"
 
 #if defined(CPU_KERNEL)
 #include "attention_cpu.h"
@@ -60,35 +60,21 @@ using attention::AttnFwdParams;
 using attention::DType;
 using OptTensor = std::optional<at::Tensor>;
 
-// ---- small helpers ----
+// ---- small helpers (the shared checks: torch_checks.h) ----
 
-// The dtype as Python names it ("float32", "bfloat16", "int64"). Copied: getDtypeNames returns a
-// std::string by value in some Torch versions.
-std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+using torch_checks::check_device_of;
+using torch_checks::check_dtype_of;
+using torch_checks::dtype_name;
+using torch_checks::present;
+using torch_checks::unit_last_stride;
 
-bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
+std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
 
-std::optional<DType> to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
-
-bool unit_last_stride(const at::Tensor& t) { return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1; }
-
-// Whether a and b share memory (conservative only where ATen cannot tell: strided views of one
-// buffer count as disjoint, the usual case of packed qkv / kv tensors).
+// Whether a and b share memory: ATen's answer for dense tensors; strided views of one buffer,
+// which ATen finds too hard (the usual case of packed qkv / kv tensors), count as disjoint.
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
-  const at::MemOverlapStatus s = at::get_overlap_status(a, b);
-  return s == at::MemOverlapStatus::Full || s == at::MemOverlapStatus::Partial;
+  return torch_checks::may_overlap_with("attention", a, b,
+                                        [](const at::Tensor&, const at::Tensor&) { return false; });
 }
 
 #if defined(CUDA_KERNEL)
@@ -159,8 +145,7 @@ struct Geometry {
 };
 
 void check_device(const AttnCall& c, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.device() == c.q.device(), c.op, ": ", name, " must be on the device of ", c.names.q, " (expected ",
-              c.q.device(), ", got ", t.device(), ")");
+  check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
 void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
@@ -177,8 +162,7 @@ void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64
 
 void check_vector(const AttnCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
   check_int32(c, name, t, 1, what);
-  TORCH_CHECK(t.size(0) == expected, c.op, ": ", name, " must have shape [", expected, "] (", what, "), got ",
-              t.sizes());
+  torch_checks::check_shape(c.op, name, t, {expected}, what);
 }
 
 // [batch + 1] cumulative lengths -> [batch] lengths (the key lengths of a paged
@@ -261,8 +245,7 @@ Geometry check(AttnCall& c) {
   for (const auto& [name, t] :
        {std::pair<const char*, const at::Tensor*>{n.k, &c.k}, {n.v, &c.v}, {n.out, &c.out}}) {
     check_device(c, name, *t);
-    TORCH_CHECK(t->scalar_type() == c.q.scalar_type(), op, ": ", name, " must have the dtype of ", n.q, " (expected ",
-                dtype_name(c.q.scalar_type()), ", got ", dtype_name(t->scalar_type()), ")");
+    check_dtype_of(op, name, *t, n.q, c.q);
   }
 
   // q
@@ -607,8 +590,7 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
                                 {"key_cache", &key_cache},
                                 {"value_cache", &value_cache},
                                 {"slot_mapping", &slot_mapping}}) {
-    TORCH_CHECK(t->device() == device, op, ": ", name, " must be on the device of key (expected ", device, ", got ",
-                t->device(), ")");
+    check_device_of(op, name, *t, "key", key);
   }
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"value", &value},
                                 {"key_cache", &key_cache},
@@ -849,8 +831,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   }();
   if (present(cache_seqlens)) {
     const at::Tensor& s = *cache_seqlens;
-    TORCH_CHECK(s.device() == q.device(), op, ": cache_seqlens must be on the device of q (expected ", q.device(),
-                ", got ", s.device(), ")");
+    check_device_of(op, "cache_seqlens", s, "q", q);
     TORCH_CHECK(s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == batch && s.is_contiguous(), op,
                 ": cache_seqlens must be a contiguous int32 tensor of shape [batch = ", batch, "], got ",
                 dtype_name(s.scalar_type()), " ", s.sizes());
@@ -858,10 +839,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   int64_t seqlen_new = 0;
   if (new_kv) {
     for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"k", &*k}, {"v", &*v}}) {
-      TORCH_CHECK(t->device() == q.device(), op, ": ", name, " must be on the device of q (expected ", q.device(),
-                  ", got ", t->device(), ")");
-      TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": ", name, " must have the dtype of q (expected ",
-                  dtype_name(q.scalar_type()), ", got ", dtype_name(t->scalar_type()), ")");
+      check_device_of(op, name, *t, "q", q);
+      check_dtype_of(op, name, *t, "q", q);
       TORCH_CHECK(t->dim() == 4 && t->size(0) == batch && t->size(2) == k_cache.size(2) && t->size(3) == k_cache.size(3),
                   op, ": ", name, " must have shape [batch = ", batch, ", seqlen_new, num_heads_k = ", k_cache.size(2),
                   ", head_dim = ", k_cache.size(3), "], got ", t->sizes());
@@ -947,8 +926,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
       const at::Tensor& sin = *rotary_sin;
       for (const auto& [name, t] :
            {std::pair<const char*, const at::Tensor*>{"rotary_cos", &cos}, {"rotary_sin", &sin}}) {
-        TORCH_CHECK(t->device() == q.device(), op, ": ", name, " must be on the device of q (expected ", q.device(),
-                    ", got ", t->device(), ")");
+        check_device_of(op, name, *t, "q", q);
         TORCH_CHECK(t->scalar_type() == q.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
                     " must have the dtype of q (", dtype_name(q.scalar_type()), ") or float32, got ",
                     dtype_name(t->scalar_type()));

@@ -1,0 +1,52 @@
+"""The pytest fixtures every kernel's tests share: `kernel` (the built kernel, loaded as users load
+it) and `device`.
+
+One source of truth: common/kernel_fixture.py, copied by scripts/sync_common.py into each kernel's
+tests/ as <kernel>_fixture.py (a kernel's tests run on their own, from its folder, so they cannot
+import from outside it; the module names differ so that `pytest tests */tests` can import
+every copy). tests/test_common_sync.py fails when a copy drifts: edit common/, then run the script.
+
+Usage, in <kernel>/tests/conftest.py:
+
+    kernel, device = kernel_fixtures("open-kernels/<kernel>", version=1, build_dir=<kernel>/build)
+
+Tests never import the source package: `kernel` is `kernels.get_kernel(repo_id, version=...)`,
+which `LOCAL_KERNELS` redirects to the folder's `build/`.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+KERNELS_CI_MARKER = "kernels_ci: fast subset (< 60 s) run by kernels CI"
+
+
+def add_local_kernel(repo_id: str, build_dir: Path) -> None:
+    """Point `LOCAL_KERNELS` at `build_dir` for `repo_id`.
+
+    Appended to (not replacing) an existing LOCAL_KERNELS, so that a session that also runs other
+    kernels' suites keeps their redirections; an explicit entry for `repo_id` wins. Called when
+    the `kernel` fixture first runs, not at import, so the result does not depend on the order in
+    which pytest collects the kernels' test folders."""
+    entries = [e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e]
+    if not any(e.split("=", 1)[0] == repo_id for e in entries):
+        os.environ["LOCAL_KERNELS"] = ":".join(entries + [f"{repo_id}={build_dir}"])
+
+
+def kernel_fixtures(repo_id: str, *, version: int, build_dir: Path):
+    """The session fixtures `kernel` and `device` of a conftest.py (assign both to those names)."""
+
+    @pytest.fixture(scope="session", name="kernel")
+    def kernel_fixture():
+        import kernels
+
+        add_local_kernel(repo_id, build_dir)
+        return kernels.get_kernel(repo_id, version=version)
+
+    @pytest.fixture(scope="session", name="device")
+    def device_fixture() -> str:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    return kernel_fixture, device_fixture
