@@ -14,7 +14,9 @@ Tests never import the source package: `kernel` is `kernels.get_kernel(repo_id, 
 which `LOCAL_KERNELS` redirects to the folder's `build/`.
 """
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,43 @@ def kernel_fixtures(repo_id: str, *, version: int, build_dir: Path):
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     return kernel_fixture, device_fixture
+
+
+def benchmark_fixtures(kernel_name: str, bench_dir: Path):
+    """The fixtures `bench` and `sweep` of a benchmark test module (assign both to those names):
+    `bench_dir`/benchmark.py and sweep.py imported under names of their own, with `bench_dir` and
+    the repository's scripts/ on sys.path. The module `benchmark` (which a sweep imports) is
+    unloaded before and after, so that each kernel's sweep finds its own."""
+
+    def load(name: str, path: Path, monkeypatch):
+        monkeypatch.setattr(sys, "path", [str(bench_dir), str(bench_dir.parent.parent / "scripts")] + sys.path)
+        monkeypatch.delitem(sys.modules, "benchmark", raising=False)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        return module
+
+    @pytest.fixture(name="bench")
+    def bench_fixture(monkeypatch, request):
+        request.addfinalizer(lambda: sys.modules.pop("benchmark", None))
+        return load(f"{kernel_name}_benchmark", bench_dir / "benchmark.py", monkeypatch)
+
+    @pytest.fixture(name="sweep")
+    def sweep_fixture(monkeypatch, request):
+        request.addfinalizer(lambda: sys.modules.pop("benchmark", None))
+        return load(f"{kernel_name}_sweep", bench_dir / "sweep.py", monkeypatch)
+
+    return bench_fixture, sweep_fixture
+
+
+def benchmark_workloads(bench):
+    """(class, workload) of every `kernels benchmark` workload in the module `bench`: the
+    `benchmark_<workload>` methods of its Benchmark subclasses."""
+    from kernels.benchmark import Benchmark
+
+    for cls in (getattr(bench, n) for n in dir(bench)):
+        if isinstance(cls, type) and issubclass(cls, Benchmark) and cls is not Benchmark:
+            for name in dir(cls):
+                if name.startswith("benchmark_"):
+                    yield cls, name[len("benchmark_") :]

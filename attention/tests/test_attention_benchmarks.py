@@ -7,48 +7,18 @@ and byte counts follow its stated formulas. The sweep's case order and command l
 in tests/test_bench_table.py.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from attention_cases import BF16, randn, ref_attention
+from attention_fixture import benchmark_fixtures, benchmark_workloads
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def _load(name, path, monkeypatch):
-    monkeypatch.setattr(sys, "path", [str(BENCH_DIR), str(BENCH_DIR.parent.parent / "scripts")] + sys.path)
-    monkeypatch.delitem(sys.modules, "benchmark", raising=False)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def bench(monkeypatch, request):
-    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))
-    return _load("attention_benchmark", BENCH_DIR / "benchmark.py", monkeypatch)
-
-
-@pytest.fixture
-def sweep(monkeypatch, request):
-    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))
-    return _load("attention_sweep", BENCH_DIR / "sweep.py", monkeypatch)
-
-
-def _workloads(bench):
-    from kernels.benchmark import Benchmark
-
-    for cls in (getattr(bench, n) for n in dir(bench)):
-        if isinstance(cls, type) and issubclass(cls, Benchmark) and cls is not Benchmark:
-            for name in dir(cls):
-                if name.startswith("benchmark_"):
-                    yield cls, name[len("benchmark_") :]
+bench, sweep = benchmark_fixtures("attention", BENCH_DIR)
 
 
 def test_benchmark_workloads_verify(kernel, device, bench, monkeypatch):
@@ -59,7 +29,7 @@ def test_benchmark_workloads_verify(kernel, device, bench, monkeypatch):
         monkeypatch.setattr(bench, "DECODE_CONTEXT", 512)
         monkeypatch.setattr(bench, "DECODE_BATCH", 3)
     seen = 0
-    for cls, workload in _workloads(bench):
+    for cls, workload in benchmark_workloads(bench):
         instance = cls()
         instance.kernel, instance.device = kernel, device
         torch.manual_seed(instance.seed)
