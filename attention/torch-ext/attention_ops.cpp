@@ -875,9 +875,16 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   c.lse = lse;
   if (present(cache_seqlens)) {
     // Keys per sequence: [cache_leftpad, cache_seqlens + seqlen_new) (flash-attn's absolute rows).
-    at::Tensor used = cache_seqlens->to(at::kLong).add(seqlen_new);
-    if (present(cache_leftpad)) used = used.sub(cache_leftpad->to(at::kLong));
-    c.seqused_k = used.to(at::kInt);
+    // Each tensor op here is a kernel launch on the decode path (about 1.5 us each in a CUDA graph
+    // on an H200), so the common forms take none (cache_seqlens as it is) or one (int32 add).
+    if (present(cache_leftpad)) {
+      at::Tensor used = cache_seqlens->to(at::kLong).add(seqlen_new).sub(cache_leftpad->to(at::kLong));
+      c.seqused_k = used.to(at::kInt);
+    } else if (seqlen_new == 0) {
+      c.seqused_k = *cache_seqlens;
+    } else {
+      c.seqused_k = cache_seqlens->add(seqlen_new);  // int32 (checked above)
+    }
     c.names.seqused_note = present(cache_leftpad) ? " (cache_seqlens + new tokens - cache_leftpad)"
                                                   : " (cache_seqlens + new tokens)";
   }
