@@ -30,8 +30,9 @@
 //   per row); a fixed order, so all threads of a row hold the same bits.
 // - Forward (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per thread in
 //   flight) and group = chunks / 4 threads, several rows per CTA below 128 threads; decode-sized
-//   launches (rows <= 4 x SMs) take the smallest kChunks that fits, so a row spreads over up to
-//   1024 threads and no thread loops over the row (hidden 4096 bf16: 512 threads x 1 vector).
+//   launches (rows <= 4 x SMs) take the smallest kChunks that fits in 768 threads, so a row
+//   spreads over up to 768 threads and no thread loops over the row (hidden 4096 bf16: 512
+//   threads x 1 vector, 8192: 512 x 2).
 //   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
 //   registers; wider rows run a two-pass kernel (one CTA per row: sum, then scale, the second
 //   read served by L2 for the most part).
@@ -44,7 +45,8 @@
 //   reduction into the workspace ([partials, hidden] each), and a second small kernel adds the
 //   partials of each column in a fixed order into grad_weight (all partials) and grad_scale /
 //   grad_shift (the partials of each sample), rounded once. No atomics: results are
-//   deterministic. Rows wider than the register path take a two-pass kernel that accumulates its
+//   deterministic. On sm_90+ a group asks L2 for its next row while it reduces and stores the
+//   current one (one bulk prefetch; LaunchConfig::kBwdPrefetchSteps). Rows wider than the register path take a two-pass kernel that accumulates its
 //   partials in its own workspace rows (read-modify-write through L2).
 // - rstd = rsqrtf(sum * (1 / hidden) + eps), the same expression forward and backward. The
 //   host rounds 1 / hidden to fp32 once, so the mean is within about an ulp of sum / hidden
@@ -83,6 +85,7 @@ using detail::St;
 using detail::chunk_from_float;
 using detail::group_sum;
 using detail::load_chunk;
+using detail::prefetch_l2;
 using detail::round_norm;
 using detail::store_chunk;
 
@@ -106,6 +109,11 @@ struct LaunchConfig {
   // rows <= kFwdFewRowsPerSm x SMs: decode-sized, one wave whatever the shape; the fewest
   // vectors per thread (the widest group) minimise the serial work per thread.
   static constexpr int kFwdFewRowsPerSm = 4;
+  // ... in groups of at most this many threads. H200, per decode launch in a CUDA graph: hidden
+  // 8192 bf16 took 2.31-2.85 us as 1024 threads x 1 vector and 2.16-2.68 us as 512 x 2 (1-128
+  // rows); smaller groups with more vectors were no faster elsewhere (4096: 256 x 2 vs 512 x 1;
+  // 5120: 320 x 2 vs 640 x 1, 1-2% slower fused), so only 1024-thread groups are split.
+  static constexpr int kFwdFewRowsMaxGroup = 768;
   // Small groups share a CTA up to this many threads (rows per CTA = 128 / group).
   static constexpr int kFwdCtaThreads = 128;
   // Two-pass forward (rows of more than kFwdMaxRegisterChunks chunks): one CTA per row.
@@ -128,6 +136,13 @@ struct LaunchConfig {
   // Fewer CTAs rather than fewer than 4 rows each: the partials cost 8 bytes per column per CTA
   // (write + read back), against 4-6 bytes per column per row for the row data.
   static constexpr int kBwdMinRowsPerCta = 4;
+  // The register-resident backward asks L2 for a group's row this many steps ahead (sm_90+,
+  // vector path, no grad_residual): DRAM keeps streaming while the CTA reduces and stores (its
+  // steps are load, CTA barrier, store, with nothing in flight across the barrier). H200 A/B
+  // (bf16 unless noted, % of copy): plain 4096-65536 rows x 2048-8192 +0.1 to +2.2 points, fp32
+  // +6-8, fp32 weight +8; with grad_residual (three tensors per row in flight already) -3 to -5,
+  // so it is off there; two steps ahead lost 2-4 points everywhere.
+  static constexpr int kBwdPrefetchSteps = 1;
   static constexpr int kBwdWideThreads = 512;
   // Column reduction of the partials: 16 warps of one block split the partials of 32 columns,
   // each warp with 8 loads in flight.
@@ -730,6 +745,15 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
           if (c < chunks) gr[k] = load_chunk<Ld::kStream, Tin, kVec>(gres + c * kVec);
         }
       }
+      if constexpr (kVec > 1 && LaunchConfig::kBwdPrefetchSteps > 0) {
+        const int64_t ahead = row + static_cast<int64_t>(LaunchConfig::kBwdPrefetchSteps) * a.slots;
+        if (lane == 0 && !has_gres && ahead < range.end) {
+          prefetch_l2(static_cast<const Tin*>(a.input) + ahead * a.input_stride,
+                      static_cast<uint32_t>(a.hidden * sizeof(Tin)));
+          prefetch_l2(static_cast<const Tout*>(a.grad_out) + ahead * a.grad_out_stride,
+                      static_cast<uint32_t>(a.hidden * sizeof(Tout)));
+        }
+      }
       load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
 #pragma unroll
       for (int k = 0; k < kChunks; ++k) {
@@ -1014,9 +1038,11 @@ FwdPlan plan_fwd(int64_t rows, int64_t chunks, int sms) {
     p.rows_per_cta = 1;
     return p;
   }
-  int k = 1;  // the fewest vectors per thread that fit in one group
-  while (ceil_div(chunks, k) > LaunchConfig::max_group(k)) k *= 2;
   const bool few_rows = rows <= static_cast<int64_t>(LaunchConfig::kFwdFewRowsPerSm) * sms;
+  // The fewest vectors per thread that fit in one group (decode-sized: in kFwdFewRowsMaxGroup).
+  const int max_threads = few_rows ? LaunchConfig::kFwdFewRowsMaxGroup : LaunchConfig::max_group(1);
+  int k = 1;
+  while (ceil_div(chunks, k) > min64(LaunchConfig::max_group(k), max_threads)) k *= 2;
   if (!few_rows && k < LaunchConfig::kFwdChunksManyRows) k = LaunchConfig::kFwdChunksManyRows;
   p.chunks_per_thread = k;
   p.group = group_for(ceil_div(chunks, k));

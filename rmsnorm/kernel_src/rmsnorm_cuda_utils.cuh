@@ -176,6 +176,19 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, kN>& c) {
   }
 }
 
+// Asks L2 to fetch [p, p + bytes) ahead of its use (p 16-byte aligned, bytes a multiple of 16):
+// one bulk prefetch on sm_90+, nothing on older devices. It only moves data into L2, so it
+// cannot change a result; the backward uses it to keep DRAM busy with a CTA's next rows while the
+// current ones are reduced and written.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 // Makes the compiler treat the chunk as a new value (an empty asm that "modifies" its registers),
 // so that fp32 values it converted before a row reduction are recomputed from the packed chunk
 // after it, instead of being kept live across it: 16-bit data then costs half a register per
