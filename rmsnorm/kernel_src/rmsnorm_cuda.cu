@@ -46,8 +46,9 @@
 //   partials of each column in a fixed order into grad_weight (all partials) and grad_scale /
 //   grad_shift (the partials of each sample), rounded once. No atomics: results are
 //   deterministic. On sm_90+ a group asks L2 for its next row while it reduces and stores the
-//   current one (one bulk prefetch; LaunchConfig::kBwdPrefetchSteps). Rows wider than the register path take a two-pass kernel that accumulates its
-//   partials in its own workspace rows (read-modify-write through L2).
+//   current one (one bulk prefetch; LaunchConfig::kBwdPrefetchSteps). Rows wider than the
+//   register path take a two-pass kernel that accumulates its partials in its own workspace rows
+//   (read-modify-write through L2).
 // - rstd = rsqrtf(sum * (1 / hidden) + eps), the same expression forward and backward. The
 //   host rounds 1 / hidden to fp32 once, so the mean is within about an ulp of sum / hidden
 //   (no division per row), the same order as rsqrtf's own error (2 ulp).
