@@ -47,8 +47,10 @@
 //   one CTA reads each K/V tile once for the whole group, which is what makes decode bound by
 //   the K/V stream rather than by latency.
 // - Paged K/V: every K/V tile row goes through the block table (j / page_block_size by a
-//   multiply-shift, one L1-resident read-only load shared by the K and V row), so any page size
-//   works at the same cost; no assumption that a tile stays in one page.
+//   multiply-shift; the block id shared by the K and V row), so any page size works at the same
+//   cost; no assumption that a tile stays in one page. Decode tiles load the block ids of a tile
+//   two iterations ahead and stage them in shared memory (kStages slots of kBlockN ints), so
+//   that the dependent block-table load never delays a tile's copies.
 // - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
 //   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
 //   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
@@ -152,7 +154,12 @@ struct TileConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  // Paged K/V, decode tiles: the block id of every key row of a tile, one slot per stage
+  // (page_block_of_row). Prefill tiles translate in load_kv: at 225-255 registers the staging
+  // pushed the head-dim-192 build into spills, and their long compute hides the load better.
+  static constexpr bool kStagePageIds = kWarpsN > 1;
+  static constexpr int kPageIdsOffset = kQBytes + kStages * kStageBytes;
+  static constexpr int kSmemBytes = kPageIdsOffset + (kStagePageIds ? kStages * kBlockN * 4 : 0);
   static constexpr int kORegs = kMTiles * kDTiles * 4;     // O accumulator floats per thread
   // Cross-warp merge (kWarpsN > 1), in the K/V area once the last tile is consumed: the O
   // fragments of warps 1 .. kWarpsN-1, then per-warp row max and row sum.
@@ -162,6 +169,7 @@ struct TileConfig {
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kMTiles >= 1, "whole 16-row tiles per warp");
   static_assert(kWarpKeys % 16 == 0, "whole 16-key steps per warp");
   static_assert(kStages >= 2, "double buffering at least");
+  static_assert(!kStagePageIds || kBlockN <= kThreads, "a thread per key row stages page ids");
   static_assert(kWarpsN == 1 || kMergeBytes <= kStages * kStageBytes, "merge scratch fits");
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest opt-in limit (sm_86/89/120)");
 };
@@ -412,11 +420,12 @@ __device__ __forceinline__ void load_q(const FwdArgs& a, const Seq& s, int head,
   }
 }
 
-// K and V rows [n * kBlockN, (n + 1) * kBlockN) into one stage. Paged: each row through the
-// block table (one read-only load per row, L1-resident; the same translation serves K and V).
+// K and V rows [n * kBlockN, (n + 1) * kBlockN) into one stage. Paged: each row through its
+// block id (the same translation serves K and V): page_ids[r] for key row r of the tile where
+// Cfg::kStagePageIds (staged by the kernel), else a read-only block-table load (L1-resident).
 template <typename T, class Cfg>
 __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, uint32_t sk,
-                                        uint32_t sv, int tid) {
+                                        uint32_t sv, const int32_t* page_ids, int tid) {
   using RS = RowSplit<Cfg>;
   constexpr int RPP = RS::kRowsPerPass;
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
@@ -426,6 +435,16 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   if (s.blocks != nullptr) {
+    int32_t staged_block[Cfg::kStagePageIds ? RS::kKVPasses : 1];
+    if constexpr (Cfg::kStagePageIds) {
+      // Every block id of this thread's rows first: the shared-memory loads overlap, where one
+      // per row in front of its copies put 8 load latencies into each tile's issue.
+#pragma unroll
+      for (int p = 0; p < RS::kKVPasses; ++p) {
+        const int row = r0 + p * RPP;
+        staged_block[p] = page_ids[row < Cfg::kBlockN ? row : Cfg::kBlockN - 1];
+      }
+    }
 #pragma unroll
     for (int p = 0; p < RS::kKVPasses; ++p) {
       const int row = r0 + p * RPP;
@@ -437,7 +456,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
       if (valid) {
         const int page = a.page_div.div(j);
         const int64_t in_page = j - page * a.page_block_size;
-        const int64_t block = __ldg(s.blocks + page);
+        const int64_t block = Cfg::kStagePageIds ? staged_block[p] : __ldg(s.blocks + page);
         ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
         vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
       }
@@ -462,6 +481,16 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
       vp += vstep;
     }
   }
+}
+
+// Paged K/V: the block id of key row r of tile n (0 past len_k, where no copy reads it). The
+// kernel loads it into a register one iteration before it stores it to the tile's page_ids slot,
+// one iteration before load_kv reads it there: the dependent block-table load is off the critical
+// path of the copies (it doubled the per-CTA time of a long decode split when load_kv did it).
+template <class Cfg>
+__device__ __forceinline__ int32_t page_block_of_row(const FwdArgs& a, const Seq& s, int n, int r) {
+  const int j = n * Cfg::kBlockN + r;
+  return j < s.len_k ? __ldg(s.blocks + a.page_div.div(j)) : 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -641,15 +670,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
   const uint32_t k_base = Rows(lr_b, (lane >> 3) & 1, static_cast<uint32_t>(key_w * D * 2)).base;
   const uint32_t v_base = Rows(lr_a, lane >> 4, static_cast<uint32_t>(key_w * D * 2)).base;
 
-  // Prologue: Q, then the first kStages - 1 K/V tiles (from the last tile down).
+  // Prologue: Q, then the first kStages - 1 K/V tiles (from the last tile down). Staged page
+  // ids: those of tiles 0 .. kStages - 1 go straight to their slots (tile t in slot
+  // t % kStages), those of tile kStages into next_page_id; the loop keeps that distance.
   load_q<T, Cfg>(a, s, head, m0, rows, sq, tid);
   cp_async_commit();
   const int n_tiles = kr.end - kr.begin;
+  const bool page_ids_staged = Cfg::kStagePageIds && s.blocks != nullptr;
+  const bool stages_page_id = page_ids_staged && tid < BN;  // this thread's key row
+  int32_t* page_ids = reinterpret_cast<int32_t*>(smem + Cfg::kPageIdsOffset);
+  const auto tile_page_id = [&](int t) -> int32_t {
+    return t < n_tiles ? page_block_of_row<Cfg>(a, s, kr.end - 1 - t, tid) : 0;
+  };
+  int32_t next_page_id = 0;
+  if (page_ids_staged) {
+    if (stages_page_id) {
+#pragma unroll
+      for (int t = 0; t < Cfg::kStages; ++t) page_ids[t * BN + tid] = tile_page_id(t);
+      next_page_id = tile_page_id(Cfg::kStages);
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int st = 0; st < Cfg::kStages - 1; ++st) {
     if (st < n_tiles) {
       load_kv<T, Cfg>(a, s, kr.end - 1 - st, skv + st * Cfg::kStageBytes,
-                      skv + st * Cfg::kStageBytes + Cfg::kTileBytes, tid);
+                      skv + st * Cfg::kStageBytes + Cfg::kTileBytes, page_ids + st * BN, tid);
     }
     cp_async_commit();
   }
@@ -697,9 +743,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
         int st = stage + Cfg::kStages - 1;
         if (st >= Cfg::kStages) st -= Cfg::kStages;
         load_kv<T, Cfg>(a, s, kr.end - 1 - ahead, skv + st * Cfg::kStageBytes,
-                        skv + st * Cfg::kStageBytes + Cfg::kTileBytes, tid);
+                        skv + st * Cfg::kStageBytes + Cfg::kTileBytes, page_ids + st * BN, tid);
       }
       cp_async_commit();
+      // Slot `stage` was last read by the copies of tile it (issued before this barrier); it
+      // now takes the ids of tile it + kStages, read after the next barrier.
+      if (stages_page_id && it + Cfg::kStages < n_tiles) {
+        page_ids[stage * BN + tid] = next_page_id;
+        next_page_id = tile_page_id(it + Cfg::kStages + 1);
+      }
     }
     const uint32_t sk = skv + stage * Cfg::kStageBytes;
     const uint32_t k_lane = sk + k_base;
