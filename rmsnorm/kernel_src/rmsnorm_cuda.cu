@@ -30,8 +30,8 @@
 //   per row); a fixed order, so all threads of a row hold the same bits.
 // - Forward (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per thread in
 //   flight) and group = chunks / 4 threads, several rows per CTA below 128 threads (kChunks = 8
-//   for rows without a residual that would need 256 threads or more); decode-sized
-//   launches (rows <= 4 x SMs) take the smallest kChunks that fits in 768 threads, so a row
+//   for rows that would need 256 threads or more, without a residual or an fp16 weight);
+//   decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits in 768 threads, so a row
 //   spreads over up to 768 threads and no thread loops over the row (hidden 4096 bf16: 512
 //   threads x 1 vector, 8192: 512 x 2).
 //   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
@@ -113,7 +113,9 @@ struct LaunchConfig {
   // bf16). H200, hidden 8192 bf16, CUDA graph: 65536 rows 95.6 -> 98.7% of copy, 16384 rows
   // 93.4 -> 95.8-96.0%, 8192 rows 90.6 -> 92.1%, 4096 rows unchanged (85.2-85.6%). With a
   // residual (two tensors in flight per vector already) it lost 1-2 points, at hidden 5120
-  // (160 -> 96 threads) about 6: so only here.
+  // (160 -> 96 threads) about 6: so only here. Not with an fp16 weight either: that 8-vector
+  // build takes 112 registers (94 otherwise, nvcc 13.0 sm_90a), 4 CTAs of 128 threads per SM
+  // instead of 5, and fp16 hidden 8192 lost 2.2-5.4 points (4096-65536 rows).
   static constexpr int kFwdWideGroup = 256;
   static constexpr int kFwdChunksWideRows = 8;
   // rows <= kFwdFewRowsPerSm x SMs: decode-sized, one wave whatever the shape; the fewest
@@ -1042,7 +1044,7 @@ struct FwdPlan {
   int rows_per_cta;
 };
 
-FwdPlan plan_fwd(int64_t rows, int64_t chunks, bool residual, int sms) {
+FwdPlan plan_fwd(int64_t rows, int64_t chunks, bool wide_rows_ok, int sms) {
   FwdPlan p{};
   if (chunks > LaunchConfig::kFwdMaxRegisterChunks) {
     p.two_pass = true;
@@ -1056,7 +1058,7 @@ FwdPlan plan_fwd(int64_t rows, int64_t chunks, bool residual, int sms) {
   int k = 1;
   while (ceil_div(chunks, k) > min64(LaunchConfig::max_group(k), max_threads)) k *= 2;
   if (!few_rows && k < LaunchConfig::kFwdChunksManyRows) k = LaunchConfig::kFwdChunksManyRows;
-  if (!few_rows && !residual && k < LaunchConfig::kFwdChunksWideRows &&
+  if (!few_rows && wide_rows_ok && k < LaunchConfig::kFwdChunksWideRows &&
       ceil_div(chunks, k) >= LaunchConfig::kFwdWideGroup) {
     k = LaunchConfig::kFwdChunksWideRows;
   }
@@ -1151,7 +1153,9 @@ NormRound to_norm_round(bool round_norm, DType norm_dtype, bool* ok) {
 template <typename Tin, typename Tw, typename Tout, int kVec>
 cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
   args.chunks = args.hidden / kVec;
-  const FwdPlan plan = plan_fwd(args.rows, args.chunks, args.residual != nullptr, sms);
+  // 8 vectors per thread for wide rows: not with a residual, nor with an fp16 weight (LaunchConfig).
+  const bool wide_rows_ok = args.residual == nullptr && !std::is_same<Tw, __half>::value;
+  const FwdPlan plan = plan_fwd(args.rows, args.chunks, wide_rows_ok, sms);
   args.group = plan.group;
   args.rows_per_cta = plan.rows_per_cta;
   args.row_blocks = ceil_div(args.rows, plan.rows_per_cta);
