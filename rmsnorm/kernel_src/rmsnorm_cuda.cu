@@ -30,10 +30,10 @@
 //   per row); a fixed order, so all threads of a row hold the same bits.
 // - Forward (FwdPlan): rows that fill the GPU take kChunks = 4 (64 bytes of input per thread in
 //   flight) and group = chunks / 4 threads, several rows per CTA below 128 threads (kChunks = 8
-//   for rows that would need 256 threads or more, without a residual or an fp16 weight);
-//   decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits in 768
-//   threads, so a row spreads over up to 768 threads and no thread loops over the row (hidden
-//   4096 bf16: 512 threads x 1 vector, 8192: 512 x 2).
+//   for rows that would need 256 threads or more, from 16 x SMs rows, without a residual or an
+//   fp16 weight); decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits
+//   in 768 threads, so a row spreads over up to 768 threads and no thread loops over the row
+//   (hidden 4096 bf16: 512 threads x 1 vector, 8192: 512 x 2).
 //   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
 //   registers; wider rows run a two-pass kernel (one CTA per row: sum, then scale, the second
 //   read served by L2 for the most part).
