@@ -67,12 +67,14 @@
 // - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
 //   wait for their predecessor before the first global access and release their dependents.
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
-//   in parentheses): prefill D32 191-203 (217-238), D64 237-241 (247-254), D96 252-255
-//   (254-255), D128 245-248 (252-255), D192 240-255 (200-232), D256 245-246 (244-245); decode
-//   D32 85-95, D64 113-122, D96 150-164, D128 168 (the 3-CTA cap), D192 195-240, D256 245-253.
-//   No local memory inside any main loop (cuobjdump, sm_80 / 90a / 100 / 120); a few values
-//   live in local memory around the loop (stored before it, reloaded after) in the sm_120
-//   softcap / ALiBi builds of D96 / D128 and the sm_100 builds of D96 / D192.
+//   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
+//   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233), D256 245-246
+//   (245-246); decode D32 92-96, D64 114-121, D96 148-168, D128 168 (the 3-CTA cap), D192
+//   195-240, D256 254-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
+//   spills 40-104 bytes and reloads 4-16 values per K/V tile in its main loop (a measured net
+//   gain, see Prefill128Wide); the sm_120 softcap / ALiBi D96 build does one local access per
+//   K/V tile; every other main loop has none. A few values live in local memory around the loop
+//   (stored before it, reloaded after) in the sm_120 softcap / ALiBi builds of D64 / D128.
 // - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
 //
 // Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
