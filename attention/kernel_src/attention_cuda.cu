@@ -1547,7 +1547,7 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
   a.qpack_div = FastDivU32::make(static_cast<uint32_t>(plan.qpack));
   a.m_blocks = plan.m_blocks;
   a.num_splits = plan.num_splits;
-  a.tile_group = 1;  // per launch (attn_fwd)
+  a.heads_grid_div = FastDivU32::make(static_cast<uint32_t>(plan.heads_grid));
   a.scale_log2 = p.softmax_scale * kLog2e;
   a.softcap_scale = p.softcap > 0.0f ? p.softmax_scale / p.softcap : 0.0f;
   a.softcap_log2 = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
@@ -1608,10 +1608,10 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   for (int64_t base = 0; base < p.batch; base += max_chunk) {
     const int64_t chunk = min64(p.batch - base, max_chunk);
     args.batch_base = static_cast<int>(base);
+    // The tile group depends on the chunk's pair count.
     args.tile_group = plan_tile_group(p, dev, plan, grid_x, chunk);
     args.group_ctas_div = FastDivU32::make(static_cast<uint32_t>(grid_x) * args.tile_group);
     args.tile_group_div = FastDivU32::make(args.tile_group);
-    args.heads_grid_div = FastDivU32::make(static_cast<uint32_t>(plan.heads_grid));
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(plan.heads_grid),
                     static_cast<unsigned>(chunk));
     err = pdl::launch<kAttentionPdlEnv>(plan.kernel.fn, grid, dim3(plan.kernel.threads),
