@@ -1086,11 +1086,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
 
 // ---------------------------------------------------------------------------------------------
 // Split-KV combine: one CTA per output row (b, h, i). lse = log(sum_s exp(lse_s)),
-// out = sum_s exp(lse_s - lse) out_s; splits with lse_s = -inf (no visible key) are skipped and
-// their out_accum rows never read; a row with no split left gets out = 0, lse = +inf.
+// out = sum_s exp(lse_s - lse) out_s; splits with lse_s = -inf (no visible key) are skipped (their
+// out_accum rows, never written, get weight 0); a row with no split left gets out = 0, lse = +inf.
 // The warps take interleaved splits, kCombineUnroll independent row loads at a time, and warp 0
 // adds up their partial rows: a single warp walking the splits one dependent L2 load after
 // another cost about 0.4 us per split (H200), which at batch 1 was a third of the decode time.
+// The first rows are loaded together with the split lse values (one L2 round trip, not two).
 // ---------------------------------------------------------------------------------------------
 struct CombineArgs {
   const float* out_accum;  // [splits, batch, heads_q, seqlen_q, D]
@@ -1133,6 +1134,29 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
   if (i >= len_q) return;  // the whole CTA: padding row of a varlen batch
   const int64_t split_stride = total;
 
+  // Every warp: the rows of its splits warp, warp + kWarps, ... in groups of kUnroll independent
+  // loads. The first group is loaded before the weights are known, so that its L2 round trip
+  // overlaps warp 0's loads of the split lse values (at most kWarps x kUnroll splits, the usual
+  // count, take one round trip instead of two). A split without a visible key never wrote its
+  // row: such a row may hold anything, and its weight 0 selects it out below rather than
+  // multiplying it. Later groups load only rows of nonzero weight.
+  float4 x[kUnroll][2];
+  const auto load_group = [&](int sp0, bool speculative) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int sp = sp0 + u * kWarps;
+      const bool wanted = sp < a.num_splits && (speculative || sm.weight[sp] != 0.0f);
+      const float* src = a.out_accum + (sp * split_stride + row) * a.head_dim;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int d0 = 4 * lane + 128 * k;
+        x[u][k] = wanted && d0 < a.head_dim ? *reinterpret_cast<const float4*>(src + d0)
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  };
+  load_group(warp, true);
+
   // Warp 0: the weights and the row's lse.
   float lse_row = kInf;
   if (warp == 0) {
@@ -1161,31 +1185,20 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
   }
   __syncthreads();
 
-  // Every warp: its splits warp, warp + kWarps, ... in groups of kUnroll independent loads.
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   for (int sp0 = warp; sp0 < a.num_splits; sp0 += kWarps * kUnroll) {
-    float ws[kUnroll];
-    float4 x[kUnroll][2];
+    if (sp0 != warp) load_group(sp0, false);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int sp = sp0 + u * kWarps;
-      ws[u] = sp < a.num_splits ? sm.weight[sp] : 0.0f;
-      const float* src = a.out_accum + (sp * split_stride + row) * a.head_dim;
+      const float ws = sp < a.num_splits ? sm.weight[sp] : 0.0f;
+      if (ws == 0.0f) continue;
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const int d0 = 4 * lane + 128 * k;
-        x[u][k] = ws[u] != 0.0f && d0 < a.head_dim ? *reinterpret_cast<const float4*>(src + d0)
-                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        acc[k].x = fmaf(ws[u], x[u][k].x, acc[k].x);
-        acc[k].y = fmaf(ws[u], x[u][k].y, acc[k].y);
-        acc[k].z = fmaf(ws[u], x[u][k].z, acc[k].z);
-        acc[k].w = fmaf(ws[u], x[u][k].w, acc[k].w);
+        acc[k].x = fmaf(ws, x[u][k].x, acc[k].x);
+        acc[k].y = fmaf(ws, x[u][k].y, acc[k].y);
+        acc[k].z = fmaf(ws, x[u][k].z, acc[k].z);
+        acc[k].w = fmaf(ws, x[u][k].w, acc[k].w);
       }
     }
   }
