@@ -538,7 +538,7 @@ struct BwdArgs {
   int64_t partials;              // batch x ctas_per_sample
   FastDivU64 sample_of_partial;  // part / ctas_per_sample
   float inv_hidden;
-  float weight_offset;
+  float weight_offset;           // 1 without a weight (bwd_terms)
   float eps;
   int group;                     // threads per row
   int slots;                     // rows in flight per CTA (groups per CTA)
@@ -570,16 +570,19 @@ __device__ __forceinline__ RowRange partial_rows(const BwdArgs& a, int64_t part)
 }
 
 // The per-element backward terms: go = grad_out, gy = go (* (1 + scale)), w', gn = gy * w'.
-// `modulated` is a compile-time constant in the register-resident kernel.
+// `modulated` is a compile-time constant in the register-resident kernel. w' = weight_offset + w
+// with or without a weight: without one, w stays 0 (the chunks start zeroed and are never
+// loaded) and the launcher passes weight_offset = 1 (BwdArgs), which saves the select per
+// element and pass that an issue-bound backward paid for the test.
 struct BwdTerms {
   float go, gy, wp, gn;
 };
-__device__ __forceinline__ BwdTerms bwd_terms(float g, float w, float s, bool has_weight,
-                                              bool modulated, float weight_offset) {
+__device__ __forceinline__ BwdTerms bwd_terms(float g, float w, float s, bool modulated,
+                                              float weight_offset) {
   BwdTerms t;
   t.go = g;
   t.gy = modulated ? t.go * (1.0f + s) : t.go;
-  t.wp = has_weight ? weight_offset + w : 1.0f;
+  t.wp = weight_offset + w;
   t.gn = t.gy * t.wp;
   return t;
 }
@@ -650,7 +653,6 @@ __device__ __forceinline__ void bwd_store_row(
     const Chunk<Tin, kVec> (&s)[kModChunks], float* acc_w, float (&acc_s)[kAccChunks][kVec],
     float (&acc_sh)[kAccChunks][kVec], int64_t row, int lane, int chunks, float rstd,
     float mean_gn_n) {
-  const bool has_weight = a.weight != nullptr;
   const bool has_gres = a.grad_residual != nullptr;
   Tin* gin = static_cast<Tin*>(a.grad_input) + row * a.grad_input_stride;
 #pragma unroll
@@ -662,7 +664,7 @@ __device__ __forceinline__ void bwd_store_row(
       for (int j = 0; j < kVec; ++j) {
         const float r = x[k].get(j);
         const BwdTerms t = bwd_terms(g[k].get(j), w[k].get(j), s[kMode != kBwdPlain ? k : 0].get(j),
-                                     has_weight, kMode != kBwdPlain, a.weight_offset);
+                                     kMode != kBwdPlain, a.weight_offset);
         const float n = r * rstd;
         float v = rstd * (t.gn - n * mean_gn_n);
         if (has_gres) v += gr[k].get(j);
@@ -715,7 +717,6 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
   const int lane = static_cast<int>(threadIdx.x) - slot * group;
   const int chunks = static_cast<int>(a.chunks);  // <= kBwdMaxGroup x kChunks
   const Tw* weight = static_cast<const Tw*>(a.weight);
-  const bool has_weight = weight != nullptr;
   const bool has_gres = a.grad_residual != nullptr;
   float* acc_w = acc_smem + slot * a.hidden;
 
@@ -781,7 +782,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
           for (int j = 0; j < kVec; ++j) {
             const float r = x[k].get(j);
             const BwdTerms t = bwd_terms(g[k].get(j), w[k].get(j), s[kModulated ? k : 0].get(j),
-                                         has_weight, kModulated, a.weight_offset);
+                                         kModulated, a.weight_offset);
             ss += r * r;
             dot += t.gn * r;
           }
@@ -872,8 +873,8 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float r = x[u].get(j);
-            const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), has_weight,
-                                         modulated, a.weight_offset);
+            const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), modulated,
+                                         a.weight_offset);
             sums[0] += r * r;
             sums[1] += t.gn * r;
           }
@@ -914,8 +915,8 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
               const float r = x[u].get(j);
-              const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), has_weight,
-                                           modulated, a.weight_offset);
+              const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), modulated,
+                                           a.weight_offset);
               const float n = r * rstd;
               float v = rstd * (t.gn - n * mean_gn_n);
               if (has_gres) v += gr[u].get(j);
@@ -1325,7 +1326,7 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
   args.partials = part.partials;
   args.sample_of_partial = FastDivU64::make(static_cast<uint64_t>(part.ctas_per_sample));
   args.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
-  args.weight_offset = p.weight_offset;
+  args.weight_offset = p.weight != nullptr ? p.weight_offset : 1.0f;  // bwd_terms
   args.eps = p.eps;
   args.norm_round = norm_round;
 

@@ -221,12 +221,21 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
 template <int kN>
 __device__ __forceinline__ void group_sum(float (&v)[kN], int group, float (*red)[32]) {
   constexpr unsigned kFull = 0xffffffffu;
-  const int first_offset = group < 32 ? group >> 1 : 16;
-  for (int offset = first_offset; offset > 0; offset >>= 1) {
+  if (group < 32) {
+    for (int offset = group >> 1; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFull, v[i], offset);
+    }
+    return;
+  }
+  // Whole warps: the butterfly unrolled (a runtime-bounded loop cost a branch and its counter
+  // per level; the backward, which runs this per row of 16 columns per thread, is bound by issue).
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
 #pragma unroll
     for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFull, v[i], offset);
   }
-  if (group <= 32) return;
+  if (group == 32) return;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   if ((threadIdx.x & 31) == 0) {
 #pragma unroll
