@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
         }
       }
     }
-    group_sum<1>(ss, group, red[parity]);
+    group_sum<1>(ss, group, slot, red[parity]);
     parity ^= 1;
     launder(x);
     if constexpr (kPrefetchW) launder(w);
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads, 1)
         }
       }
     }
-    group_sum<1>(ss, static_cast<int>(threads), red[parity]);
+    group_sum<1>(ss, static_cast<int>(threads), 0, red[parity]);
     parity ^= 1;
     const float rstd = rsqrtf(ss[0] * a.inv_hidden + a.eps);
     if (threadIdx.x == 0 && a.rstd != nullptr) a.rstd[row] = rstd;
@@ -574,15 +574,18 @@ __device__ __forceinline__ RowRange partial_rows(const BwdArgs& a, int64_t part)
 // with or without a weight: without one, w stays 0 (the chunks start zeroed and are never
 // loaded) and the launcher passes weight_offset = 1 (BwdArgs), which saves the select per
 // element and pass that an issue-bound backward paid for the test.
+// The register-resident backward instantiates kOffset = false for weight_offset == 0 (a weight,
+// not Gemma's 1 + w): w' = w, one add fewer per element and pass.
 struct BwdTerms {
   float go, gy, wp, gn;
 };
+template <bool kOffset = true>
 __device__ __forceinline__ BwdTerms bwd_terms(float g, float w, float s, bool modulated,
                                               float weight_offset) {
   BwdTerms t;
   t.go = g;
   t.gy = modulated ? t.go * (1.0f + s) : t.go;
-  t.wp = weight_offset + w;
+  t.wp = kOffset ? weight_offset + w : w;
   t.gn = t.gy * t.wp;
   return t;
 }
@@ -645,15 +648,14 @@ __device__ __forceinline__ void flush_register_partials(float* ws, const float (
 
 // The epilogue of one row of the register-resident backward: grad_input of this thread's chunks,
 // and their contributions to the column partials.
-template <NormRound kRound, int kMode, typename Tin, typename Tw, typename Tout, int kVec,
-          int kChunks, int kModChunks, int kAccChunks>
+template <NormRound kRound, int kMode, bool kOffset, bool kGres, typename Tin, typename Tw,
+          typename Tout, int kVec, int kChunks, int kModChunks, int kAccChunks>
 __device__ __forceinline__ void bwd_store_row(
     const BwdArgs& a, const Chunk<Tin, kVec> (&x)[kChunks], const Chunk<Tout, kVec> (&g)[kChunks],
     const Chunk<Tin, kVec> (&gr)[kChunks], const Chunk<Tw, kVec> (&w)[kChunks],
     const Chunk<Tin, kVec> (&s)[kModChunks], float* acc_w, float (&acc_s)[kAccChunks][kVec],
     float (&acc_sh)[kAccChunks][kVec], int64_t row, int lane, int chunks, float rstd,
     float mean_gn_n) {
-  const bool has_gres = a.grad_residual != nullptr;
   Tin* gin = static_cast<Tin*>(a.grad_input) + row * a.grad_input_stride;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
@@ -663,11 +665,12 @@ __device__ __forceinline__ void bwd_store_row(
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float r = x[k].get(j);
-        const BwdTerms t = bwd_terms(g[k].get(j), w[k].get(j), s[kMode != kBwdPlain ? k : 0].get(j),
-                                     kMode != kBwdPlain, a.weight_offset);
+        const BwdTerms t = bwd_terms<kOffset>(g[k].get(j), w[k].get(j),
+                                              s[kMode != kBwdPlain ? k : 0].get(j),
+                                              kMode != kBwdPlain, a.weight_offset);
         const float n = r * rstd;
         float v = rstd * (t.gn - n * mean_gn_n);
-        if (has_gres) v += gr[k].get(j);
+        if constexpr (kGres) v += gr[k].get(j);
         out[j] = v;
         const float nr = round_norm<kRound>(n);
         dw[j] = t.gy * nr;
@@ -735,79 +738,90 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
   float acc_sh[kAccChunks][kVec] = {};
 
   // Every group runs the same number of steps (the barriers), inactive past the range's end.
-  for (int64_t first_row = range.begin; first_row < range.end; first_row += a.slots) {
-    const int64_t row = first_row + slot;
-    const bool active = row < range.end;
-    Chunk<Tin, kVec> x[kChunks] = {};
-    Chunk<Tout, kVec> g[kChunks] = {};
-    Chunk<Tin, kVec> gr[kChunks] = {};
-    Chunk<Tw, kVec> w[kChunks] = {};
-    Chunk<Tin, kVec> s[kModChunks] = {};
-    float sums[2] = {0.0f, 0.0f};  // sum r^2, sum gn * r
-    if (active) {
-      const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
-      const Tout* go = static_cast<const Tout*>(a.grad_out) + row * a.grad_out_stride;
+  // The loop is instantiated with and without the weight offset (bwd_terms) and grad_residual:
+  // as runtime tests, each cost an instruction per element (an issue-bound kernel).
+  with_bool(a.weight_offset != 0.0f, [&](auto offset_tag) {
+    with_bool(has_gres, [&](auto gres_tag) {
+      constexpr bool kOffset = decltype(offset_tag)::value;
+      constexpr bool kGres = decltype(gres_tag)::value;
+      for (int64_t first_row = range.begin; first_row < range.end; first_row += a.slots) {
+        const int64_t row = first_row + slot;
+        const bool active = row < range.end;
+        Chunk<Tin, kVec> x[kChunks] = {};
+        Chunk<Tout, kVec> g[kChunks] = {};
+        Chunk<Tin, kVec> gr[kChunks] = {};
+        Chunk<Tw, kVec> w[kChunks] = {};
+        Chunk<Tin, kVec> s[kModChunks] = {};
+        float sums[2] = {0.0f, 0.0f};  // sum r^2, sum gn * r
+        if (active) {
+          const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
+          const Tout* go = static_cast<const Tout*>(a.grad_out) + row * a.grad_out_stride;
 #pragma unroll
-      for (int k = 0; k < kChunks; ++k) {
-        const int c = lane + k * group;
-        if (c < chunks) {
-          x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
-          g[k] = load_chunk<Ld::kStream, Tout, kVec>(go + c * kVec);
-        }
-      }
-      if (has_gres) {
-        const Tin* gres = static_cast<const Tin*>(a.grad_residual) + row * a.grad_residual_stride;
-#pragma unroll
-        for (int k = 0; k < kChunks; ++k) {
-          const int c = lane + k * group;
-          if (c < chunks) gr[k] = load_chunk<Ld::kStream, Tin, kVec>(gres + c * kVec);
-        }
-      }
-      if constexpr (kVec > 1 && LaunchConfig::kBwdPrefetchSteps > 0) {
-        const int64_t ahead = row + static_cast<int64_t>(LaunchConfig::kBwdPrefetchSteps) * a.slots;
-        if (lane == 0 && !has_gres && ahead < range.end) {
-          prefetch_l2(static_cast<const Tin*>(a.input) + ahead * a.input_stride,
-                      static_cast<uint32_t>(a.hidden * sizeof(Tin)));
-          prefetch_l2(static_cast<const Tout*>(a.grad_out) + ahead * a.grad_out_stride,
-                      static_cast<uint32_t>(a.hidden * sizeof(Tout)));
-        }
-      }
-      load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
-#pragma unroll
-      for (int k = 0; k < kChunks; ++k) {
-        const int c = lane + k * group;
-        if (c < chunks) {
-          float ss = 0.0f, dot = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float r = x[k].get(j);
-            const BwdTerms t = bwd_terms(g[k].get(j), w[k].get(j), s[kModulated ? k : 0].get(j),
-                                         kModulated, a.weight_offset);
-            ss += r * r;
-            dot += t.gn * r;
+          for (int k = 0; k < kChunks; ++k) {
+            const int c = lane + k * group;
+            if (c < chunks) {
+              x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
+              g[k] = load_chunk<Ld::kStream, Tout, kVec>(go + c * kVec);
+            }
           }
-          sums[0] += ss;
-          sums[1] += dot;
+          if constexpr (kGres) {
+            const Tin* gres =
+                static_cast<const Tin*>(a.grad_residual) + row * a.grad_residual_stride;
+#pragma unroll
+            for (int k = 0; k < kChunks; ++k) {
+              const int c = lane + k * group;
+              if (c < chunks) gr[k] = load_chunk<Ld::kStream, Tin, kVec>(gres + c * kVec);
+            }
+          }
+          if constexpr (kVec > 1 && LaunchConfig::kBwdPrefetchSteps > 0) {
+            const int64_t ahead =
+                row + static_cast<int64_t>(LaunchConfig::kBwdPrefetchSteps) * a.slots;
+            if (lane == 0 && !kGres && ahead < range.end) {
+              prefetch_l2(static_cast<const Tin*>(a.input) + ahead * a.input_stride,
+                          static_cast<uint32_t>(a.hidden * sizeof(Tin)));
+              prefetch_l2(static_cast<const Tout*>(a.grad_out) + ahead * a.grad_out_stride,
+                          static_cast<uint32_t>(a.hidden * sizeof(Tout)));
+            }
+          }
+          load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
+#pragma unroll
+          for (int k = 0; k < kChunks; ++k) {
+            const int c = lane + k * group;
+            if (c < chunks) {
+              float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) {
+                const float r = x[k].get(j);
+                const BwdTerms t = bwd_terms<kOffset>(g[k].get(j), w[k].get(j),
+                                                      s[kModulated ? k : 0].get(j), kModulated,
+                                                      a.weight_offset);
+                ss += r * r;
+                dot += t.gn * r;
+              }
+              sums[0] += ss;
+              sums[1] += dot;
+            }
+          }
         }
-      }
-    }
-    group_sum<2>(sums, group, red[parity]);
-    parity ^= 1;
-    launder(x);
-    launder(g);
-    launder(gr);
-    if (!active) continue;
-    // weight and scale again, from L1: cheaper than keeping them in registers across the
-    // reduction (the loads are volatile asm, so they are not merged with the first ones).
-    load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
-    const float rstd = rsqrtf(sums[0] * a.inv_hidden + a.eps);
-    const float mean_gn_n = sums[1] * rstd * a.inv_hidden;  // mean(gn * n), n = r * rstd
+        group_sum<2>(sums, group, slot, red[parity]);
+        parity ^= 1;
+        launder(x);
+        launder(g);
+        launder(gr);
+        if (!active) continue;
+        // weight and scale again, from L1: cheaper than keeping them in registers across the
+        // reduction (the loads are volatile asm, so they are not merged with the first ones).
+        load_weight_scale<kModulated>(w, s, weight, scale, lane, group, chunks);
+        const float rstd = rsqrtf(sums[0] * a.inv_hidden + a.eps);
+        const float mean_gn_n = sums[1] * rstd * a.inv_hidden;  // mean(gn * n), n = r * rstd
 
-    with_norm_round(a.norm_round, [&](auto round_tag) {
-      bwd_store_row<decltype(round_tag)::value, kMode>(a, x, g, gr, w, s, acc_w, acc_s, acc_sh,
-                                                       row, lane, chunks, rstd, mean_gn_n);
+        with_norm_round(a.norm_round, [&](auto round_tag) {
+          bwd_store_row<decltype(round_tag)::value, kMode, kOffset, kGres>(
+              a, x, g, gr, w, s, acc_w, acc_s, acc_sh, row, lane, chunks, rstd, mean_gn_n);
+        });
+      }
     });
-  }
+  });
   __syncthreads();  // acc_smem complete
   flush_partials(a.ws_weight, acc_smem, a, part);
   if constexpr (kMode == kBwdModGrads) {
@@ -881,7 +895,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
         }
       }
     }
-    group_sum<2>(sums, static_cast<int>(threads), red[parity]);
+    group_sum<2>(sums, static_cast<int>(threads), 0, red[parity]);
     parity ^= 1;
     const float rstd = rsqrtf(sums[0] * a.inv_hidden + a.eps);
     const float mean_gn_n = sums[1] * rstd * a.inv_hidden;

@@ -204,7 +204,9 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sum over the `group` threads that share a row, result in every thread of the group.
+// Sum over the `group` threads that share a row, result in every thread of the group; `slot` is
+// the group's index in the CTA (threadIdx.x / group, which the callers have at hand: dividing
+// here cost an integer division per row).
 // Groups are consecutive threads: a power of two up to 32 (aligned inside a warp: an xor
 // butterfly) or a multiple of 32 (whole warps: a butterfly per warp, the warp sums through
 // `red` behind a CTA barrier, then a second butterfly over the group's at most 32 warp sums, a
@@ -219,7 +221,7 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
 // barrier that every reader of the previous one reached after reading it.
 // ---------------------------------------------------------------------------------------------
 template <int kN>
-__device__ __forceinline__ void group_sum(float (&v)[kN], int group, float (*red)[32]) {
+__device__ __forceinline__ void group_sum(float (&v)[kN], int group, int slot, float (*red)[32]) {
   constexpr unsigned kFull = 0xffffffffu;
   if (group < 32) {
     for (int offset = group >> 1; offset > 0; offset >>= 1) {
@@ -242,7 +244,6 @@ __device__ __forceinline__ void group_sum(float (&v)[kN], int group, float (*red
     for (int i = 0; i < kN; ++i) red[i][warp] = v[i];
   }
   const int warps = group >> 5;
-  const int slot = warp / warps;
   __syncthreads();
   // Every warp of the group adds the group's (at most 32) warp sums with the same butterfly.
   const int lane = static_cast<int>(threadIdx.x) & 31;
