@@ -161,7 +161,9 @@ struct LaunchConfig {
   // steps are load, CTA barrier, store, with nothing in flight across the barrier). H200 A/B
   // (bf16 unless noted, % of copy): plain 4096-65536 rows x 2048-8192 +0.1 to +2.2 points, fp32
   // +6-8, fp32 weight +8; with grad_residual (three tensors per row in flight already) -3 to -5,
-  // so it is off there; two steps ahead lost 2-4 points everywhere.
+  // so it is off there; two steps ahead lost 2-4 points everywhere. Re-checked once the kernel
+  // issued fewer instructions (f2146f4): without it bf16 -1 point at 65536 rows and fp32 / fp32
+  // weight -3 to -8; two steps ahead -10 to -18.
   static constexpr int kBwdPrefetchSteps = 1;
   static constexpr int kBwdWideThreads = 512;
   // Column reduction of the partials: 16 warps of one block split the partials of 32 columns,
