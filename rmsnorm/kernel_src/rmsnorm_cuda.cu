@@ -41,18 +41,19 @@
 //   one sample (BwdPartition), with register-resident rows of up to 16 columns per thread
 //   (BwdShape: hidden up to 8192 on the vector path) and two sums per row (sum r^2 and sum gn * r).
 //   That kernel is bound by instruction issue rather than by DRAM (bf16: every element converted
-//   and weighted in both passes, about 30 instructions per element in the SASS), so no test runs
-//   per element: the weight offset and grad_residual select an instantiation of the row loop, and
-//   group_sum gets the caller's slot instead of dividing per row (together, H200, 65536 x 4096
-//   bf16: 80.8 -> 89.5% of copy). The grad_weight column partials of a CTA accumulate in shared
-//   memory ([slots, hidden], each element owned by one thread), those of grad_scale / grad_shift in
-//   registers; at the end the CTA writes one row of partials per reduction into the workspace
-//   ([partials, hidden] each), and a second small kernel adds the partials of each column in a
-//   fixed order into grad_weight (all partials) and grad_scale / grad_shift (the partials of each
-//   sample), rounded once. No atomics: results are deterministic. On sm_90+ a group asks L2 for its
-//   next row while it reduces and stores the current one (one bulk prefetch;
-//   LaunchConfig::kBwdPrefetchSteps). Rows wider than the register path take a two-pass kernel that
-//   accumulates its partials in its own workspace rows (read-modify-write through L2).
+//   and weighted in both passes; about 26 instructions per element in the SASS, 39 before the
+//   changes that follow), so no test runs per element: the weight offset and grad_residual select
+//   an instantiation of the row loop, and group_sum gets the caller's slot instead of dividing per
+//   row (together, H200, 65536 x 4096 bf16: 80.8 -> 89.5% of copy). The grad_weight column partials
+//   of a CTA accumulate in shared memory ([slots, hidden], each element owned by one thread), those
+//   of grad_scale / grad_shift in registers; at the end the CTA writes one row of partials per
+//   reduction into the workspace ([partials, hidden] each), and a second small kernel adds the
+//   partials of each column in a fixed order into grad_weight (all partials) and grad_scale /
+//   grad_shift (the partials of each sample), rounded once. No atomics: results are deterministic.
+//   On sm_90+ a group asks L2 for its next row while it reduces and stores the current one (one
+//   bulk prefetch; LaunchConfig::kBwdPrefetchSteps). Rows wider than the register path take a
+//   two-pass kernel that accumulates its partials in its own workspace rows (read-modify-write
+//   through L2).
 // - rstd = rsqrtf(sum * (1 / hidden) + eps), the same expression forward and backward. The
 //   host rounds 1 / hidden to fp32 once, so the mean is within about an ulp of sum / hidden
 //   (no division per row), the same order as rsqrtf's own error (2 ulp).
@@ -577,10 +578,9 @@ __device__ __forceinline__ RowRange partial_rows(const BwdArgs& a, int64_t part)
 // The per-element backward terms: go = grad_out, gy = go (* (1 + scale)), w', gn = gy * w'.
 // `modulated` is a compile-time constant in the register-resident kernel. w' = weight_offset + w
 // with or without a weight: without one, w stays 0 (the chunks start zeroed and are never
-// loaded) and the launcher passes weight_offset = 1 (BwdArgs), which saves the select per
-// element and pass that an issue-bound backward paid for the test.
-// The register-resident backward instantiates kOffset = false for weight_offset == 0 (a weight,
-// not Gemma's 1 + w): w' = w, one add fewer per element and pass.
+// loaded) and the launcher passes weight_offset = 1 (BwdArgs), so no select per element. The
+// register-resident kernel also instantiates kOffset = false for weight_offset == 0 (a plain
+// weight, not Gemma's 1 + w): w' = w, one add fewer per element and pass of an issue-bound loop.
 struct BwdTerms {
   float go, gy, wp, gn;
 };
