@@ -30,9 +30,12 @@
 //   Shared memory 17-96 KB per CTA (opted in above 48 KB), all within the 99 KB of sm_86/89/120.
 //   Decode tiles are taken when seqlen_q x (q heads per kv head) <= 32 rows.
 // - Pipeline: cp.async (16-byte, L2-only, zero fill past the sequence ends) into kStages K/V
-//   stages; per tile one wait + __syncthreads that both publishes tile `it` and retires the stage
-//   of tile it - 1, which then receives tile it + kStages - 1 while tile `it` is computed.
-//   Tiles run from the last key tile down, so the partial and diagonal tiles come first.
+//   stages. Prefill: per tile one wait + __syncthreads that both publishes tile `it` and retires
+//   the stage of tile it - 1, which then receives tile it + kStages - 1 while tile `it` is
+//   computed. Decode: each warp copies the K/V rows of its own keys and alone reads them, so it
+//   waits for its copies with a __syncwarp instead of a CTA barrier and refills a stage as soon
+//   as it has consumed it: kStages tiles in flight, not kStages - 1 (load_kv_warp). Tiles run
+//   from the last key tile down, so the partial and diagonal tiles come first.
 // - CTA order (tile_coords): under a causal mask or a window the query tiles of a (head, sequence)
 //   pair differ in work, and a grid that ends on heavy tiles idles SMs in its last wave. Prefill
 //   grids are walked in groups of pairs whose K/V fits in half of L2, heaviest tile rank first
@@ -53,15 +56,16 @@
 //   the K/V stream rather than by latency.
 // - Paged K/V: every K/V tile row goes through the block table (j / page_block_size by a
 //   multiply-shift; the block id shared by the K and V row), so any page size works at the same
-//   cost; no assumption that a tile stays in one page. Decode tiles load the block ids of a tile
-//   two iterations ahead and stage them in shared memory (kStages slots of kBlockN ints), so
-//   that the dependent block-table load never delays a tile's copies.
+//   cost; no assumption that a tile stays in one page. Decode tiles load the block id of a row
+//   one tile before its copies, into the register of the lane that owns the row, which hands it
+//   to the copying lanes by a shuffle: the dependent block-table load never delays the copies.
 // - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
 //   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
 //   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
-//   output row (its warps take interleaved splits). attn_fwd_num_splits picks the count when asked: no split when the grid already
-//   covers 2 waves of resident CTAs, else the smallest count within 85% of the best wave
-//   efficiency, at least 2 key tiles per split, at most 128 (LaunchConfig).
+//   output row (its warps take interleaved splits). attn_fwd_num_splits picks the count when
+//   asked (plan_splits): no split when the grid already covers 2 waves of resident CTAs; decode
+//   tiles over a contiguous cache with fewer CTAs than SMs: one CTA per SM; else the smallest
+//   count within 85% of the best wave efficiency. At least 2 key tiles per split, at most 128.
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
 //   lse from the quad's first lane.
 // - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
@@ -69,8 +73,8 @@
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
 //   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233), D256 245-246
-//   (245-246); decode D32 92-96, D64 114-121, D96 148-168, D128 168 (the 3-CTA cap), D192
-//   195-240, D256 254-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
+//   (245-246); decode D32 88-111, D64 121-128, D96 150-168, D128 167-168 (the 3-CTA cap),
+//   D192 202-248, D256 241-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
 //   spills 40-104 bytes and reloads 4-16 values per K/V tile in its main loop (a measured net
 //   gain, see Prefill128Wide); the sm_120 softcap / ALiBi D96 build does one local access per
 //   K/V tile; every other main loop has none. A few values live in local memory around the loop
@@ -161,12 +165,7 @@ struct TileConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // Paged K/V, decode tiles: the block id of every key row of a tile, one slot per stage
-  // (page_block_of_row). Prefill tiles translate in load_kv: at 225-255 registers the staging
-  // pushed the head-dim-192 build into spills, and their long compute hides the load better.
-  static constexpr bool kStagePageIds = kWarpsN > 1;
-  static constexpr int kPageIdsOffset = kQBytes + kStages * kStageBytes;
-  static constexpr int kSmemBytes = kPageIdsOffset + (kStagePageIds ? kStages * kBlockN * 4 : 0);
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
   static constexpr int kORegs = kMTiles * kDTiles * 4;     // O accumulator floats per thread
   // Cross-warp merge (kWarpsN > 1), in the K/V area once the last tile is consumed: the O
   // fragments of warps 1 .. kWarpsN-1, then per-warp row max and row sum.
@@ -176,7 +175,7 @@ struct TileConfig {
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kMTiles >= 1, "whole 16-row tiles per warp");
   static_assert(kWarpKeys % 16 == 0, "whole 16-key steps per warp");
   static_assert(kStages >= 2, "double buffering at least");
-  static_assert(!kStagePageIds || kBlockN <= kThreads, "a thread per key row stages page ids");
+  static_assert(kWarpsN == 1 || (kWarpKeys <= 32 && kChunksPerRow <= 32), "a lane per key row");
   static_assert(kWarpsN == 1 || kMergeBytes <= kStages * kStageBytes, "merge scratch fits");
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest opt-in limit (sm_86/89/120)");
 };
@@ -204,10 +203,11 @@ using Prefill256 = TileConfig<256, 64, 32, 4, 1, 2, false, 2>;
 // which split each K/V tile's keys: a warp computes 16 x 16 scores and a 16 x D product per
 // tile instead of 64 x 64 with 60 rows of padding, so the MMA work per K/V byte is 4x smaller
 // and the kernel stays bound by the K/V stream. Two stages of 64 keys: 32 KB per tile at
-// head_dim 128, 68 KB per CTA, three CTAs per SM on sm_90 (96 KB of K/V in flight per SM,
-// against about 40-60 KB that an H200's 4.8 TB/s x ~1.2 us latency / 132 SMs asks for); the
-// register cap of 3 CTAs per SM (168) matches. Head dim 192/256: 32-key tiles over 2 warps
-// (54 / 72 KB).
+// head_dim 128, 68 KB per CTA, three CTAs per SM on sm_90; each warp keeps both of its stages
+// in flight while it waits (up to 192 KB of K/V per SM, against about 40-60 KB that an H200's
+// 4.8 TB/s x ~1.2 us latency / 132 SMs asks for; a single CTA streams 26-35% faster than with
+// one stage in flight behind a CTA barrier, H200 bf16 num_splits 1). The register cap of 3 CTAs
+// per SM (168) matches. Head dim 192/256: 32-key tiles over 2 warps (54 / 72 KB).
 using Decode32 = TileConfig<32, 16, 64, 1, 4, 2, true, 4>;
 using Decode64 = TileConfig<64, 16, 64, 1, 4, 2, true, 4>;
 using Decode96 = TileConfig<96, 16, 64, 1, 4, 2, true, 3>;
@@ -438,7 +438,6 @@ template <class Cfg> struct RowSplit {
   static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
   static constexpr int kActive = kRowsPerPass * Cfg::kChunksPerRow;
   static constexpr int kQPasses = (Cfg::kBlockM + kRowsPerPass - 1) / kRowsPerPass;
-  static constexpr int kKVPasses = (Cfg::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
   static_assert(kRowsPerPass >= 1, "a row per pass at least");
 };
 
@@ -466,14 +465,15 @@ __device__ __forceinline__ void load_q(const FwdArgs& a, const Seq& s, int head,
   }
 }
 
-// K and V rows [n * kBlockN, (n + 1) * kBlockN) into one stage. Paged: each row through its
-// block id (the same translation serves K and V): page_ids[r] for key row r of the tile where
-// Cfg::kStagePageIds (staged by the kernel), else a read-only block-table load (L1-resident).
+// K and V rows [n * kBlockN, (n + 1) * kBlockN) into one stage (prefill tiles: every thread of
+// the CTA). Paged: each row through its block id (the same translation serves K and V), a
+// read-only block-table load (L1-resident).
 template <typename T, class Cfg>
 __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, uint32_t sk,
-                                        uint32_t sv, const int32_t* page_ids, int tid) {
+                                        uint32_t sv, int tid) {
   using RS = RowSplit<Cfg>;
   constexpr int RPP = RS::kRowsPerPass;
+  constexpr int kPasses = (Cfg::kBlockN + RPP - 1) / RPP;
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
   const int r0 = tid / Cfg::kChunksPerRow;
   const int ch = tid % Cfg::kChunksPerRow;
@@ -481,18 +481,8 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   if (s.blocks != nullptr) {
-    int32_t staged_block[Cfg::kStagePageIds ? RS::kKVPasses : 1];
-    if constexpr (Cfg::kStagePageIds) {
-      // Every block id of this thread's rows first: the shared-memory loads overlap, where one
-      // per row in front of its copies put 8 load latencies into each tile's issue.
 #pragma unroll
-      for (int p = 0; p < RS::kKVPasses; ++p) {
-        const int row = r0 + p * RPP;
-        staged_block[p] = page_ids[row < Cfg::kBlockN ? row : Cfg::kBlockN - 1];
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < RS::kKVPasses; ++p) {
+    for (int p = 0; p < kPasses; ++p) {
       const int row = r0 + p * RPP;
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
       const int j = j0 + p * RPP;
@@ -502,7 +492,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
       if (valid) {
         const int page = a.page_div.div(j);
         const int64_t in_page = j - page * a.page_block_size;
-        const int64_t block = Cfg::kStagePageIds ? staged_block[p] : __ldg(s.blocks + page);
+        const int64_t block = __ldg(s.blocks + page);
         ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
         vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
       }
@@ -516,7 +506,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
     const int64_t kstep = RPP * a.k_row_stride;
     const int64_t vstep = RPP * a.v_row_stride;
 #pragma unroll
-    for (int p = 0; p < RS::kKVPasses; ++p) {
+    for (int p = 0; p < kPasses; ++p) {
       const int row = r0 + p * RPP;
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
       const bool valid = j0 + p * RPP < s.len_k;
@@ -529,14 +519,78 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
   }
 }
 
-// Paged K/V: the block id of key row r of tile n (0 past len_k, where no copy reads it). The
-// kernel loads it into a register one iteration before it stores it to the tile's page_ids slot,
-// one iteration before load_kv reads it there: the dependent block-table load is off the critical
-// path of the copies (it doubled the per-CTA time of a long decode split when load_kv did it).
+// Paged K/V: the block id of key row r of tile n (0 past len_k, where no copy reads it).
 template <class Cfg>
 __device__ __forceinline__ int32_t page_block_of_row(const FwdArgs& a, const Seq& s, int n, int r) {
   const int j = n * Cfg::kBlockN + r;
   return j < s.len_k ? __ldg(s.blocks + a.page_div.div(j)) : 0;
+}
+
+// Decode tiles: warp wn alone loads and reads the K/V rows of its keys [key_w, key_w +
+// kWarpKeys) of every tile, so that its pipeline needs no CTA barrier and it refills a stage as
+// soon as it has consumed it (kStages tiles in flight while it waits, not kStages - 1). Lanes run
+// over the 16-byte chunks of a row, then over rows. Paged: lane r holds the block id of key row
+// key_w + r (lane_block, loaded by the kernel a tile ahead) and hands it out by a shuffle.
+template <class Cfg> struct WarpRowSplit {
+  static constexpr int kRowsPerPass = 32 / Cfg::kChunksPerRow;
+  static constexpr int kActive = kRowsPerPass * Cfg::kChunksPerRow;  // lanes with a chunk
+  static constexpr int kPasses = (Cfg::kWarpKeys + kRowsPerPass - 1) / kRowsPerPass;
+};
+
+template <typename T, class Cfg>
+__device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int n, int key_w,
+                                             uint32_t sk, uint32_t sv, int32_t lane_block,
+                                             int lane) {
+  using WS = WarpRowSplit<Cfg>;
+  constexpr int RPP = WS::kRowsPerPass;
+  const bool active = WS::kActive == 32 || lane < WS::kActive;
+  const int r0 = lane / Cfg::kChunksPerRow;  // first key row (within the warp's keys) of the lane
+  const int ch = lane % Cfg::kChunksPerRow;
+  const int j0 = n * Cfg::kBlockN + key_w + r0;
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  if (s.blocks != nullptr) {
+    // The block ids of the lane's rows first (a shuffle is a collective: every lane takes part).
+    int32_t block[WS::kPasses];
+#pragma unroll
+    for (int p = 0; p < WS::kPasses; ++p) {
+      const int r = r0 + p * RPP;
+      block[p] = shfl_idx(lane_block, r < Cfg::kWarpKeys ? r : Cfg::kWarpKeys - 1);
+    }
+    if (!active) return;
+#pragma unroll
+    for (int p = 0; p < WS::kPasses; ++p) {
+      if (Cfg::kWarpKeys % RPP != 0 && r0 + p * RPP >= Cfg::kWarpKeys) break;
+      const int j = j0 + p * RPP;
+      const bool valid = j < s.len_k;
+      const T* ksrc = k;
+      const T* vsrc = v;
+      if (valid) {
+        const int64_t in_page = j - a.page_div.div(j) * a.page_block_size;
+        ksrc = k + (s.k_off + block[p] * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
+        vsrc = v + (s.v_off + block[p] * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+      }
+      const uint32_t off = tile_offset<Cfg::kHeadDim>(key_w + r0 + p * RPP, ch);
+      cp_async_16(sk + off, ksrc, valid);
+      cp_async_16(sv + off, vsrc, valid);
+    }
+  } else {
+    if (!active) return;
+    const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
+    const T* vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + ch * 8);
+    const int64_t kstep = RPP * a.k_row_stride;
+    const int64_t vstep = RPP * a.v_row_stride;
+#pragma unroll
+    for (int p = 0; p < WS::kPasses; ++p) {
+      if (Cfg::kWarpKeys % RPP != 0 && r0 + p * RPP >= Cfg::kWarpKeys) break;
+      const bool valid = j0 + p * RPP < s.len_k;
+      const uint32_t off = tile_offset<Cfg::kHeadDim>(key_w + r0 + p * RPP, ch);
+      cp_async_16(sk + off, valid ? kp : k, valid);
+      cp_async_16(sv + off, valid ? vp : v, valid);
+      kp += kstep;
+      vp += vstep;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -717,40 +771,55 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
   const uint32_t k_base = Rows(lr_b, (lane >> 3) & 1, static_cast<uint32_t>(key_w * D * 2)).base;
   const uint32_t v_base = Rows(lr_a, lane >> 4, static_cast<uint32_t>(key_w * D * 2)).base;
 
-  // Prologue: Q, then the first kStages - 1 K/V tiles (from the last tile down). Staged page
-  // ids: those of tiles 0 .. kStages - 1 go straight to their slots (tile t in slot
-  // t % kStages), those of tile kStages into next_page_id; the loop keeps that distance.
+  // Prologue: Q, then the first K/V tiles (from the last tile down): kStages - 1 of them for
+  // prefill tiles (the CTA refills a stage after the barrier that retires it), all kStages for
+  // decode tiles (each warp refills its share of a stage once it has consumed it).
+  constexpr bool kDecode = Cfg::kWarpsN > 1;
+  constexpr int kAhead = kDecode ? Cfg::kStages : Cfg::kStages - 1;  // tiles issued before tile 0
   load_q<T, Cfg>(a, s, head, m0, rows, sq, tid);
   cp_async_commit();
   const int n_tiles = kr.end - kr.begin;
-  const bool page_ids_staged = Cfg::kStagePageIds && s.blocks != nullptr;
-  const bool stages_page_id = page_ids_staged && tid < BN;  // this thread's key row
-  int32_t* page_ids = reinterpret_cast<int32_t*>(smem + Cfg::kPageIdsOffset);
-  const auto tile_page_id = [&](int t) -> int32_t {
-    return t < n_tiles ? page_block_of_row<Cfg>(a, s, kr.end - 1 - t, tid) : 0;
+  // Decode, paged: the block id of key row key_w + lane of tile t (lanes < kWarpKeys), loaded one
+  // tile before its copies are issued (load_kv_warp); the dependent block-table load is then off
+  // their critical path (it doubled the per-CTA time of a long decode split when it was not).
+  const bool lane_has_row = kDecode && s.blocks != nullptr && lane < Cfg::kWarpKeys;
+  const auto lane_block_of = [&](int t) -> int32_t {
+    if (!lane_has_row || t >= n_tiles) return 0;
+    return page_block_of_row<Cfg>(a, s, kr.end - 1 - t, key_w + lane);
   };
-  int32_t next_page_id = 0;
-  if (page_ids_staged) {
-    if (stages_page_id) {
+  int32_t next_block = 0;  // decode: lane_block_of(it + kStages) during iteration it
+  if constexpr (kDecode) {
+    int32_t block[Cfg::kStages];
 #pragma unroll
-      for (int t = 0; t < Cfg::kStages; ++t) page_ids[t * BN + tid] = tile_page_id(t);
-      next_page_id = tile_page_id(Cfg::kStages);
-    }
-    __syncthreads();
-  }
+    for (int st = 0; st < Cfg::kStages; ++st) block[st] = lane_block_of(st);
+    next_block = lane_block_of(Cfg::kStages);
 #pragma unroll
-  for (int st = 0; st < Cfg::kStages - 1; ++st) {
-    if (st < n_tiles) {
-      load_kv<T, Cfg>(a, s, kr.end - 1 - st, skv + st * Cfg::kStageBytes,
-                      skv + st * Cfg::kStageBytes + Cfg::kTileBytes, page_ids + st * BN, tid);
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      if (st < n_tiles) {
+        load_kv_warp<T, Cfg>(a, s, kr.end - 1 - st, key_w, skv + st * Cfg::kStageBytes,
+                             skv + st * Cfg::kStageBytes + Cfg::kTileBytes, block[st], lane);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int st = 0; st < Cfg::kStages - 1; ++st) {
+      if (st < n_tiles) {
+        load_kv<T, Cfg>(a, s, kr.end - 1 - st, skv + st * Cfg::kStageBytes,
+                        skv + st * Cfg::kStageBytes + Cfg::kTileBytes, tid);
+      }
+      cp_async_commit();
+    }
   }
 
+  // Q, copied by every thread: published by a barrier once this thread's copies have landed
+  // (prefill tiles re-reading Q from shared memory have it published by the loop's first barrier).
+  if constexpr (kQRegs || kDecode) {
+    cp_async_wait<kAhead>();
+    __syncthreads();
+  }
   uint32_t qreg[kQRegs ? kMT : 1][kQRegs ? Cfg::kKSteps : 1][4];
   if constexpr (kQRegs) {
-    cp_async_wait<Cfg::kStages - 1>();
-    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -780,25 +849,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
   int stage = 0;
   for (int it = 0; it < n_tiles; ++it) {
     const int n = kr.end - 1 - it;
-    // Tile `it` has landed (this thread's copies), and every thread is done with tile it - 1:
-    // one barrier publishes the one and frees the other's stage for tile it + kStages - 1.
-    cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();
-    {
+    if constexpr (kDecode) {
+      // Tile `it` has landed (this lane's copies; the warp's after the __syncwarp): the warp
+      // reads only the rows that its own lanes copied.
+      cp_async_wait<Cfg::kStages - 1>();
+      __syncwarp();
+    } else {
+      // Tile `it` has landed (this thread's copies), and every thread is done with tile it - 1:
+      // one barrier publishes the one and frees the other's stage for tile it + kStages - 1.
+      cp_async_wait<Cfg::kStages - 2>();
+      __syncthreads();
       const int ahead = it + Cfg::kStages - 1;
       if (ahead < n_tiles) {
         int st = stage + Cfg::kStages - 1;
         if (st >= Cfg::kStages) st -= Cfg::kStages;
         load_kv<T, Cfg>(a, s, kr.end - 1 - ahead, skv + st * Cfg::kStageBytes,
-                        skv + st * Cfg::kStageBytes + Cfg::kTileBytes, page_ids + st * BN, tid);
+                        skv + st * Cfg::kStageBytes + Cfg::kTileBytes, tid);
       }
       cp_async_commit();
-      // Slot `stage` was last read by the copies of tile it (issued before this barrier); it
-      // now takes the ids of tile it + kStages, read after the next barrier.
-      if (stages_page_id && it + Cfg::kStages < n_tiles) {
-        page_ids[stage * BN + tid] = next_page_id;
-        next_page_id = tile_page_id(it + Cfg::kStages + 1);
-      }
     }
     const uint32_t sk = skv + stage * Cfg::kStageBytes;
     const uint32_t k_lane = sk + k_base;
@@ -919,6 +987,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
           mma_16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
         }
       }
+    }
+    if constexpr (kDecode) {
+      // Every lane is done with the stage of tile it: the warp refills it with tile it + kStages.
+      __syncwarp();
+      const int ahead = it + Cfg::kStages;
+      if (ahead < n_tiles) {
+        load_kv_warp<T, Cfg>(a, s, kr.end - 1 - ahead, key_w, skv + stage * Cfg::kStageBytes,
+                             skv + stage * Cfg::kStageBytes + Cfg::kTileBytes, next_block, lane);
+      }
+      cp_async_commit();
+      next_block = lane_block_of(ahead + 1);
     }
     stage = stage + 1 == Cfg::kStages ? 0 : stage + 1;
   }
@@ -1482,6 +1561,16 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   if (ctas >= LaunchConfig::kNoSplitWaves * slots) return cudaSuccess;
   const int64_t max_splits = min64(cap, n_blocks / LaunchConfig::kMinTilesPerSplit);
   if (max_splits <= 1) return cudaSuccess;
+  // Decode tiles over a contiguous cache, fewer CTAs than SMs: one CTA per SM. Each warp keeps
+  // both of its stages in flight (load_kv_warp), so one CTA streams about 47 GB/s (H200, bf16,
+  // head_dim 128: 64 CTAs without split read 3 TB/s), more than an SM's share of the DRAM
+  // bandwidth, and more CTAs only add split overhead: at batch 1-16 x GQA 32/8 x 4K-32K keys this
+  // was 3-7% faster than filling every resident slot (H200 sweep), and grids of about 2 CTAs per
+  // SM were the slowest of all. A paged stream translates every row and needs every slot.
+  if (plan->decode && p.block_table == nullptr && ctas < dev.sms) {
+    plan->num_splits = static_cast<int>(min64(max_splits, dev.sms / ctas));
+    return cudaSuccess;
+  }
   // Wave efficiency of s splits: CTAs / (waves rounded up x slots). The smallest s within
   // kSplitEfficiency of the best (fewer splits: less combine traffic, longer K/V streams).
   double best = 0.0;

@@ -236,12 +236,16 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
 #endif
 }
 
-// Lane `src`'s value (the split weights of the combine kernel).
-__device__ __forceinline__ float shfl_idx(float v, int src) {
+// Lane `src`'s value (decode tiles: the page block id that lane src loaded).
+__device__ __forceinline__ int32_t shfl_idx(int32_t v, int src) {
 #if defined(__CUDA_ARCH__)
   return __shfl_sync(0xffffffffu, v, src);
 #elif defined(ATTENTION_HOST_EMULATION)
-  return attention_emu::shfl_idx(v, src);
+  float f;  // the emulator moves 32-bit lanes as floats (bits unchanged)
+  __builtin_memcpy(&f, &v, sizeof f);
+  f = attention_emu::shfl_idx(f, src);
+  __builtin_memcpy(&v, &f, sizeof v);
+  return v;
 #else
   (void)src;
   return v;

@@ -306,15 +306,16 @@ def test_num_splits_do_not_change_the_result(kernel, device):
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
 def test_split_kv_merges_at_every_head_dim(kernel, device, head_dim):
     """Split-KV decode at every head dim (the decode tiles and the combine kernel of the CUDA
-    build), from 2 splits to 40 (more than one per lane in the combine's weight pass). The sliding
-    window leaves splits without a visible key; out and lse start as NaN, so a row left unwritten
-    fails."""
+    build), from 2 splits to 100 (more than one per lane in the combine's weight pass, and several
+    rounds of its split-row loads: 71 splits of 4500 keys at head dim <= 128, whose 64-key tiles
+    cap the count). The sliding window leaves splits without a visible key; out and lse start as
+    NaN, so a row left unwritten fails."""
     dtype = dtypes_for(device)[-1]
-    b, sq, sk, h, hk, d = 2, 1, 1500, 8, 2, head_dim
+    b, sq, sk, h, hk, d = 2, 1, 4500, 8, 2, head_dim
     q = randn((b, sq, h, d), dtype, device, seed=4)
     k = randn((b, sk, hk, d), dtype, device, seed=5)
     v = randn((b, sk, hk, d), dtype, device, seed=6)
-    for splits in (2, 7, 16, 17, 40):
+    for splits in (2, 7, 16, 17, 40, 100):
         for window in ((-1, -1), (200, 0)):
             out = torch.full_like(q, float("nan"))
             lse = torch.full((b, h, sq), float("nan"), dtype=F32, device=device)
