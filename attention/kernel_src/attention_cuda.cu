@@ -76,8 +76,8 @@
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
 //   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233), D256 245-246
-//   (245-246); decode D32 88-111, D64 121-128, D96 150-168, D128 167-168 (the 3-CTA cap),
-//   D192 202-248, D256 241-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
+//   (245-246); decode D32 88-119, D64 121-128, D96 152-168, D128 168 (the 3-CTA cap), D192
+//   202-247, D256 240-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
 //   spills 40-104 bytes and reloads 4-16 values per K/V tile in its main loop (a measured net
 //   gain, see Prefill128Wide); the sm_120 softcap / ALiBi D96 build does one local access per
 //   K/V tile; every other main loop has none. A few values live in local memory around the loop
