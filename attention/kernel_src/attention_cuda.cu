@@ -67,8 +67,9 @@
 //   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
 //   output row (its warps take interleaved splits). attn_fwd_num_splits picks the count when
 //   asked (plan_splits): no split when the grid already covers 2 waves of resident CTAs; decode
-//   tiles over a contiguous cache with fewer CTAs than SMs: one CTA per SM; else the smallest
-//   count within 85% of the best wave efficiency. At least 2 key tiles per split, at most 128.
+//   tiles with fewer CTAs than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM;
+//   else the smallest count within 85% of the best wave efficiency. At least 2 key tiles per
+//   split, at most 128.
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
 //   lse from the quad's first lane.
 // - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
@@ -1578,13 +1579,15 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   if (ctas >= LaunchConfig::kNoSplitWaves * slots) return cudaSuccess;
   const int64_t max_splits = min64(cap, n_blocks / LaunchConfig::kMinTilesPerSplit);
   if (max_splits <= 1) return cudaSuccess;
-  // Decode tiles over a contiguous cache, fewer CTAs than SMs: one CTA per SM. Each warp keeps
-  // both of its stages in flight (load_kv_warp), so one CTA streams about 47 GB/s (H200, bf16,
-  // head_dim 128: 64 CTAs without split read 3 TB/s), more than an SM's share of the DRAM
-  // bandwidth, and more CTAs only add split overhead: at batch 1-16 x GQA 32/8 x 4K-32K keys this
-  // was 3-7% faster than filling every resident slot (H200 sweep). Paged caches keep filling
-  // every slot: one CTA per SM won at batch 1-2 there (up to 10%) but lost 3-4% at batch 8.
-  if (plan->decode && p.block_table == nullptr && ctas < dev.sms) {
+  // Decode tiles, small grids: one CTA per SM. Each warp keeps both of its stages in flight
+  // (load_kv_warp), so one CTA streams about 47 GB/s (H200, bf16, head_dim 128: 64 CTAs without
+  // split read 3 TB/s), more than an SM's share of the DRAM bandwidth, and more CTAs only add
+  // split overhead. Contiguous caches, fewer CTAs than SMs: at batch 1-16 x GQA 32/8 x 4K-32K keys
+  // 3-7% faster than filling every resident slot (H200; H100 within 1-4% of the best count).
+  // Paged caches only up to SMs / 8 CTAs (batch 1-2 there: 2-11% faster on H100 and H200); from
+  // batch 4 one CTA per SM lost 3-4% on the H200, so larger paged grids fill every slot.
+  const int64_t one_per_sm_below = p.block_table == nullptr ? dev.sms : dev.sms / 8 + 1;
+  if (plan->decode && ctas < one_per_sm_below) {
     plan->num_splits = static_cast<int>(min64(max_splits, dev.sms / ctas));
     return cudaSuccess;
   }
