@@ -34,6 +34,8 @@
 //   fp16 weight); decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits
 //   in 768 threads, so a row spreads over up to 768 threads and no thread loops over the row
 //   (hidden 4096 bf16: 512 threads x 1 vector, 8192: 512 x 2).
+//   Inputs of 32 MB or more: each group prefetches into L2 the row about half a wave ahead of
+//   its own (one bulk prefetch; LaunchConfig::kFwdPrefetchBytesPerSm), which a later CTA reads.
 //   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
 //   registers; wider rows run a two-pass kernel (one CTA per row: sum, then scale, the second
 //   read served by L2 for the most part).
@@ -135,6 +137,21 @@ struct LaunchConfig {
   static constexpr int kFwdFewRowsMaxGroup = 768;
   // Small groups share a CTA up to this many threads (rows per CTA = 128 / group).
   static constexpr int kFwdCtaThreads = 128;
+  // Inputs of at least kFwdPrefetchMinBytes (rows of kFwdChunksManyRows vectors per thread or
+  // more): each group asks L2 (one bulk prefetch, sm_90+, vector path) for the input (and
+  // residual) of the row kFwdPrefetchBytesPerSm x SMs bytes of those tensors ahead of its own,
+  // which a CTA of a later wave reads, so that DRAM keeps streaming while resident CTAs reduce
+  // and store and new ones start: about half the bytes a wave holds in flight (k = 4: 1024
+  // threads x 64 B per SM). H200, bf16, % of copy (CUDA graph, rmsx A/B, 2 rounds each):
+  //   rms_norm   65536 x 4096 96.6 -> 100.6, 16384 x 4096 92.9 -> 97.0, 4096 x 4096 80.9 -> 83.8;
+  //              65536 x 8192 97.4 -> 101.3, 16384 x 8192 95.4 -> 98.5, 4096 x 8192 85.7 -> 88.8
+  //   fused add  65536 x 4096 95.7 -> 100.3, 16384 x 4096 94.2 -> 98.2, 4096 x 4096 88.0 -> 92.3;
+  //              16384 x 8192 94.7 -> 99.1 (x and residual count: half the rows ahead)
+  // Twice as far ahead lost 5-9 points fused (lines evicted before use). Below 32 MB of input
+  // (e.g. 2048-4096 rows x 2048-5120) the prefetch cost 2-5%: a graph-replayed call finds much
+  // of such an input in the 50 MB L2 already.
+  static constexpr int64_t kFwdPrefetchBytesPerSm = 32 * 1024;
+  static constexpr int64_t kFwdPrefetchMinBytes = int64_t(32) << 20;
   // Two-pass forward (rows of more than kFwdMaxRegisterChunks chunks): one CTA per row.
   static constexpr int kTwoPassThreads = 512;
 
@@ -256,6 +273,7 @@ struct FwdArgs {
   int group;                     // threads per row
   int rows_per_cta;
   NormRound norm_round;
+  int64_t prefetch_rows;         // L2 prefetch distance in rows (0: none; plan_fwd_prefetch)
 };
 
 // Bytes of weight chunks a forward thread keeps in registers from its start (loaded once, with
@@ -359,6 +377,18 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
       for (int k = 0; k < kChunks; ++k) {
         const int c = lane + k * group;
         if (c < chunks) x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
+      }
+      // Bulk prefetch (plan_fwd_prefetch): 16-byte aligned rows of whole vectors; compiled into
+      // the many-row instances only, so the decode-sized ones keep their short code.
+      if constexpr (kVec > 1 && kChunks >= LaunchConfig::kFwdChunksManyRows) {
+        const int64_t ahead = row + a.prefetch_rows;
+        if (a.prefetch_rows > 0 && lane == 0 && ahead < a.rows) {
+          const uint32_t bytes = static_cast<uint32_t>(a.hidden * sizeof(Tin));
+          prefetch_l2(static_cast<const Tin*>(a.input) + ahead * a.input_stride, bytes);
+          if (fused) {
+            prefetch_l2(static_cast<const Tin*>(a.residual) + ahead * a.residual_stride, bytes);
+          }
+        }
       }
       if (fused) {
         const Tin* res = static_cast<const Tin*>(a.residual) + row * a.residual_stride;
@@ -1092,6 +1122,20 @@ FwdPlan plan_fwd(int64_t rows, int64_t chunks, bool wide_rows_ok, int sms) {
   return p;
 }
 
+// L2 prefetch distance of the register-resident forward (LaunchConfig::kFwdPrefetchBytesPerSm), in
+// rows of prefetch_row_bytes (input, plus residual when fused); 0 below kFwdPrefetchMinBytes of
+// input, with fewer than kFwdChunksManyRows vectors per thread (no prefetch code), or where no row
+// lies that far ahead.
+int64_t plan_fwd_prefetch(const FwdPlan& plan, int64_t rows, int64_t input_row_bytes,
+                          int64_t prefetch_row_bytes, int sms) {
+  if (plan.two_pass || plan.chunks_per_thread < LaunchConfig::kFwdChunksManyRows ||
+      rows * input_row_bytes < LaunchConfig::kFwdPrefetchMinBytes) {
+    return 0;
+  }
+  const int64_t ahead = LaunchConfig::kFwdPrefetchBytesPerSm * sms / prefetch_row_bytes;
+  return ahead >= 1 && rows > 2 * ahead ? ahead : 0;
+}
+
 // Backward row partition: ctas_per_sample partials per sample, each over rows_per_cta
 // consecutive rows. It depends on the sizes and the SM count only (not on dtypes or alignment),
 // so rms_norm_bwd_workspace_floats and rms_norm_bwd agree.
@@ -1184,6 +1228,11 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
   args.rows_per_cta = plan.rows_per_cta;
   args.row_blocks = ceil_div(args.rows, plan.rows_per_cta);
   const int threads = plan.group * plan.rows_per_cta;
+  const int64_t row_bytes = args.hidden * static_cast<int64_t>(sizeof(Tin));
+  args.prefetch_rows =
+      kVec > 1 ? plan_fwd_prefetch(plan, args.rows, row_bytes,
+                                   (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
+               : 0;
   if (plan.two_pass) {
     return launch(rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
                   stream, args);

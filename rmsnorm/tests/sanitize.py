@@ -5,9 +5,9 @@
 
 Shapes cover one element, hidden sizes that are not a multiple of any vector width (the scalar
 tail), a hidden size of 65544 (several blocks per row), many short rows, views into wider buffers
-at odd offsets (misaligned rows), row-strided views, 3-D inputs with per-sample modulation, and
-empty inputs; each in float32, float16 and bfloat16, with a weight in the input dtype, a float32
-weight and no weight. Outputs and gradients are exact-size allocations (or views whose buffers
+at odd offsets (misaligned rows), row-strided views, 3-D inputs with per-sample modulation, inputs
+of 32 MB and more (the forward's L2 prefetch) and empty inputs; each in float32, float16 and
+bfloat16, with a weight in the input dtype, a float32 weight and no weight. Outputs and gradients are exact-size allocations (or views whose buffers
 end where the view ends), so any write past a row or a tensor is reported by memcheck; the
 backward reductions (grad_weight, grad_scale, grad_shift) use the kernels' workspaces.
 Not collected by pytest (no test_ prefix). `--device cpu` runs the same calls on the CPU build
@@ -123,6 +123,13 @@ def main():
                     run_plain(k, x, w, dtype)
                     calls += 1
         run_modulated(k, dtype, args.device)
+        # 32 MB and more: the forward prefetches rows ahead into L2 (up to the last row).
+        rows = 2 * (32 << 20) // (8192 * dtype.itemsize)
+        x = torch.randn(rows, 8192, dtype=dtype, device=args.device)
+        for view in (x, x[: x.shape[0] // 2 + 1], x[::2]):
+            out = torch.empty(view.shape, dtype=dtype, device=args.device)
+            k.rms_norm(out, view, torch.randn(8192, dtype=dtype, device=args.device), EPS)
+            k.fused_add_rms_norm(view, torch.randn_like(view), None, EPS)
         x = torch.randn(2, 3, 4, 33, dtype=dtype, device=args.device)  # 4-D leading dims
         run_plain(k, x, torch.randn(33, dtype=dtype, device=args.device), dtype)
     if args.device == "cuda":

@@ -490,6 +490,33 @@ def test_strided_views(kernel, device, dtype):
     check_grads(kernel, {"input": gx}, xv, w, grad_out, EPS, what="views backward")
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_rows_prefetched_into_l2(kernel, device, dtype):
+    # 32 MB inputs and more: the CUDA forward prefetches rows about half a wave ahead into L2
+    # (hidden 8192: 264 bf16 rows ahead on 132 SMs; 132 fused): the last rows have none to
+    # prefetch, and a row-strided view must prefetch its own rows, not those in between.
+    if device == "cpu":
+        pytest.skip("a CUDA launch path (the CPU kernel is covered by the other shapes)")
+    hidden = 8192
+    rows = (32 << 20) // (hidden * dtype.itemsize) + 3
+    w = make_weight("same", hidden, dtype, device)
+    x = make_input((rows, hidden), dtype, device, seed=4)
+    out = nan_like(x.shape, dtype, device)
+    kernel.rms_norm(out, x, w, EPS)
+    check_forward(kernel, out, x, w, EPS, norm_dtype=dtype, what="many rows")
+    x_rows = make_input((2 * rows, hidden), dtype, device, seed=5)[::2]
+    out_buf = nan_like((2 * rows, hidden), dtype, device)
+    kernel.rms_norm(out_buf[1::2], x_rows, w, EPS)
+    check_forward(kernel, out_buf[1::2], x_rows, w, EPS, norm_dtype=dtype, what="many strided rows")
+    assert out_buf[0::2].isnan().all()
+    residual = make_input(x.shape, dtype, device, seed=6)
+    expected_residual = kernel._reference.add_rms_norm(x, residual)[1]
+    xi, ri = x.clone(), residual.clone()
+    kernel.fused_add_rms_norm(xi, ri, w, EPS)
+    assert torch.equal(ri, expected_residual)
+    check_forward(kernel, xi, ri, w, EPS, norm_dtype=dtype, what="many rows, fused add")
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
 def test_non_collapsible_inputs(kernel, device, dtype):
