@@ -142,14 +142,14 @@ struct LaunchConfig {
   // residual) of the row kFwdPrefetchBytesPerSm x SMs bytes of those tensors ahead of its own,
   // which a CTA of a later wave reads, so that DRAM keeps streaming while resident CTAs reduce
   // and store and new ones start: about half the bytes a wave holds in flight (k = 4: 1024
-  // threads x 64 B per SM). H200, bf16, % of copy (CUDA graph, rmsx A/B, 2 rounds each):
-  //   rms_norm   65536 x 4096 96.6 -> 100.6, 16384 x 4096 92.9 -> 97.0, 4096 x 4096 80.9 -> 83.8;
-  //              65536 x 8192 97.4 -> 101.3, 16384 x 8192 95.4 -> 98.5, 4096 x 8192 85.7 -> 88.8
-  //   fused add  65536 x 4096 95.7 -> 100.3, 16384 x 4096 94.2 -> 98.2, 4096 x 4096 88.0 -> 92.3;
-  //              16384 x 8192 94.7 -> 99.1 (x and residual count: half the rows ahead)
-  // Twice as far ahead lost 5-9 points fused (lines evicted before use). Below 32 MB of input
-  // (e.g. 2048-4096 rows x 2048-5120) the prefetch cost 2-5%: a graph-replayed call finds much
-  // of such an input in the 50 MB L2 already.
+  // threads x 64 B per SM). H200, bf16, % of copy (benchmarks/sweep.py, before -> after):
+  //   rms_norm   65536 x 4096 97.8 -> 100.0, 16384 x 4096 94.8 -> 97.0, 4096 x 4096 84.9 -> 85.7;
+  //              65536 x 8192 97.5 -> 100.5, 16384 x 8192 95.8 -> 98.3, 4096 x 8192 87.0 -> 89.6
+  //   fused add  65536 x 4096 95.5 -> 99.8, 16384 x 4096 94.1 -> 98.2, 4096 x 4096 88.6 -> 93.1;
+  //              16384 x 8192 94.4 -> 98.5 (x and residual count: half the rows ahead)
+  // A/B (rmsx): twice as far ahead lost 5-9 points fused (lines evicted before use); below 32 MB
+  // of input (e.g. 2048-4096 rows x 2048-5120) the prefetch cost 2-5%, as a graph-replayed call
+  // finds much of such an input in the 50 MB L2 already.
   static constexpr int64_t kFwdPrefetchBytesPerSm = 32 * 1024;
   static constexpr int64_t kFwdPrefetchMinBytes = int64_t(32) << 20;
   // Two-pass forward (rows of more than kFwdMaxRegisterChunks chunks): one CTA per row.
@@ -339,9 +339,11 @@ __device__ __forceinline__ void fwd_store_row(const FwdArgs& a, const Chunk<Tin,
 }
 
 // Register-resident forward: each group of `group` threads normalizes one row per step.
-template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
+// kPrefetchL2: the instance that prefetches rows ahead (a.prefetch_rows > 0; plan_fwd_prefetch).
+template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks, bool kPrefetchL2 = false>
 __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunks>::kMinBlocks)
     rms_norm_fwd_kernel(const FwdArgs a) {
+  static_assert(!kPrefetchL2 || kVec > 1, "bulk prefetches need rows of whole 16-byte vectors");
   constexpr bool kPrefetchW =
       static_cast<int>(sizeof(Tw)) * kVec * kChunks <= kMaxPrefetchWeightBytes;
   __shared__ float red[2][1][32];
@@ -378,11 +380,10 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
         const int c = lane + k * group;
         if (c < chunks) x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
       }
-      // Bulk prefetch (plan_fwd_prefetch): 16-byte aligned rows of whole vectors; compiled into
-      // the many-row instances only, so the decode-sized ones keep their short code.
-      if constexpr (kVec > 1 && kChunks >= LaunchConfig::kFwdChunksManyRows) {
+      // Its own instance: compiled in (not taken), the test cost 1-2% at 700-2048 rows (H200).
+      if constexpr (kPrefetchL2) {
         const int64_t ahead = row + a.prefetch_rows;
-        if (a.prefetch_rows > 0 && lane == 0 && ahead < a.rows) {
+        if (lane == 0 && ahead < a.rows) {
           const uint32_t bytes = static_cast<uint32_t>(a.hidden * sizeof(Tin));
           prefetch_l2(static_cast<const Tin*>(a.input) + ahead * a.input_stride, bytes);
           if (fused) {
@@ -1228,6 +1229,7 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
   args.rows_per_cta = plan.rows_per_cta;
   args.row_blocks = ceil_div(args.rows, plan.rows_per_cta);
   const int threads = plan.group * plan.rows_per_cta;
+  // Bulk prefetches need 16-byte aligned rows of whole vectors: the vector path.
   const int64_t row_bytes = args.hidden * static_cast<int64_t>(sizeof(Tin));
   args.prefetch_rows =
       kVec > 1 ? plan_fwd_prefetch(plan, args.rows, row_bytes,
@@ -1245,9 +1247,21 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
       return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 2>, args.row_blocks, threads, 0,
                     stream, args);
     case 4:
+      if constexpr (kVec > 1) {
+        if (args.prefetch_rows > 0) {
+          return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 4, true>, args.row_blocks,
+                        threads, 0, stream, args);
+        }
+      }
       return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 4>, args.row_blocks, threads, 0,
                     stream, args);
     case 8:
+      if constexpr (kVec > 1) {
+        if (args.prefetch_rows > 0) {
+          return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 8, true>, args.row_blocks,
+                        threads, 0, stream, args);
+        }
+      }
       return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 8>, args.row_blocks, threads, 0,
                     stream, args);
     default:
