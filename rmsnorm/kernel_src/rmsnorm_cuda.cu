@@ -142,11 +142,11 @@ struct LaunchConfig {
   // residual) of the row kFwdPrefetchBytesPerSm x SMs bytes of those tensors ahead of its own,
   // which a CTA of a later wave reads, so that DRAM keeps streaming while resident CTAs reduce
   // and store and new ones start: about half the bytes a wave holds in flight (k = 4: 1024
-  // threads x 64 B per SM). H200, bf16, % of copy (benchmarks/sweep.py, before -> after):
-  //   rms_norm   65536 x 4096 97.8 -> 100.0, 16384 x 4096 94.8 -> 97.0, 4096 x 4096 84.9 -> 85.7;
-  //              65536 x 8192 97.5 -> 100.5, 16384 x 8192 95.8 -> 98.3, 4096 x 8192 87.0 -> 89.6
-  //   fused add  65536 x 4096 95.5 -> 99.8, 16384 x 4096 94.1 -> 98.2, 4096 x 4096 88.6 -> 93.1;
-  //              16384 x 8192 94.4 -> 98.5 (x and residual count: half the rows ahead)
+  // threads x 64 B per SM). H200, bf16, % of copy (benchmarks/sweep.py, a1b7b87 -> 2e443eb):
+  //   rms_norm   65536 x 4096 97.8 -> 100.1, 16384 x 4096 94.8 -> 96.8, 4096 x 4096 84.9 -> 86.0;
+  //              65536 x 8192 97.5 -> 100.4, 16384 x 8192 95.8 -> 98.4, 4096 x 8192 87.0 -> 89.9
+  //   fused add  65536 x 4096 95.5 -> 100.0, 16384 x 4096 94.1 -> 98.1, 4096 x 4096 88.6 -> 93.5;
+  //              16384 x 8192 94.4 -> 98.8 (x and residual count: half the rows ahead)
   // A/B (rmsx): twice as far ahead lost 5-9 points fused (lines evicted before use); below 32 MB
   // of input (e.g. 2048-4096 rows x 2048-5120) the prefetch cost 2-5%, as a graph-replayed call
   // finds much of such an input in the 50 MB L2 already.
