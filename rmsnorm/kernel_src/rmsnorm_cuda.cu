@@ -380,7 +380,8 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
         const int c = lane + k * group;
         if (c < chunks) x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
       }
-      // Its own instance: compiled in (not taken), the test cost 1-2% at 700-2048 rows (H200).
+      // Only in the kPrefetchL2 instance: compiled into every instance, the untaken test cost
+      // 1-2% at 700-2048 rows (H200).
       if constexpr (kPrefetchL2) {
         const int64_t ahead = row + a.prefetch_rows;
         if (lane == 0 && ahead < a.rows) {
@@ -1219,6 +1220,21 @@ NormRound to_norm_round(bool round_norm, DType norm_dtype, bool* ok) {
 
 // ---- forward ----
 
+// The register-resident forward with kChunks vectors per thread; its prefetching instance where
+// plan_fwd_prefetch set a distance (which it does only on the vector path, from
+// kFwdChunksManyRows vectors per thread: no other instance is built).
+template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
+cudaError_t launch_fwd_register(const FwdArgs& args, int threads, cudaStream_t stream) {
+  if constexpr (kVec > 1 && kChunks >= LaunchConfig::kFwdChunksManyRows) {
+    if (args.prefetch_rows > 0) {
+      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>, args.row_blocks,
+                    threads, 0, stream, args);
+    }
+  }
+  return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>, args.row_blocks, threads, 0,
+                stream, args);
+}
+
 template <typename Tin, typename Tw, typename Tout, int kVec>
 cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
   args.chunks = args.hidden / kVec;
@@ -1240,32 +1256,11 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
                   stream, args);
   }
   switch (plan.chunks_per_thread) {
-    case 1:
-      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 1>, args.row_blocks, threads, 0,
-                    stream, args);
-    case 2:
-      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 2>, args.row_blocks, threads, 0,
-                    stream, args);
-    case 4:
-      if constexpr (kVec > 1) {
-        if (args.prefetch_rows > 0) {
-          return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 4, true>, args.row_blocks,
-                        threads, 0, stream, args);
-        }
-      }
-      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 4>, args.row_blocks, threads, 0,
-                    stream, args);
-    case 8:
-      if constexpr (kVec > 1) {
-        if (args.prefetch_rows > 0) {
-          return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 8, true>, args.row_blocks,
-                        threads, 0, stream, args);
-        }
-      }
-      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, 8>, args.row_blocks, threads, 0,
-                    stream, args);
-    default:
-      return cudaErrorInvalidValue;
+    case 1: return launch_fwd_register<Tin, Tw, Tout, kVec, 1>(args, threads, stream);
+    case 2: return launch_fwd_register<Tin, Tw, Tout, kVec, 2>(args, threads, stream);
+    case 4: return launch_fwd_register<Tin, Tw, Tout, kVec, 4>(args, threads, stream);
+    case 8: return launch_fwd_register<Tin, Tw, Tout, kVec, 8>(args, threads, stream);
+    default: return cudaErrorInvalidValue;
   }
 }
 

@@ -7,9 +7,10 @@ Shapes cover one element, hidden sizes that are not a multiple of any vector wid
 tail), a hidden size of 65544 (several blocks per row), many short rows, views into wider buffers
 at odd offsets (misaligned rows), row-strided views, 3-D inputs with per-sample modulation, inputs
 of 32 MB and more (the forward's L2 prefetch) and empty inputs; each in float32, float16 and
-bfloat16, with a weight in the input dtype, a float32 weight and no weight. Outputs and gradients are exact-size allocations (or views whose buffers
-end where the view ends), so any write past a row or a tensor is reported by memcheck; the
-backward reductions (grad_weight, grad_scale, grad_shift) use the kernels' workspaces.
+bfloat16, with a weight in the input dtype, a float32 weight and no weight. Outputs and
+gradients are exact-size allocations (or views whose buffers end where the view ends), so any
+write past a row or a tensor is reported by memcheck; the backward reductions (grad_weight,
+grad_scale, grad_shift) use the kernels' workspaces.
 Not collected by pytest (no test_ prefix). `--device cpu` runs the same calls on the CPU build
 (a quick check that the script itself works).
 """
