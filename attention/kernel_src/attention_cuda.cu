@@ -24,7 +24,8 @@
 //     prefill  D   32/64:  128 x 64 keys, 2 MMA row tiles per warp, Q in registers, 2 stages
 //              D   96:     128 x 64, Q re-read from shared memory, 2 stages
 //              D  128:     128 x 32, 3 stages (see the config comment for 128 x 64)
-//              D 192/256:  64 x 32, one row tile per warp, 2 stages (Q in registers for 192)
+//              D 192:      64 x 32, one row tile per warp, Q in registers, 2 stages
+//              D 256:      64 x 64, one row tile per warp, one stage (K and V in alternation)
 //     decode   D <= 128:   16 rows x 64 keys, the 4 warps split the keys (16 each) and merge
 //              D 192/256:  16 rows x 32 keys over 2 warps (64 threads)
 //   Shared memory 17-96 KB per CTA (opted in above 48 KB), all within the 99 KB of sm_86/89/120.
@@ -32,7 +33,10 @@
 // - Pipeline: cp.async (16-byte, L2-only, zero fill past the sequence ends) into kStages K/V
 //   stages. Prefill: per tile one wait + __syncthreads that both publishes tile `it` and retires
 //   the stage of tile it - 1, which then receives tile it + kStages - 1 while tile `it` is
-//   computed. Decode: each warp copies the K/V rows of its own keys and alone reads them, so it
+//   computed. One stage (head_dim 256): a K and a V buffer, the V of tile `it` copied while S of
+//   tile `it` is computed and the K of tile it + 1 while P V of tile `it` is, one barrier before
+//   each (FlashAttention-2's pipeline: 64-key tiles in the shared memory of two 32-key stages).
+//   Decode: each warp copies the K/V rows of its own keys and alone reads them, so it
 //   waits for its copies with a __syncwarp instead of a CTA barrier and refills a stage as soon
 //   as it has consumed it: kStages tiles in flight, not kStages - 1 (load_kv_warp). Tiles run
 //   from the last key tile down, so the partial and diagonal tiles come first.
@@ -76,13 +80,15 @@
 //   wait for their predecessor before the first global access and release their dependents.
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
-//   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233), D256 245-246
-//   (245-246); decode D32 88-119, D64 121-128, D96 152-168, D128 168 (the 3-CTA cap), D192
+//   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233), D256 249-255
+//   (249-255); decode D32 88-119, D64 121-128, D96 152-168, D128 168 (the 3-CTA cap), D192
 //   202-247, D256 240-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
 //   spills 40-104 bytes and reloads 4-16 values per K/V tile in its main loop (a measured net
-//   gain, see Prefill128Wide); the sm_120 softcap / ALiBi D96 build does one local access per
-//   K/V tile; every other main loop has none. A few values live in local memory around the loop
-//   (stored before it, reloaded after) in the sm_120 softcap / ALiBi builds of D64 / D128.
+//   gain, see Prefill128Wide); the D256 tile of sm_80 / sm_90 spills 8-32 bytes and reloads 1-6
+//   values per K/V tile (sm_120: none), against 256 MMAs per warp and tile; the sm_120 softcap /
+//   ALiBi D96 build does one local access per K/V tile; every other main loop has none. A few
+//   values live in local memory around the loop (stored before it, reloaded after) in the sm_120
+//   softcap / ALiBi builds of D64 / D128.
 // - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
 //
 // Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
@@ -170,6 +176,10 @@ struct TileConfig {
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  // One stage (prefill only): one K and one V buffer, filled in alternation (FlashAttention-2's
+  // pipeline): V of tile `it` lands while S of tile `it` is computed, K of tile it + 1 while
+  // P V of tile `it` is. Twice the keys per tile in the shared memory of two 32-key stages.
+  static constexpr bool kSplitKV = kStages == 1;
   static constexpr int kORegs = kMTiles * kDTiles * 4;     // O accumulator floats per thread
   // Cross-warp merge (kWarpsN > 1), in the K/V area once the last tile is consumed: the O
   // fragments of warps 1 .. kWarpsN-1, then per-warp row max and row sum.
@@ -178,7 +188,7 @@ struct TileConfig {
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head_dim");
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kMTiles >= 1, "whole 16-row tiles per warp");
   static_assert(kWarpKeys % 16 == 0, "whole 16-key steps per warp");
-  static_assert(kStages >= 2, "double buffering at least");
+  static_assert(kStages >= 2 || kWarpsN == 1, "decode tiles double-buffer K/V");
   static_assert(kWarpsN == 1 || (kWarpKeys <= 32 && kChunksPerRow <= 32), "a lane per key row");
   static_assert(kWarpsN == 1 || kMergeBytes <= kStages * kStageBytes, "merge scratch fits");
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest opt-in limit (sm_86/89/120)");
@@ -195,6 +205,13 @@ struct TileConfig {
 // sm_90a) spills 56-80 bytes per thread of the 64-key build and none of the 32-key one, yet the
 // 64-key tile was 3-8% faster on an H200 (bf16, S 2K / 8K, causal and not: 0.92-0.97x -> 0.99-1.03x
 // SDPA's flash backend); tiles of 64 rows or 8 warps were slower (.exp A/B, session notes).
+// Head dim 256: 64-key tiles in one stage (kSplitKV), 96 KB, two CTAs per SM everywhere. Against
+// 32-key tiles in 2 stages (the same 96 KB; the per-tile softmax, barrier and loop work is spread
+// over half the keys) 5-7% faster on an H200 (bf16, in one process, x SDPA flash: S 2K 0.91-0.94
+// -> 0.97-1.00, causal 0.97 -> 1.02, 8K causal 0.95-0.98 -> 1.00-1.03, 16K 0.96 -> 1.01, S 512
+// 0.89 -> 0.94); 128 x 64 tiles over 8 warps in 2 stages (192 KB, sm_90 only) gained only 1-5%,
+// 128 x 32 over 8 warps lost 10%. Head dim 192 stays at 64 x 32 with Q in registers: one stage
+// with Q in registers was no faster, and re-reading Q from shared memory lost 3-8%.
 // Shared memory: 24 / 48 / 72 / 80 (96) / 72 / 96 KB, within the 99 KB opt-in of sm_86/89/120.
 using Prefill32 = TileConfig<32, 128, 64, 4, 1, 2, true, 2>;
 using Prefill64 = TileConfig<64, 128, 64, 4, 1, 2, true, 2>;
@@ -202,7 +219,7 @@ using Prefill96 = TileConfig<96, 128, 64, 4, 1, 2, false, 2>;
 using Prefill128 = TileConfig<128, 128, 32, 4, 1, 3, false, 2>;
 using Prefill128Wide = TileConfig<128, 128, 64, 4, 1, 2, false, 2>;
 using Prefill192 = TileConfig<192, 64, 32, 4, 1, 2, true, 2>;
-using Prefill256 = TileConfig<256, 64, 32, 4, 1, 2, false, 2>;
+using Prefill256 = TileConfig<256, 64, 64, 4, 1, 1, false, 2>;
 // Decode: one 16-row tile (seqlen_q x the q heads of a kv head, packed) shared by all warps,
 // which split each K/V tile's keys: a warp computes 16 x 16 scores and a 16 x D product per
 // tile instead of 64 x 64 with 60 rows of padding, so the MMA work per K/V byte is 4x smaller
@@ -470,9 +487,9 @@ __device__ __forceinline__ void load_q(const FwdArgs& a, const Seq& s, int head,
 }
 
 // K and V rows [n * kBlockN, (n + 1) * kBlockN) into one stage (prefill tiles: every thread of
-// the CTA). Paged: each row through its block id (the same translation serves K and V), a
-// read-only block-table load (L1-resident).
-template <typename T, class Cfg>
+// the CTA), or only the K or only the V rows (the one-stage pipeline). Paged: each row through
+// its block id (the same translation serves K and V), a read-only block-table load (L1-resident).
+template <typename T, class Cfg, bool kLoadK = true, bool kLoadV = true>
 __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, uint32_t sk,
                                         uint32_t sv, int tid) {
   using RS = RowSplit<Cfg>;
@@ -501,8 +518,8 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
         vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
       }
       const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
-      cp_async_16(sk + off, ksrc, valid);
-      cp_async_16(sv + off, vsrc, valid);
+      if constexpr (kLoadK) cp_async_16(sk + off, ksrc, valid);
+      if constexpr (kLoadV) cp_async_16(sv + off, vsrc, valid);
     }
   } else {
     const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
@@ -515,8 +532,8 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
       const bool valid = j0 + p * RPP < s.len_k;
       const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
-      cp_async_16(sk + off, valid ? kp : k, valid);
-      cp_async_16(sv + off, valid ? vp : v, valid);
+      if constexpr (kLoadK) cp_async_16(sk + off, valid ? kp : k, valid);
+      if constexpr (kLoadV) cp_async_16(sv + off, valid ? vp : v, valid);
       kp += kstep;
       vp += vstep;
     }
@@ -790,8 +807,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
   const uint32_t v_base = Rows(lr_a, lane >> 4, static_cast<uint32_t>(key_w * D * 2)).base;
 
   // Prologue: Q, then the first K/V tiles (from the last tile down): kStages - 1 of them for
-  // prefill tiles (the CTA refills a stage after the barrier that retires it), all kStages for
-  // decode tiles (each warp refills its share of a stage once it has consumed it).
+  // prefill tiles (the CTA refills a stage after the barrier that retires it), the K of the first
+  // tile with one stage (kSplitKV), all kStages for decode tiles (each warp refills its share of
+  // a stage once it has consumed it).
   constexpr bool kDecode = Cfg::kWarpsN > 1;
   constexpr int kAhead = kDecode ? Cfg::kStages : Cfg::kStages - 1;  // tiles issued before tile 0
   load_q<T, Cfg>(a, s, head, m0, rows, sq, tid);
@@ -819,6 +837,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
       }
       cp_async_commit();
     }
+  } else if constexpr (Cfg::kSplitKV) {
+    // n_tiles >= 1 here (an empty key range returned above).
+    load_kv<T, Cfg, true, false>(a, s, kr.end - 1, skv, skv + Cfg::kTileBytes, tid);
+    cp_async_commit();
   } else {
 #pragma unroll
     for (int st = 0; st < Cfg::kStages - 1; ++st) {
@@ -872,6 +894,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
       // reads only the rows that its own lanes copied.
       cp_async_wait<Cfg::kStages - 1>();
       __syncwarp();
+    } else if constexpr (Cfg::kSplitKV) {
+      // K of tile `it` has landed (this thread's copies; Q too at it = 0), and every thread is
+      // done with the V of tile it - 1: one barrier publishes the one and frees the other.
+      cp_async_wait<0>();
+      __syncthreads();
+      load_kv<T, Cfg, false, true>(a, s, n, skv, skv + Cfg::kTileBytes, tid);
+      cp_async_commit();
     } else {
       // Tile `it` has landed (this thread's copies), and every thread is done with tile it - 1:
       // one barrier publishes the one and frees the other's stage for tile it + kStages - 1.
@@ -982,6 +1011,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
           o[mt][dt][3] *= corr[mt][1];
         }
       }
+    }
+
+    if constexpr (Cfg::kSplitKV) {
+      // V of tile `it` has landed, and every thread is done with its K: K of tile it + 1 lands
+      // while P V runs.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (it + 1 < n_tiles) {
+        load_kv<T, Cfg, true, false>(a, s, n - 1, skv, skv + Cfg::kTileBytes, tid);
+      }
+      cp_async_commit();
     }
 
     // O += P V: the C fragments of two S n-tiles are the A fragment of a 16-key step.
