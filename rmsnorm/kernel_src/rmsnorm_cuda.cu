@@ -53,7 +53,8 @@
 //   partials of each column in a fixed order into grad_weight (all partials) and grad_scale /
 //   grad_shift (the partials of each sample), rounded once. No atomics: results are deterministic.
 //   On sm_90+ a group asks L2 for its next row while it reduces and stores the current one (one
-//   bulk prefetch; LaunchConfig::kBwdPrefetchSteps). Rows wider than the register path take a
+//   bulk prefetch; LaunchConfig::kBwdPrefetchSteps), where the rows in flight fall short of the
+//   device's DRAM bandwidth (plan_bwd_prefetch). Rows wider than the register path take a
 //   two-pass kernel that accumulates its partials in its own workspace rows (read-modify-write
 //   through L2).
 // - rstd = rsqrtf(sum * (1 / hidden) + eps), the same expression forward and backward. The
@@ -70,6 +71,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -182,7 +184,16 @@ struct LaunchConfig {
   // so it is off there; two steps ahead lost 2-4 points everywhere. Re-checked once the kernel
   // issued fewer instructions (f2146f4): without it bf16 -1 point at 65536 rows and fp32 / fp32
   // weight -3 to -8; two steps ahead -10 to -18.
+  // It pays only while the rows a CTA has in flight are too few to keep the SM's share of DRAM
+  // busy: on an H100 (a third less bandwidth per SM) it cost bf16 6-8 points at 4096-65536 rows
+  // x 4096-8192 and fp32 5 (64 KB of rows in flight per SM), and gained fp32 weight 9 (32 KB) and
+  // 2048 x 5120 bf16 3 (40 KB); rmsx bwd A/B of 67c27e0 / f2146f4 / HEAD with and without it.
+  // So a launch prefetches when its rows in flight per SM (CTAs per SM x groups per CTA x
+  // input + grad_out row bytes) are fewer than the SM's share of the DRAM bandwidth (from the
+  // memory clock and bus width) times kBwdPrefetchWindowUs, the window that separates the two
+  // sets on both GPUs (H100: 48 KB, H200: 71 KB); plan_bwd_prefetch.
   static constexpr int kBwdPrefetchSteps = 1;
+  static constexpr double kBwdPrefetchWindowUs = 1.9;
   static constexpr int kBwdWideThreads = 512;
   // Column reduction of the partials: 16 warps of one block split the partials of 32 columns,
   // each warp with 8 loads in flight.
@@ -581,6 +592,7 @@ struct BwdArgs {
   int group;                     // threads per row
   int slots;                     // rows in flight per CTA (groups per CTA)
   NormRound norm_round;
+  bool prefetch_l2;              // ask L2 for the next row of a group (plan_bwd_prefetch)
 };
 
 // Backward modes: what the scale of a modulated forward adds.
@@ -813,7 +825,7 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
           if constexpr (kVec > 1 && LaunchConfig::kBwdPrefetchSteps > 0) {
             const int64_t ahead =
                 row + static_cast<int64_t>(LaunchConfig::kBwdPrefetchSteps) * a.slots;
-            if (lane == 0 && !kGres && ahead < range.end) {
+            if (a.prefetch_l2 && lane == 0 && !kGres && ahead < range.end) {
               prefetch_l2(static_cast<const Tin*>(a.input) + ahead * a.input_stride,
                           static_cast<uint32_t>(a.hidden * sizeof(Tin)));
               prefetch_l2(static_cast<const Tout*>(a.grad_out) + ahead * a.grad_out_stride,
@@ -1138,6 +1150,16 @@ int64_t plan_fwd_prefetch(const FwdPlan& plan, int64_t rows, int64_t input_row_b
   return ahead >= 1 && rows > 2 * ahead ? ahead : 0;
 }
 
+// Whether the register-resident backward asks L2 for each group's next row: when the rows its
+// resident CTAs have in flight fall short of the SM's DRAM share over kBwdPrefetchWindowUs
+// (LaunchConfig). dram_per_sm: bytes per microsecond, 0 where the device does not report it
+// (then prefetch, as measured on an H200).
+bool plan_bwd_prefetch(int ctas_per_sm, int slots, int64_t row_bytes, double dram_per_sm) {
+  if (dram_per_sm <= 0.0) return true;
+  const double in_flight = static_cast<double>(ctas_per_sm) * slots * row_bytes;
+  return in_flight < dram_per_sm * LaunchConfig::kBwdPrefetchWindowUs;
+}
+
 // Backward row partition: ctas_per_sample partials per sample, each over rows_per_cta
 // consecutive rows. It depends on the sizes and the SM count only (not on dtypes or alignment),
 // so rms_norm_bwd_workspace_floats and rms_norm_bwd agree.
@@ -1183,6 +1205,32 @@ cudaError_t current_sm_count(int* sms) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess && *sms <= 0) err = cudaErrorInvalidDevice;
   return err;
+}
+
+// Peak DRAM bytes per microsecond per SM of the current device (double data rate x bus width);
+// 0 where the device does not report its memory clock or bus width. Cached per device: the
+// memory clock query took hundreds of microseconds per call (H100).
+double dram_bytes_per_us_per_sm(int sms) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<double> cached[kMaxDevices] = {};  // 0: not asked yet, -1: not reported
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0.0;
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const double known = cached[device].load(std::memory_order_relaxed);
+    if (known != 0.0) return known > 0.0 ? known : 0.0;
+  }
+  int clock_khz = 0, bus_bits = 0;
+  double rate = -1.0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
+      clock_khz > 0 && bus_bits > 0) {
+    rate = 2.0 * clock_khz * 1e-3 * (bus_bits / 8.0) / sms;
+  } else {
+    (void)cudaGetLastError();  // not to be reported by a later launch check
+  }
+  if (cacheable) cached[device].store(rate, std::memory_order_relaxed);
+  return rate > 0.0 ? rate : 0.0;
 }
 
 // Every launch goes through PDL on sm_90+ unless RMSNORM_PDL=0 (pdl.cuh).
@@ -1322,7 +1370,7 @@ cudaError_t run_fwd(const RmsNormFwdParams& p, cudaStream_t stream) {
 // ---- backward ----
 
 template <typename Tin, typename Tw, typename Tout, int kVec, int kMode>
-cudaError_t launch_bwd_mode(BwdArgs args, cudaStream_t stream) {
+cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t stream) {
   constexpr int kChunks = BwdShape<Tin, Tw, Tout, kVec, kMode>::kChunks;
   args.chunks = args.hidden / kVec;
   const int group = group_for(ceil_div(args.chunks, kChunks));
@@ -1334,6 +1382,9 @@ cudaError_t launch_bwd_mode(BwdArgs args, cudaStream_t stream) {
   }
   args.group = group;
   args.slots = group < LaunchConfig::kBwdCtaThreads ? LaunchConfig::kBwdCtaThreads / group : 1;
+  const int64_t row_bytes = args.hidden * static_cast<int64_t>(sizeof(Tin) + sizeof(Tout));
+  args.prefetch_l2 = plan_bwd_prefetch(BwdShape<Tin, Tw, Tout, kVec, kMode>::kMinBlocks,
+                                       args.slots, row_bytes, dram_per_sm);
   // The grad_weight partials [slots, hidden] in shared memory: hidden <= group x kChunks x kVec
   // and group x slots <= 512, so at most 512 x 16 floats (32 KB, within the default 48 KB).
   static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
@@ -1344,12 +1395,14 @@ cudaError_t launch_bwd_mode(BwdArgs args, cudaStream_t stream) {
 }
 
 template <typename Tin, typename Tw, typename Tout, int kVec>
-cudaError_t launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  if (args.scale == nullptr) return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdPlain>(args, stream);
-  if (args.ws_scale == nullptr && args.ws_shift == nullptr) {
-    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModulated>(args, stream);
+cudaError_t launch_bwd(const BwdArgs& args, double dram_per_sm, cudaStream_t stream) {
+  if (args.scale == nullptr) {
+    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdPlain>(args, dram_per_sm, stream);
   }
-  return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModGrads>(args, stream);
+  if (args.ws_scale == nullptr && args.ws_shift == nullptr) {
+    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModulated>(args, dram_per_sm, stream);
+  }
+  return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModGrads>(args, dram_per_sm, stream);
 }
 
 template <typename Tin, typename Tw, typename Tout>
@@ -1417,8 +1470,9 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
                    (p.grad_residual == nullptr ||
                     rows_aligned(p.grad_residual_stride, sizeof(Tin), p.rows)) &&
                    (p.scale == nullptr || rows_aligned(p.scale_stride, sizeof(Tin), part.batch));
-  cudaError_t err = vec ? launch_bwd<Tin, Tw, Tout, V>(args, stream)
-                        : launch_bwd<Tin, Tw, Tout, 1>(args, stream);
+  const double dram_per_sm = dram_bytes_per_us_per_sm(sms);
+  cudaError_t err = vec ? launch_bwd<Tin, Tw, Tout, V>(args, dram_per_sm, stream)
+                        : launch_bwd<Tin, Tw, Tout, 1>(args, dram_per_sm, stream);
   if (err != cudaSuccess || reductions == 0) return err;
 
   ReduceArgs r{};
