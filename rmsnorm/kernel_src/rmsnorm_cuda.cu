@@ -191,7 +191,7 @@ struct LaunchConfig {
   // So a launch prefetches when its rows in flight per SM (CTAs per SM x groups per CTA x
   // input + grad_out row bytes) are fewer than the SM's share of the DRAM bandwidth (from the
   // memory clock and bus width) times kBwdPrefetchWindowUs, the window that separates the two
-  // sets on both GPUs (H100: 48 KB, H200: 71 KB); plan_bwd_prefetch.
+  // sets on both GPUs (H100: 48 KB, H200: 69 KB); plan_bwd_prefetch.
   static constexpr int kBwdPrefetchSteps = 1;
   static constexpr double kBwdPrefetchWindowUs = 1.9;
   static constexpr int kBwdWideThreads = 512;
