@@ -24,11 +24,13 @@
 //     prefill  D   32/64:  128 x 64 keys, 2 MMA row tiles per warp, Q in registers, 2 stages
 //              D   96:     128 x 64, Q re-read from shared memory, 2 stages
 //              D  128:     128 x 32, 3 stages (see the config comment for 128 x 64)
-//              D 192:      64 x 32, one row tile per warp, Q in registers, 2 stages
+//              D 192:      64 x 32, one row tile per warp, Q in registers, 2 stages (128 x 64 over
+//                          8 warps where 144 KB fit: sm_80, sm_90, sm_100)
 //              D 256:      64 x 64, one row tile per warp, one stage (K and V in alternation)
 //     decode   D <= 128:   16 rows x 64 keys, the 4 warps split the keys (16 each) and merge
 //              D 192/256:  16 rows x 32 keys over 2 warps (64 threads)
-//   Shared memory 17-96 KB per CTA (opted in above 48 KB), all within the 99 KB of sm_86/89/120.
+//   Shared memory 17-96 KB per CTA (opted in above 48 KB), within the 99 KB of sm_86/89/120; the
+//   wide tiles (below) only where the device's opt-in holds them.
 //   Decode tiles are taken when seqlen_q x (q heads per kv head) <= 32 rows.
 // - Pipeline: cp.async (16-byte, L2-only, zero fill past the sequence ends) into kStages K/V
 //   stages. Prefill: per tile one wait + __syncthreads that both publishes tile `it` and retires
@@ -80,15 +82,15 @@
 //   wait for their predecessor before the first global access and release their dependents.
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
-//   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233), D256 249-255
-//   (249-255); decode D32 88-119, D64 121-128, D96 152-168, D128 168 (the 3-CTA cap), D192
-//   202-247, D256 240-255. Local memory (cuobjdump): the 64-key D128 tile of sm_90 / sm_100
-//   spills 40-104 bytes and reloads 4-16 values per K/V tile in its main loop (a measured net
-//   gain, see Prefill128Wide); the D256 tile of sm_80 / sm_90 spills 8-32 bytes and reloads 1-6
-//   values per K/V tile (sm_120: none), against 256 MMAs per warp and tile; the sm_120 softcap /
-//   ALiBi D96 build does one local access per K/V tile; every other main loop has none. A few
-//   values live in local memory around the loop (stored before it, reloaded after) in the sm_120
-//   softcap / ALiBi builds of D64 / D128.
+//   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233) and 244-254
+//   (222-231) with 128 x 64 tiles, D256 249-255 (249-255); decode D32 88-119, D64 121-128, D96
+//   152-168, D128 168 (the 3-CTA cap), D192 202-247, D256 240-255. Local memory (cuobjdump):
+//   the 64-key D128 tile of sm_90 / sm_100 spills 40-104 bytes and reloads 4-16 values per K/V tile
+//   in its main loop (a measured net gain, see Prefill128Wide); the D256 tile of sm_80 / sm_90
+//   spills 8-32 bytes and reloads 1-6 values per K/V tile (sm_120: none), against 256 MMAs per warp
+//   and tile; the sm_120 softcap / ALiBi D96 build does one local access per K/V tile; every other
+//   main loop has none. A few values live in local memory around the loop (stored before it,
+//   reloaded after) in the sm_120 softcap / ALiBi builds of D64 / D128.
 // - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
 //
 // Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
@@ -191,15 +193,17 @@ struct TileConfig {
   static_assert(kStages >= 2 || kWarpsN == 1, "decode tiles double-buffer K/V");
   static_assert(kWarpsN == 1 || (kWarpKeys <= 32 && kChunksPerRow <= 32), "a lane per key row");
   static_assert(kWarpsN == 1 || kMergeBytes <= kStages * kStageBytes, "merge scratch fits");
-  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest opt-in limit (sm_86/89/120)");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the largest opt-in limit (sm_90/100)");
 };
 
-// Prefill: 4 warps split the query rows. Two 16-row MMA tiles per warp for head_dim <= 128:
-// every K/V fragment loaded with ldmatrix feeds 4 MMAs, which keeps shared-memory traffic at
-// 160-190 B per m16n8k16 (the H100 serves about 128 B/clk/SM and issues an m16n8k16 every
-// ~1.5 clk/SM at the mma.sync peak); one tile per warp above that, to stay within 255
-// registers. Q stays in registers for head_dim <= 64 (32 registers); for 96/128 it is re-read
-// from shared memory per K/V tile (the O and S accumulators take 96-128 + 32-64 registers).
+// Prefill: the warps (4; 8 in the 128-row head-dim-192 tile) split the query rows. Two 16-row MMA
+// tiles per warp for head_dim <= 128: every K/V fragment loaded with ldmatrix feeds 4 MMAs, which
+// keeps shared-memory traffic at 160-190 B per m16n8k16 (the H100 serves about 128 B/clk/SM and
+// issues an m16n8k16 every ~1.5 clk/SM at the mma.sync peak); one tile per warp above that, to stay
+// within 255 registers. Q stays in registers for head_dim <= 64 (32 registers); for 96/128 it is
+// re-read from shared memory per K/V tile (the O and S accumulators take 96-128 + 32-64 registers).
+// Head dims 128 and 192 take a wider tile where the device's shared memory holds it (the *Wide
+// instances, picked at run time; every other instance fits the 99 KB opt-in of sm_86/89/120).
 // Head dim 128: 64-key tiles (FlashAttention-2's shape) where two 96 KB CTAs fit per SM (sm_90,
 // sm_100), else 32-key tiles in 3 stages (80 KB: two CTAs per SM on sm_80 too). ptxas (13.0,
 // sm_90a) spills 56-80 bytes per thread of the 64-key build and none of the 32-key one, yet the
@@ -210,15 +214,20 @@ struct TileConfig {
 // over half the keys) 5-7% faster on an H200 (bf16, in one process, x SDPA flash: S 2K 0.91-0.94
 // -> 0.97-1.00, causal 0.97 -> 1.02, 8K causal 0.95-0.98 -> 1.00-1.03, 16K 0.96 -> 1.01, S 512
 // 0.89 -> 0.94); 128 x 64 tiles over 8 warps in 2 stages (192 KB, sm_90 only) gained only 1-5%,
-// 128 x 32 over 8 warps lost 10%. Head dim 192 stays at 64 x 32 with Q in registers: one stage
-// with Q in registers was no faster, and re-reading Q from shared memory lost 3-8%.
-// Shared memory: 24 / 48 / 72 / 80 (96) / 72 / 96 KB, within the 99 KB opt-in of sm_86/89/120.
+// 128 x 32 over 8 warps lost 10%. Head dim 192: 128 x 64 over 8 warps in 2 stages (144 KB, one
+// CTA per SM; FlashAttention-2's tile shape for 192) where that fits (sm_80, sm_90, sm_100), 5-6%
+// faster on an H200 than 64 x 32 over 4 warps (x SDPA flash: S 2K 0.88 -> 0.92, causal
+// 0.90 -> 0.93, 8K 0.89 -> 0.94, 8K causal 0.91 -> 0.96, S 512 0.83 -> 0.89), which stays
+// elsewhere (72 KB); in one stage (96 KB) 128 x 64 lost 4-10%, 64 x 64 about 1%, and re-reading
+// Q from shared memory 3-8%.
+// Shared memory: 24 / 48 / 72 / 80 (96) / 72 (144) / 96 KB.
 using Prefill32 = TileConfig<32, 128, 64, 4, 1, 2, true, 2>;
 using Prefill64 = TileConfig<64, 128, 64, 4, 1, 2, true, 2>;
 using Prefill96 = TileConfig<96, 128, 64, 4, 1, 2, false, 2>;
 using Prefill128 = TileConfig<128, 128, 32, 4, 1, 3, false, 2>;
 using Prefill128Wide = TileConfig<128, 128, 64, 4, 1, 2, false, 2>;
 using Prefill192 = TileConfig<192, 64, 32, 4, 1, 2, true, 2>;
+using Prefill192Wide = TileConfig<192, 128, 64, 8, 1, 2, true, 1>;
 using Prefill256 = TileConfig<256, 64, 64, 4, 1, 1, false, 2>;
 // Decode: one 16-row tile (seqlen_q x the q heads of a kv head, packed) shared by all warps,
 // which split each K/V tile's keys: a warp computes 16 x 16 scores and a 16 x D product per
@@ -235,6 +244,13 @@ using Decode96 = TileConfig<96, 16, 64, 1, 4, 2, true, 3>;
 using Decode128 = TileConfig<128, 16, 64, 1, 4, 2, true, 3>;
 using Decode192 = TileConfig<192, 16, 32, 1, 2, 2, false, 4>;
 using Decode256 = TileConfig<256, 16, 32, 1, 2, 2, false, 3>;
+// The instances every capability can take fit the 99 KB opt-in of sm_86/89/120.
+template <class... Cfg> constexpr bool fit_99kb() {
+  return ((Cfg::kSmemBytes <= 99 * 1024) && ...);
+}
+static_assert(fit_99kb<Prefill32, Prefill64, Prefill96, Prefill128, Prefill192, Prefill256,
+                       Decode32, Decode64, Decode96, Decode128, Decode192, Decode256>(),
+              "shared memory of the instances that every capability takes");
 
 struct LaunchConfig {
   // Packed query rows (seqlen_q x q heads per kv head) up to which the decode tiles are used.
@@ -1453,8 +1469,10 @@ template <typename T, class Cfg, bool kScoreMod> KernelInfo kernel_info() {
                     Cfg::kBlockM, Cfg::kBlockN, prepare_kernel<T, Cfg, kScoreMod>};
 }
 
-// Head dim 128 takes the 64-key tile where two of its CTAs fit in an SM's shared memory.
+// Head dim 128 takes the 64-key tile where two of its CTAs fit in an SM's shared memory, head dim
+// 192 its 128-row tile where one CTA fits.
 bool prefill128_wide(const DeviceInfo& dev) { return 2 * Prefill128Wide::kSmemBytes <= dev.smem_optin; }
+bool prefill192_wide(const DeviceInfo& dev) { return Prefill192Wide::kSmemBytes <= dev.smem_optin; }
 
 template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
   switch (head_dim) {
@@ -1464,7 +1482,10 @@ template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, cons
     case 128:
       *k = prefill128_wide(dev) ? kernel_info<T, Prefill128Wide, kScoreMod>() : kernel_info<T, Prefill128, kScoreMod>();
       return true;
-    case 192: *k = kernel_info<T, Prefill192, kScoreMod>(); return true;
+    case 192:
+      *k = prefill192_wide(dev) ? kernel_info<T, Prefill192Wide, kScoreMod>()
+                                : kernel_info<T, Prefill192, kScoreMod>();
+      return true;
     case 256: *k = kernel_info<T, Prefill256, kScoreMod>(); return true;
     default: return false;
   }
