@@ -15,7 +15,7 @@ query rows before timing it, then times ours and three baselines in the same pro
              [B, L, 8, 128], or paged [blocks, 16 | 256,   backend rejects GQA, with K/V expanded to 32
              8, 128] through a random block table          heads beforehand: noted per row in gqa_mode)
 
-Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256},
+Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256, 192},
 causal and not; decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1, 8, 64} x
 {contiguous, paged 16, paged 256} (the baselines are timed once per batch and length, on the
 contiguous cache). Reported: time, TFLOP/s (prefill: 4 B H S^2 D, halved when causal), KV GB/s
@@ -52,7 +52,7 @@ from benchmark import V_SCALE  # noqa: E402
 DEVICE = "cuda"
 PREFILL_TOKENS = 16384
 PREFILL_SEQLENS = [512, 2048, 8192, 16384]
-PREFILL_HEAD_DIMS = [64, 128, 256]
+PREFILL_HEAD_DIMS = [64, 128, 256, 192]  # 192 last: the grid first
 HEADS = 32
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 32, 8, 128
 DECODE_KV = [1024, 4096, 16384, 32768]
