@@ -209,17 +209,17 @@ struct TileConfig {
 // sm_90a) spills 56-80 bytes per thread of the 64-key build and none of the 32-key one, yet the
 // 64-key tile was 3-8% faster on an H200 (bf16, S 2K / 8K, causal and not: 0.92-0.97x -> 0.99-1.03x
 // SDPA's flash backend); tiles of 64 rows or 8 warps were slower (.exp A/B, session notes).
-// Head dim 256: 64-key tiles in one stage (kSplitKV), 96 KB, two CTAs per SM everywhere. Against
-// 32-key tiles in 2 stages (the same 96 KB; the per-tile softmax, barrier and loop work is spread
-// over half the keys) 5-7% faster on an H200 (bf16, in one process, x SDPA flash: S 2K 0.91-0.94
-// -> 0.97-1.00, causal 0.97 -> 1.02, 8K causal 0.95-0.98 -> 1.00-1.03, 16K 0.96 -> 1.01, S 512
-// 0.89 -> 0.94); 128 x 64 tiles over 8 warps in 2 stages (192 KB, sm_90 only) gained only 1-5%,
-// 128 x 32 over 8 warps lost 10%. Head dim 192: 128 x 64 over 8 warps in 2 stages (144 KB, one
-// CTA per SM; FlashAttention-2's tile shape for 192) where that fits (sm_80, sm_90, sm_100), 5-6%
-// faster on an H200 than 64 x 32 over 4 warps (x SDPA flash: S 2K 0.88 -> 0.92, causal
-// 0.90 -> 0.93, 8K 0.89 -> 0.94, 8K causal 0.91 -> 0.96, S 512 0.83 -> 0.89), which stays
-// elsewhere (72 KB); in one stage (96 KB) 128 x 64 lost 4-10%, 64 x 64 about 1%, and re-reading
-// Q from shared memory 3-8%.
+// Head dim 256: 64-key tiles in one stage (kSplitKV), 96 KB (two CTAs per SM on sm_90 / sm_100, one
+// on sm_80 and sm_86/89/120, as before). Against 32-key tiles in 2 stages (the same 96 KB; the
+// per-tile softmax, barrier and loop work is spread over half the keys) 5-7% faster on an H200
+// (bf16, in one process, x SDPA flash: S 2K 0.91-0.94 -> 0.97-1.00, causal 0.97 -> 1.02, 8K causal
+// 0.95-0.98 -> 1.00-1.03, 16K 0.96 -> 1.01, S 512 0.89 -> 0.94); 128 x 64 tiles over 8 warps in 2
+// stages (192 KB, sm_90 only) gained only 1-5%, 128 x 32 over 8 warps lost 10%. Head dim 192: 128 x
+// 64 over 8 warps in 2 stages (144 KB, one CTA per SM; FlashAttention-2's tile shape for 192) where
+// that fits (sm_80, sm_90, sm_100), 5-6% faster on an H200 than 64 x 32 over 4 warps (x SDPA flash:
+// S 2K 0.88 -> 0.92, causal 0.90 -> 0.93, 8K 0.89 -> 0.94, 8K causal 0.91 -> 0.96, S 512 0.83 ->
+// 0.89), which stays elsewhere (72 KB); in one stage (96 KB) 128 x 64 lost 4-10%, 64 x 64 about 1%,
+// and re-reading Q from shared memory 3-8%.
 // Shared memory: 24 / 48 / 72 / 80 (96) / 72 (144) / 96 KB.
 using Prefill32 = TileConfig<32, 128, 64, 4, 1, 2, true, 2>;
 using Prefill64 = TileConfig<64, 128, 64, 4, 1, 2, true, 2>;
