@@ -79,7 +79,9 @@
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
 //   lse from the quad's first lane.
 // - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
-//   wait for their predecessor before the first global access and release their dependents.
+//   wait for their predecessor before the first global access and release their dependents;
+//   they read their (__grid_constant__) parameters, and the combine its row's indices, first,
+//   while they wait (wait_and_release_after_params: 0.35-0.4 us per batch-1 decode call, H100).
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
 //   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233) and 244-254
@@ -750,7 +752,8 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[Cfg::kMTiles][Cfg::kN
 // is folded into the exponent (one FFMA per score) and masks are the only modifier.
 // ---------------------------------------------------------------------------------------------
 template <typename T, class Cfg, bool kScoreMod>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    attn_fwd_kernel(const __grid_constant__ FwdArgs a) {
   constexpr int D = Cfg::kHeadDim;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -758,7 +761,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attn_fwd_
   // Q fragments in registers as configured, except in the softcap / ALiBi build above head_dim
   // 128 (the 48 registers of Q at 192 pushed ptxas into spills there; Q is re-read instead).
   constexpr bool kQRegs = Cfg::kQInRegs && !(kScoreMod && D > 128);
-  pdl::wait_and_release();
+  // Decode tiles read their parameters while they wait (a decode call is latency-bound); prefill
+  // tiles keep the plain wait (their calls are long, and it moved ptxas's register allocation).
+  if constexpr (Cfg::kWarpsN > 1) {
+    pdl::wait_and_release_after_params(0, a);
+  } else {
+    pdl::wait_and_release();
+  }
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -1265,11 +1274,10 @@ struct CombineSmem {
 
 template <typename T>
 __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
-    attn_fwd_combine_kernel(const CombineArgs a) {
+    attn_fwd_combine_kernel(const __grid_constant__ CombineArgs a) {
   constexpr int kPerLane = LaunchConfig::kMaxSplits / 32;
   constexpr int kWarps = LaunchConfig::kCombineWarps;
   constexpr int kUnroll = LaunchConfig::kCombineUnroll;
-  pdl::wait_and_release();
   CombineSmem& sm = *reinterpret_cast<CombineSmem*>(dynamic_smem());
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -1279,6 +1287,8 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
   const int64_t bh = row / a.seqlen_q;
   const int h = static_cast<int>(bh % a.heads_q);
   const int b = static_cast<int>(bh / a.heads_q);
+  // The divisions above (64-bit) are done while the grid waits for its predecessor.
+  pdl::wait_and_release_after_params(static_cast<uint64_t>(i ^ h ^ b) ^ total, a);
   int len_q = a.seqlen_q, q_start = 0;
   if (a.cu_seqlens_q != nullptr) {
     q_start = __ldg(a.cu_seqlens_q + b);
@@ -1491,16 +1501,18 @@ template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, cons
   }
 }
 
-// Decode tiles always take the modifier build: at 16 rows the per-score work is hidden by the
-// K/V stream, and one build per head_dim halves the instances.
-template <typename T> bool decode_kernel(int64_t head_dim, KernelInfo* k) {
+// Decode tiles have a fast build too although at 16 rows the per-score work is hidden by the K/V
+// stream: a decode call at batch 1 is bound by the latency of its instruction stream (one warp per
+// SM sub-partition), and the modifier build's longer one cost 0.15-0.2 us of an 8-10 us call
+// (H100, batch 1, 1K-4K keys).
+template <typename T, bool kScoreMod> bool decode_kernel(int64_t head_dim, KernelInfo* k) {
   switch (head_dim) {
-    case 32: *k = kernel_info<T, Decode32, true>(); return true;
-    case 64: *k = kernel_info<T, Decode64, true>(); return true;
-    case 96: *k = kernel_info<T, Decode96, true>(); return true;
-    case 128: *k = kernel_info<T, Decode128, true>(); return true;
-    case 192: *k = kernel_info<T, Decode192, true>(); return true;
-    case 256: *k = kernel_info<T, Decode256, true>(); return true;
+    case 32: *k = kernel_info<T, Decode32, kScoreMod>(); return true;
+    case 64: *k = kernel_info<T, Decode64, kScoreMod>(); return true;
+    case 96: *k = kernel_info<T, Decode96, kScoreMod>(); return true;
+    case 128: *k = kernel_info<T, Decode128, kScoreMod>(); return true;
+    case 192: *k = kernel_info<T, Decode192, kScoreMod>(); return true;
+    case 256: *k = kernel_info<T, Decode256, kScoreMod>(); return true;
     default: return false;
   }
 }
@@ -1594,7 +1606,12 @@ bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   KernelInfo k;
   bool ok;
   if (decode) {
-    ok = bf16 ? decode_kernel<__nv_bfloat16>(p.head_dim, &k) : decode_kernel<__half>(p.head_dim, &k);
+    if (bf16) {
+      ok = score_mod ? decode_kernel<__nv_bfloat16, true>(p.head_dim, &k)
+                     : decode_kernel<__nv_bfloat16, false>(p.head_dim, &k);
+    } else {
+      ok = score_mod ? decode_kernel<__half, true>(p.head_dim, &k) : decode_kernel<__half, false>(p.head_dim, &k);
+    }
   } else {
     if (group > 1) {
       int64_t block_m = 0;
