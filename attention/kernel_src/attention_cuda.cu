@@ -85,14 +85,15 @@
 // - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
 //   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233) and 244-254
-//   (222-231) with 128 x 64 tiles, D256 249-255 (249-255); decode D32 88-119, D64 121-128, D96
-//   152-168, D128 168 (the 3-CTA cap), D192 202-247, D256 240-255. Local memory (cuobjdump):
+//   (222-231) with 128 x 64 tiles, D256 249-255 (249-255); decode D32 79-104 (93-119), D64
+//   114-127 (120-128), D96 148-163 (152-168), D128 167-168 (168, the 3-CTA cap), D192 199-244
+//   (202-247), D256 236-255 (240-255). Local memory (cuobjdump):
 //   the 64-key D128 tile of sm_90 / sm_100 spills 40-104 bytes and reloads 4-16 values per K/V tile
 //   in its main loop (a measured net gain, see Prefill128Wide); the D256 tile of sm_80 / sm_90
 //   spills 8-32 bytes and reloads 1-6 values per K/V tile (sm_120: none), against 256 MMAs per warp
 //   and tile; the sm_120 softcap / ALiBi D96 build does one local access per K/V tile; every other
 //   main loop has none. A few values live in local memory around the loop (stored before it,
-//   reloaded after) in the sm_120 softcap / ALiBi builds of D64 / D128.
+//   reloaded after) in the sm_120 softcap / ALiBi builds of prefill D64 / D128 and decode D64.
 // - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
 //
 // Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
@@ -944,14 +945,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const uint32_t k_lane = sk + k_base;
     const uint32_t v_lane = sk + Cfg::kTileBytes + v_base;
 
-    // S = Q K^T over the warp's rows and keys.
+    // S = Q K^T over the warp's rows and keys. Decode tiles (one 16 x 16 block of S per warp, two
+    // accumulators) alternate the k-steps between two sets of accumulators, which halves the
+    // chain of dependent MMAs: one warp per SM sub-partition at batch 1 waits on every link.
+    constexpr int kChains = kDecode ? 2 : 1;
     float sc[kMT][Cfg::kNTiles][4];
+    float sc_odd[kMT][Cfg::kNTiles][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[mt][nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) sc[mt][nt][e] = sc_odd[mt][nt][e] = 0.0f;
       }
     }
 #pragma unroll
@@ -966,14 +971,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           ldmatrix_x4(qa[mt], Rows::at(q_lane, mt * 16, ks));
         }
       }
+      auto& acc = kChains > 1 && ks % 2 == 1 ? sc_odd : sc;
 #pragma unroll
       for (int np = 0; np < Cfg::kNTiles / 2; ++np) {
         uint32_t kb[4];
         ldmatrix_x4(kb, Rows::at(k_lane, np * 16, ks));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
-          mma_16816<T>(sc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          mma_16816<T>(acc[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma_16816<T>(acc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+    if constexpr (kChains > 1) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[mt][nt][e] += sc_odd[mt][nt][e];
         }
       }
     }
