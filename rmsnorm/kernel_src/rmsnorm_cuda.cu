@@ -353,12 +353,12 @@ __device__ __forceinline__ void fwd_store_row(const FwdArgs& a, const Chunk<Tin,
 // kPrefetchL2: the instance that prefetches rows ahead (a.prefetch_rows > 0; plan_fwd_prefetch).
 template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks, bool kPrefetchL2 = false>
 __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunks>::kMinBlocks)
-    rms_norm_fwd_kernel(const FwdArgs a) {
+    rms_norm_fwd_kernel(const __grid_constant__ FwdArgs a) {
   static_assert(!kPrefetchL2 || kVec > 1, "bulk prefetches need rows of whole 16-byte vectors");
   constexpr bool kPrefetchW =
       static_cast<int>(sizeof(Tw)) * kVec * kChunks <= kMaxPrefetchWeightBytes;
   __shared__ float red[2][1][32];
-  pdl::wait_and_release();
+  pdl::wait_and_release_after_params(0, a);  // the parameters are read while the grid waits
   const int group = a.group;
   const int slot = static_cast<int>(threadIdx.x) / group;
   const int lane = static_cast<int>(threadIdx.x) - slot * group;
