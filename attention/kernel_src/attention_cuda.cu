@@ -1533,6 +1533,13 @@ template <typename T, bool kScoreMod> bool decode_kernel(int64_t head_dim, Kerne
   }
 }
 
+// The kernel of one dtype and score-modifier build, with decode or prefill tiles.
+template <typename T, bool kScoreMod>
+bool pick_kernel(bool decode, int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
+  return decode ? decode_kernel<T, kScoreMod>(head_dim, k)
+                : prefill_kernel<T, kScoreMod>(head_dim, dev, k);
+}
+
 struct Plan {
   KernelInfo kernel;
   int qpack;        // q heads per kv head packed into the rows (1: none)
@@ -1619,31 +1626,17 @@ bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
     qpack = group;  // decode: the q heads of a kv head share its K/V tiles
     decode = true;
   }
-  KernelInfo k;
-  bool ok;
-  if (decode) {
-    if (bf16) {
-      ok = score_mod ? decode_kernel<__nv_bfloat16, true>(p.head_dim, &k)
-                     : decode_kernel<__nv_bfloat16, false>(p.head_dim, &k);
-    } else {
-      ok = score_mod ? decode_kernel<__half, true>(p.head_dim, &k) : decode_kernel<__half, false>(p.head_dim, &k);
-    }
-  } else {
-    if (group > 1) {
-      int64_t block_m = 0;
-      KernelInfo probe;
-      if (!prefill_kernel<__half, false>(p.head_dim, dev, &probe)) return false;
-      block_m = probe.block_m;
-      if (p.seqlen_q < block_m) qpack = group;  // fill the query tile with the group's heads
-    }
-    if (bf16) {
-      ok = score_mod ? prefill_kernel<__nv_bfloat16, true>(p.head_dim, dev, &k)
-                     : prefill_kernel<__nv_bfloat16, false>(p.head_dim, dev, &k);
-    } else {
-      ok = score_mod ? prefill_kernel<__half, true>(p.head_dim, dev, &k)
-                     : prefill_kernel<__half, false>(p.head_dim, dev, &k);
-    }
+  if (!decode && group > 1) {
+    KernelInfo probe;
+    if (!prefill_kernel<__half, false>(p.head_dim, dev, &probe)) return false;
+    if (p.seqlen_q < probe.block_m) qpack = group;  // fill the query tile with the group's heads
   }
+  using Pick = bool (*)(bool, int64_t, const DeviceInfo&, KernelInfo*);
+  const Pick pick = bf16 ? (score_mod ? pick_kernel<__nv_bfloat16, true>
+                                     : pick_kernel<__nv_bfloat16, false>)
+                         : (score_mod ? pick_kernel<__half, true> : pick_kernel<__half, false>);
+  KernelInfo k;
+  const bool ok = pick(decode, p.head_dim, dev, &k);
   if (!ok) return false;
   plan->kernel = k;
   plan->decode = decode;
