@@ -28,8 +28,6 @@
 //                          8 warps where 144 KB fit: sm_80, sm_90, sm_100)
 //              D 256:      64 x 64, one row tile per warp, one stage (K and V in alternation)
 //     decode   D <= 128:   16 rows x 64 keys, the 4 warps split the keys (16 each) and merge
-//              D 128:      16 rows x 128 keys over 8 warps for grids of one CTA per SM, where
-//                          132 KB fit (sm_80, sm_90, sm_100)
 //              D 192/256:  16 rows x 32 keys over 2 warps (64 threads)
 //   Shared memory 17-96 KB per CTA (opted in above 48 KB), within the 99 KB of sm_86/89/120; the
 //   wide tiles (below) only where the device's opt-in holds them.
@@ -88,9 +86,8 @@
 //   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
 //   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233) and 244-254
 //   (222-231) with 128 x 64 tiles, D256 249-255 (249-255); decode D32 79-104 (93-119), D64
-//   114-127 (120-128), D96 148-163 (152-168), D128 167-168 (168, the 3-CTA cap) and 182-216
-//   (186-224) over 8 warps, D192 199-244 (202-247), D256 236-255 (240-255).
-//   Local memory (cuobjdump):
+//   114-127 (120-128), D96 148-163 (152-168), D128 167-168 (168, the 3-CTA cap), D192 199-244
+//   (202-247), D256 236-255 (240-255). Local memory (cuobjdump):
 //   the 64-key D128 tile of sm_90 / sm_100 spills 40-104 bytes and reloads 4-16 values per K/V tile
 //   in its main loop (a measured net gain, see Prefill128Wide); the D256 tile of sm_80 / sm_90
 //   spills 8-32 bytes and reloads 1-6 values per K/V tile (sm_120: none), against 256 MMAs per warp
@@ -244,15 +241,10 @@ using Prefill256 = TileConfig<256, 64, 64, 4, 1, 1, false, 2>;
 // 4.8 TB/s x ~1.2 us latency / 132 SMs asks for; a single CTA streams 26-35% faster than with
 // one stage in flight behind a CTA barrier, H200 bf16 num_splits 1). The register cap of 3 CTAs
 // per SM (168) matches. Head dim 192/256: 32-key tiles over 2 warps (54 / 72 KB).
-// Small decode grids (one CTA per SM, plan_splits), head dim 128: 8 warps over 128-key tiles
-// (132 KB, where the opt-in holds it), the same 16 keys per warp and tile. At batch 1 a CTA's
-// time is the latency of its warps' instruction stream, one warp per SM sub-partition with 4
-// warps; 8 warps take half the tiles each and hide each other's latency.
 using Decode32 = TileConfig<32, 16, 64, 1, 4, 2, true, 4>;
 using Decode64 = TileConfig<64, 16, 64, 1, 4, 2, true, 4>;
 using Decode96 = TileConfig<96, 16, 64, 1, 4, 2, true, 3>;
 using Decode128 = TileConfig<128, 16, 64, 1, 4, 2, true, 3>;
-using Decode128Wide = TileConfig<128, 16, 128, 1, 8, 2, true, 1>;
 using Decode192 = TileConfig<192, 16, 32, 1, 2, 2, false, 4>;
 using Decode256 = TileConfig<256, 16, 32, 1, 2, 2, false, 3>;
 // The instances every capability can take fit the 99 KB opt-in of sm_86/89/120.
@@ -1507,7 +1499,6 @@ template <typename T, class Cfg, bool kScoreMod> KernelInfo kernel_info() {
 // 192 its 128-row tile where one CTA fits.
 bool prefill128_wide(const DeviceInfo& dev) { return 2 * Prefill128Wide::kSmemBytes <= dev.smem_optin; }
 bool prefill192_wide(const DeviceInfo& dev) { return Prefill192Wide::kSmemBytes <= dev.smem_optin; }
-bool decode128_wide(const DeviceInfo& dev) { return Decode128Wide::kSmemBytes <= dev.smem_optin; }
 
 template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
   switch (head_dim) {
@@ -1530,41 +1521,23 @@ template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, cons
 // stream: a decode call at batch 1 is bound by the latency of its instruction stream (one warp per
 // SM sub-partition), and the modifier build's longer one cost 0.15-0.2 us of an 8-10 us call
 // (H100, batch 1, 1K-4K keys).
-template <typename T, bool kScoreMod>
-bool decode_kernel(int64_t head_dim, const DeviceInfo& dev, bool small_grid, KernelInfo* k) {
+template <typename T, bool kScoreMod> bool decode_kernel(int64_t head_dim, KernelInfo* k) {
   switch (head_dim) {
     case 32: *k = kernel_info<T, Decode32, kScoreMod>(); return true;
     case 64: *k = kernel_info<T, Decode64, kScoreMod>(); return true;
     case 96: *k = kernel_info<T, Decode96, kScoreMod>(); return true;
-    case 128:
-      *k = small_grid && decode128_wide(dev) ? kernel_info<T, Decode128Wide, kScoreMod>()
-                                             : kernel_info<T, Decode128, kScoreMod>();
-      return true;
+    case 128: *k = kernel_info<T, Decode128, kScoreMod>(); return true;
     case 192: *k = kernel_info<T, Decode192, kScoreMod>(); return true;
     case 256: *k = kernel_info<T, Decode256, kScoreMod>(); return true;
     default: return false;
   }
 }
 
-// The kernel of one dtype and score-modifier build, with decode or prefill tiles (small_grid:
-// a decode grid that plan_splits spreads one CTA per SM).
+// The kernel of one dtype and score-modifier build, with decode or prefill tiles.
 template <typename T, bool kScoreMod>
-bool pick_kernel(bool decode, bool small_grid, int64_t head_dim, const DeviceInfo& dev,
-                 KernelInfo* k) {
-  return decode ? decode_kernel<T, kScoreMod>(head_dim, dev, small_grid, k)
+bool pick_kernel(bool decode, int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
+  return decode ? decode_kernel<T, kScoreMod>(head_dim, k)
                 : prefill_kernel<T, kScoreMod>(head_dim, dev, k);
-}
-
-// Decode grids of fewer CTAs than this (before any split) run one CTA per SM (plan_splits).
-// Each warp keeps both of its stages in flight (load_kv_warp), so one CTA streams about 47 GB/s
-// (H200, bf16, head_dim 128: 64 CTAs without split read 3 TB/s), more than an SM's share of the
-// DRAM bandwidth, and more CTAs only add split overhead. Contiguous caches, fewer CTAs than SMs:
-// at batch 1-16 x GQA 32/8 x 4K-32K keys 3-7% faster than filling every resident slot (H200; H100
-// within 1-4% of the best count). Paged caches only up to SMs / 8 CTAs (batch 1-2 there: 2-11%
-// faster on H100 and H200); from batch 4 one CTA per SM lost 3-4% on the H200, so larger paged
-// grids fill every slot.
-int64_t decode_one_per_sm_below(const AttnFwdParams& p, const DeviceInfo& dev) {
-  return p.block_table == nullptr ? dev.sms : dev.sms / 8 + 1;
 }
 
 struct Plan {
@@ -1658,15 +1631,12 @@ bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
     if (!prefill_kernel<__half, false>(p.head_dim, dev, &probe)) return false;
     if (p.seqlen_q < probe.block_m) qpack = group;  // fill the query tile with the group's heads
   }
-  // Decode tiles are 16 rows in every instance.
-  const int64_t decode_ctas = p.batch * (p.heads_q / qpack) * ceil_div(p.seqlen_q * qpack, 16);
-  const bool small_grid = decode && decode_ctas < decode_one_per_sm_below(p, dev);
-  using Pick = bool (*)(bool, bool, int64_t, const DeviceInfo&, KernelInfo*);
+  using Pick = bool (*)(bool, int64_t, const DeviceInfo&, KernelInfo*);
   const Pick pick = bf16 ? (score_mod ? pick_kernel<__nv_bfloat16, true>
                                      : pick_kernel<__nv_bfloat16, false>)
                          : (score_mod ? pick_kernel<__half, true> : pick_kernel<__half, false>);
   KernelInfo k;
-  const bool ok = pick(decode, small_grid, p.head_dim, dev, &k);
+  const bool ok = pick(decode, p.head_dim, dev, &k);
   if (!ok) return false;
   plan->kernel = k;
   plan->decode = decode;
@@ -1696,8 +1666,15 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   if (ctas >= LaunchConfig::kNoSplitWaves * slots) return cudaSuccess;
   const int64_t max_splits = min64(cap, n_blocks / LaunchConfig::kMinTilesPerSplit);
   if (max_splits <= 1) return cudaSuccess;
-  // Decode tiles, small grids: one CTA per SM (decode_one_per_sm_below says why).
-  if (plan->decode && ctas < decode_one_per_sm_below(p, dev)) {
+  // Decode tiles, small grids: one CTA per SM. Each warp keeps both of its stages in flight
+  // (load_kv_warp), so one CTA streams about 47 GB/s (H200, bf16, head_dim 128: 64 CTAs without
+  // split read 3 TB/s), more than an SM's share of the DRAM bandwidth, and more CTAs only add
+  // split overhead. Contiguous caches, fewer CTAs than SMs: at batch 1-16 x GQA 32/8 x 4K-32K keys
+  // 3-7% faster than filling every resident slot (H200; H100 within 1-4% of the best count).
+  // Paged caches only up to SMs / 8 CTAs (batch 1-2 there: 2-11% faster on H100 and H200); from
+  // batch 4 one CTA per SM lost 3-4% on the H200, so larger paged grids fill every slot.
+  const int64_t one_per_sm_below = p.block_table == nullptr ? dev.sms : dev.sms / 8 + 1;
+  if (plan->decode && ctas < one_per_sm_below) {
     plan->num_splits = static_cast<int>(min64(max_splits, dev.sms / ctas));
     return cudaSuccess;
   }
