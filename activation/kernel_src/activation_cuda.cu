@@ -244,8 +244,15 @@ __device__ __forceinline__ void for_each_item(const F& f, const RowSpace& s) {
 // H200).
 struct FastFloatMath {
   template <typename T> static __device__ __forceinline__ T exp(T x) { return __expf(x); }
+  // 1 + e^x with the flush-to-zero ex2: __expf's handling of subnormal results (a compare and
+  // two predicated multiplies per element) cannot change the sum, which rounds to 1 there.
+  template <typename T> static __device__ __forceinline__ T one_plus_exp(T x) {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * 1.4426950408889634f));
+    return 1.0f + e;
+  }
   template <typename T> static __device__ __forceinline__ T tanh(T x) {
-    return 1.0f - __fdividef(2.0f, __expf(2.0f * x) + 1.0f);  // saturates to +-1, no NaN
+    return 1.0f - __fdividef(2.0f, one_plus_exp(2.0f * x));  // saturates to +-1, no NaN
   }
   template <typename T> static __device__ __forceinline__ T div(T a, T b) { return __fdividef(a, b); }
   template <typename T> static __device__ __forceinline__ T normal_cdf(T x) {

@@ -47,6 +47,9 @@ ACT_HD double act_erf(double x) { return erf(x); }
 // whose fp32 results are rounded to 8 or 11 significant bits anyway (activation_cuda.cu).
 struct PreciseMath {
   template <typename T> static ACT_HD T exp(T x) { return act_exp(x); }
+  // 1 + e^x, the denominator of the sigmoid (a fast policy may flush a subnormal e^x to zero:
+  // the sum rounds to 1 either way).
+  template <typename T> static ACT_HD T one_plus_exp(T x) { return T(1) + act_exp(x); }
   template <typename T> static ACT_HD T tanh(T x) { return act_tanh(x); }
   template <typename T> static ACT_HD T div(T a, T b) { return a / b; }
   // Standard normal CDF, Phi(x) = P(N(0, 1) <= x), PyTorch's way: 0.5 (1 + erf(x / sqrt 2)).
@@ -56,12 +59,12 @@ struct PreciseMath {
 };
 
 template <typename T, typename M = PreciseMath> ACT_HD T sigmoid(T x) {
-  return M::div(T(1), T(1) + M::exp(-x));
+  return M::div(T(1), M::one_plus_exp(-x));
 }
 
 // ---- forward formulas ----
 template <typename T, typename M = PreciseMath> ACT_HD T silu(T x) {
-  return M::div(x, T(1) + M::exp(-x));
+  return M::div(x, M::one_plus_exp(-x));
 }
 
 // x * Phi(x); with PreciseMath the same as 0.5 x (1 + erf(x / sqrt 2)): scaling by 0.5 is exact
