@@ -132,10 +132,10 @@ def run_case(kernel, op, tokens, width, dtype, compiled_cache):
             "ours": benchlib.wall_time_us(lambda: ours(out, x)),
             "compile": benchlib.wall_time_us(lambda: compiled(x)),
         }
-        # Our CUDA kernels launch with programmatic dependent launch on sm_90+, so in the graph
-        # above each call overlaps the previous call's tail. After a kernel that does not use
-        # PDL (here: a copy that produces x, as a GEMM would) that overlap is gone: GPU time of
-        # [producer, op] minus that of [producer] alone.
+        # With ACTIVATION_PDL=1 our kernels use programmatic dependent launch, and in the graph
+        # above each call overlaps the previous call's tail. After a producer of x that does not
+        # release its dependents (here a copy, as a GEMM would be) that overlap is gone: GPU time
+        # of [producer, op] minus that of [producer] alone.
         x_src = x.clone()
 
         def produce():
@@ -159,7 +159,7 @@ def main():
     torch._dynamo.config.cache_size_limit = 256
     dtype = getattr(torch, args.dtype)
     env = benchlib.environment(kernel)
-    env["activation_pdl"] = os.environ.get("ACTIVATION_PDL", "1") != "0"  # see activation_cuda.cu
+    env["activation_pdl"] = os.environ.get("ACTIVATION_PDL") == "1"  # see activation_cuda.cu
     copy_gbs = benchlib.copy_bandwidth_gbs()
     print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s", flush=True)
     results, compiled_cache = [], {}
@@ -190,9 +190,9 @@ def main():
         "environment": env,
         "method": "GPU time = median of CUDA-graph replay (triton do_bench_cudagraph); per-call "
         "time at <= 128 tokens = median of back-to-back launches (triton do_bench), launch overhead "
-        "included; our kernels use programmatic dependent launch on sm_90+ (environment.activation_pdl), "
-        "which lets back-to-back calls in a graph overlap: us_after_producer (<= 128 tokens) is the GPU "
-        "time of [copy producing x, op] minus that of the copy alone, where PDL cannot help; bytes = inputs read once + outputs written once; copy ceiling = 1 GiB "
+        "included; our kernels launch with programmatic dependent launch only when environment.activation_pdl "
+        "(ACTIVATION_PDL=1; it lets back-to-back calls in a graph overlap); us_after_producer (<= 128 tokens) is "
+        "the GPU time of [copy producing x, op] minus that of the copy alone; bytes = inputs read once + outputs written once; copy ceiling = 1 GiB "
         "device-to-device copy after a clock warm-up, same run",
         "copy_gbs": copy_gbs,
         "results": results,

@@ -32,8 +32,9 @@
 //   threads after a row's last vector take its last elements one each. Otherwise the same
 //   kernel body runs with one element per thread, still coalesced. Contiguous unary tensors are
 //   seen as one long row, so any shape vectorizes.
-// - Programmatic dependent launch on sm_90+: a call that follows another PDL kernel overlaps
-//   its launch with that kernel's tail (0.81 vs 1.25 us per back-to-back decode call).
+// - Programmatic dependent launch on sm_90+ only with ACTIVATION_PDL=1: a call that follows a
+//   kernel releasing its dependents then overlaps its launch with that kernel's tail (0.96 vs
+//   1.42 us per back-to-back decode call, H100), but after a GEMM it was 0.5 us slower (pdl.cuh).
 // - Math: the activation_math.h formulas; fp32/fp64 with precise expf/erff/tanhf and IEEE
 //   division, fp16/bf16 with hardware approximations whose error is far below their output
 //   rounding (FastFloatMath below says why and by how much).
@@ -59,7 +60,8 @@ namespace activation {
 namespace cuda {
 namespace {
 
-// ACTIVATION_PDL=0 in the environment turns programmatic dependent launch off (pdl.cuh).
+// An activation call is one kernel, launched with programmatic dependent launch only when
+// ACTIVATION_PDL=1 (pdl.cuh says when that pays).
 constexpr char kActivationPdlEnv[] = "ACTIVATION_PDL";
 
 // ---------------------------------------------------------------------------------------------
@@ -545,7 +547,7 @@ cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) 
   if (blocks_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(blocks_x),
                   static_cast<unsigned>(std::min<int64_t>(blocks_y, LaunchConfig::kMaxGridY)));
-  return pdl::launch<kActivationPdlEnv>(kKernel, grid, dim3(tx, ty), 0, stream, family, space);
+  return pdl::launch<kActivationPdlEnv>(pdl::Follows::kCaller, kKernel, grid, dim3(tx, ty), 0, stream, family, space);
 }
 
 template <typename T> struct TypeTag { using type = T; };

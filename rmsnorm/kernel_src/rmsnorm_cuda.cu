@@ -63,9 +63,11 @@
 // - Memory: activations are loaded with L1::no_allocate (coherent, since outputs may alias
 //   them), weight / scale / shift through the read-only path (L1-resident, reused by every row),
 //   outputs stored with .cs (evict-first); rmsnorm_cuda_utils.cuh.
-// - Programmatic dependent launch on sm_90+ (RMSNORM_PDL=0 disables; pdl.cuh, shared with the other kernels):
-//   each kernel waits for its predecessor before its first global access and then releases its
-//   dependents, so a decode-sized launch overlaps its launch latency with the predecessor's tail.
+// - Programmatic dependent launch on sm_90+ (pdl.cuh, shared with the other kernels): the
+//   backward's reduce kernel is launched with PDL after the backward kernel; the first kernel of a
+//   call only with RMSNORM_PDL=1 (0: none). Each kernel waits for its predecessor before its first
+//   global access and then releases its dependents, so a decode-sized launch after a kernel that
+//   releases its dependents overlaps its launch latency with that kernel's tail.
 // - Launch heuristics live in LaunchConfig, FwdPlan, BwdShape and BwdPartition only.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -1233,11 +1235,13 @@ double dram_bytes_per_us_per_sm(int sms) {
   return rate > 0.0 ? rate : 0.0;
 }
 
-// Every launch goes through PDL on sm_90+ unless RMSNORM_PDL=0 (pdl.cuh).
+// PDL on sm_90+ for the launches that follow this library's own kernel (the backward's reduce);
+// RMSNORM_PDL=1 for every launch, 0 for none (pdl.cuh).
 template <typename Kernel, typename Args>
-cudaError_t launch(Kernel kernel, int64_t grid, int threads, size_t smem, cudaStream_t stream,
-                   const Args& args) {
-  return pdl::launch<kRmsNormPdlEnv>(kernel, dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
+cudaError_t launch(pdl::Follows follows, Kernel kernel, int64_t grid, int threads, size_t smem,
+                   cudaStream_t stream, const Args& args) {
+  return pdl::launch<kRmsNormPdlEnv>(follows, kernel,
+                                     dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
                                      dim3(static_cast<unsigned>(threads)), smem, stream, args);
 }
 
@@ -1275,11 +1279,11 @@ template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
 cudaError_t launch_fwd_register(const FwdArgs& args, int threads, cudaStream_t stream) {
   if constexpr (kVec > 1 && kChunks >= LaunchConfig::kFwdChunksManyRows) {
     if (args.prefetch_rows > 0) {
-      return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>, args.row_blocks,
+      return launch(pdl::Follows::kCaller, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>, args.row_blocks,
                     threads, 0, stream, args);
     }
   }
-  return launch(rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>, args.row_blocks, threads, 0,
+  return launch(pdl::Follows::kCaller, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>, args.row_blocks, threads, 0,
                 stream, args);
 }
 
@@ -1300,7 +1304,7 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
                                    (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
                : 0;
   if (plan.two_pass) {
-    return launch(rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
+    return launch(pdl::Follows::kCaller, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
                   stream, args);
   }
   switch (plan.chunks_per_thread) {
@@ -1377,7 +1381,7 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   if (group > LaunchConfig::kBwdMaxGroup) {
     args.group = LaunchConfig::kBwdWideThreads;
     args.slots = 1;
-    return launch(rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
+    return launch(pdl::Follows::kCaller, rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
                   LaunchConfig::kBwdWideThreads, 0, stream, args);
   }
   args.group = group;
@@ -1390,7 +1394,7 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
   const size_t smem =
       sizeof(float) * static_cast<size_t>(args.slots) * static_cast<size_t>(args.hidden);
-  return launch(rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
+  return launch(pdl::Follows::kCaller, rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
                 group * args.slots, smem, stream, args);
 }
 
@@ -1494,7 +1498,7 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
                        (p.grad_shift != nullptr ? part.batch : 0);
   r.blocks = jobs * r.col_blocks;
   r.job_of_block = FastDivU64::make(static_cast<uint64_t>(r.col_blocks));
-  return launch(rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks, LaunchConfig::kReduceThreads, 0,
+  return launch(pdl::Follows::kOwnKernel, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks, LaunchConfig::kReduceThreads, 0,
                 stream, r);
 }
 

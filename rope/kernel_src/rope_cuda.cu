@@ -65,9 +65,10 @@
 //   table rows; tables and indices go through the read-only path; stores are evict-first
 //   (st.global.cs). Accesses: rope_cuda_utils.cuh.
 // - The transpose is a uniform branch around the math only (both forms compiled in).
-// - Programmatic dependent launch on sm_90+ (ROPE_PDL=0 disables; pdl.cuh): the kernel waits
-//   for its predecessor before its first global access and releases its dependents, so a
-//   decode-sized launch overlaps its launch latency with the predecessor's tail.
+// - Programmatic dependent launch on sm_90+ (pdl.cuh) only with ROPE_PDL=1 (for a token chunk
+//   after the first by default; 0: none): the kernel waits for its predecessor before its first
+//   global access and releases its dependents, so a decode-sized launch after a kernel that
+//   releases its dependents overlaps its launch latency with that kernel's tail.
 // - Registers (sm_90a, nvcc 13.0): 38-40 for the vector instances (48 for fp16 NeoX with a full
 //   fp16 table), 64 for full fp32 tables next to 16-bit data, 32 for the scalar path; no
 //   spills. The only local memory is printf's argument buffer, on the error path.
@@ -582,7 +583,9 @@ cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream
     const int64_t gy = ceil_div(blocks, gz);
     const dim3 grid(plan.grid_x, static_cast<unsigned>(gy), static_cast<unsigned>(gz));
     args.token_block_base = base;
-    const cudaError_t err = pdl::launch<kRopePdlEnv>(rope_kernel<T, Tt, kLayout, kKind, kVec>,
+    // A launch after the first follows the previous token chunk's kernel.
+    const pdl::Follows follows = base == 0 ? pdl::Follows::kCaller : pdl::Follows::kOwnKernel;
+    const cudaError_t err = pdl::launch<kRopePdlEnv>(follows, rope_kernel<T, Tt, kLayout, kKind, kVec>,
                                                      grid, plan.block, 0, stream, args);
     if (err != cudaSuccess) return err;
   }
