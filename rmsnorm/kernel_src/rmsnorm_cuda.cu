@@ -1235,12 +1235,13 @@ double dram_bytes_per_us_per_sm(int sms) {
   return rate > 0.0 ? rate : 0.0;
 }
 
-// PDL on sm_90+ for the launches that follow this library's own kernel (the backward's reduce);
-// RMSNORM_PDL=1 for every launch, 0 for none (pdl.cuh).
+// PDL on sm_90+ by default only for the backward's reduce, which follows the backward kernel
+// (after a GEMM a PDL rms_norm launch was 0.15-0.6 us slower, H100); RMSNORM_PDL=1 for every
+// launch, 0 for none (pdl.cuh).
 template <typename Kernel, typename Args>
-cudaError_t launch(pdl::Follows follows, Kernel kernel, int64_t grid, int threads, size_t smem,
+cudaError_t launch(pdl::ByDefault by_default, Kernel kernel, int64_t grid, int threads, size_t smem,
                    cudaStream_t stream, const Args& args) {
-  return pdl::launch<kRmsNormPdlEnv>(follows, kernel,
+  return pdl::launch<kRmsNormPdlEnv>(by_default, kernel,
                                      dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
                                      dim3(static_cast<unsigned>(threads)), smem, stream, args);
 }
@@ -1279,11 +1280,11 @@ template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
 cudaError_t launch_fwd_register(const FwdArgs& args, int threads, cudaStream_t stream) {
   if constexpr (kVec > 1 && kChunks >= LaunchConfig::kFwdChunksManyRows) {
     if (args.prefetch_rows > 0) {
-      return launch(pdl::Follows::kCaller, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>, args.row_blocks,
+      return launch(pdl::ByDefault::kPlain, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>, args.row_blocks,
                     threads, 0, stream, args);
     }
   }
-  return launch(pdl::Follows::kCaller, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>, args.row_blocks, threads, 0,
+  return launch(pdl::ByDefault::kPlain, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>, args.row_blocks, threads, 0,
                 stream, args);
 }
 
@@ -1304,7 +1305,7 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
                                    (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
                : 0;
   if (plan.two_pass) {
-    return launch(pdl::Follows::kCaller, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
+    return launch(pdl::ByDefault::kPlain, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
                   stream, args);
   }
   switch (plan.chunks_per_thread) {
@@ -1381,7 +1382,7 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   if (group > LaunchConfig::kBwdMaxGroup) {
     args.group = LaunchConfig::kBwdWideThreads;
     args.slots = 1;
-    return launch(pdl::Follows::kCaller, rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
+    return launch(pdl::ByDefault::kPlain, rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
                   LaunchConfig::kBwdWideThreads, 0, stream, args);
   }
   args.group = group;
@@ -1394,7 +1395,7 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
   const size_t smem =
       sizeof(float) * static_cast<size_t>(args.slots) * static_cast<size_t>(args.hidden);
-  return launch(pdl::Follows::kCaller, rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
+  return launch(pdl::ByDefault::kPlain, rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
                 group * args.slots, smem, stream, args);
 }
 
@@ -1498,7 +1499,7 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
                        (p.grad_shift != nullptr ? part.batch : 0);
   r.blocks = jobs * r.col_blocks;
   r.job_of_block = FastDivU64::make(static_cast<uint64_t>(r.col_blocks));
-  return launch(pdl::Follows::kOwnKernel, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks, LaunchConfig::kReduceThreads, 0,
+  return launch(pdl::ByDefault::kPdl, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks, LaunchConfig::kReduceThreads, 0,
                 stream, r);
 }
 

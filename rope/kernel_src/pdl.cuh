@@ -10,11 +10,12 @@
 // 0.96 vs 1.42 us). That needs a predecessor that releases its dependents, as every kernel here
 // does. After one that does not (a cuBLAS GEMM, a PyTorch kernel), the PDL launch was slower than
 // a plain one: +0.2 us after a small elementwise kernel, +0.5 us after a GEMM or a 15 us kernel
-// (H100, CUDA graphs, silu_and_mul at 1-128 tokens). So by default only the kernels that follow
-// another kernel of the same op (Follows::kOwnKernel) use PDL; <KERNEL>_PDL=1 extends it to the
-// op's first kernel (for callers whose preceding kernel releases its dependents), and
-// <KERNEL>_PDL=0 turns it off. Everything here has internal linkage, so the copies in different
-// kernel libraries never clash.
+// (H100, CUDA graphs: silu_and_mul and rms_norm at 1-128 tokens; the attention decode kernel
+// gained from PDL even there). So each launch says whether it uses PDL by default (ByDefault):
+// the kernels that follow another kernel of the same op do, an op's first kernel only where that
+// was measured to pay. <KERNEL>_PDL=1 turns PDL on for every launch (for callers whose preceding
+// kernel releases its dependents), <KERNEL>_PDL=0 off. Everything here has internal linkage, so
+// the copies in different kernel libraries never clash.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -77,22 +78,21 @@ __device__ __forceinline__ void wait_and_release_after_params(uint64_t ready, co
 #endif
 }
 
-// Host side. What a launch follows in its stream: whatever the caller ran before the op (the
-// op's first kernel), or a kernel of the same op, which releases its dependents.
-enum class Follows { kCaller, kOwnKernel };
+// Host side. Whether a launch uses PDL when kEnvVar is unset.
+enum class ByDefault { kPlain, kPdl };
 
-// PDL is used on devices of compute capability 9.0 and up for launches that follow a kernel of
-// the same op; the environment variable kEnvVar (read once per process) set to "1" extends it to
-// every launch, "0" turns it off. The capability is cached per device. kEnvVar is a
-// `constexpr char[]` of the kernel library, e.g. "RMSNORM_PDL".
-template <const char* kEnvVar> bool enabled(Follows follows) {
-  // 0: never, 1: after the library's own kernels (default), 2: always.
+// PDL is used on devices of compute capability 9.0 and up for the launches that ask for it by
+// default; the environment variable kEnvVar (read once per process) set to "1" turns it on for
+// every launch, "0" off. The capability is cached per device. kEnvVar is a `constexpr char[]` of
+// the kernel library, e.g. "RMSNORM_PDL".
+template <const char* kEnvVar> bool enabled(ByDefault by_default) {
+  // 0: never, 1: as each launch asks (unset or any other value), 2: always.
   static const int mode = [] {
     const char* value = std::getenv(kEnvVar);
     if (value == nullptr) return 1;
     return std::strcmp(value, "0") == 0 ? 0 : std::strcmp(value, "1") == 0 ? 2 : 1;
   }();
-  if (mode == 0 || (mode == 1 && follows == Follows::kCaller)) return false;
+  if (mode == 0 || (mode == 1 && by_default == ByDefault::kPlain)) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
   int device = 0;
@@ -108,10 +108,10 @@ template <const char* kEnvVar> bool enabled(Follows follows) {
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with PDL when
-// enabled<kEnvVar>(follows), and returns the launch error, if any.
+// enabled<kEnvVar>(by_default), and returns the launch error, if any.
 template <const char* kEnvVar, typename... Params, typename... Args>
-cudaError_t launch(Follows follows, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, Args&&... args) {
+cudaError_t launch(ByDefault by_default, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -120,7 +120,7 @@ cudaError_t launch(Follows follows, void (*kernel)(Params...), dim3 grid, dim3 b
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  if (enabled<kEnvVar>(follows)) {
+  if (enabled<kEnvVar>(by_default)) {
     config.attrs = attrs;
     config.numAttrs = 1;
   }

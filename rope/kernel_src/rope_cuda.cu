@@ -584,8 +584,8 @@ cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream
     const dim3 grid(plan.grid_x, static_cast<unsigned>(gy), static_cast<unsigned>(gz));
     args.token_block_base = base;
     // A launch after the first follows the previous token chunk's kernel.
-    const pdl::Follows follows = base == 0 ? pdl::Follows::kCaller : pdl::Follows::kOwnKernel;
-    const cudaError_t err = pdl::launch<kRopePdlEnv>(follows, rope_kernel<T, Tt, kLayout, kKind, kVec>,
+    const pdl::ByDefault pdl_default = base == 0 ? pdl::ByDefault::kPlain : pdl::ByDefault::kPdl;
+    const cudaError_t err = pdl::launch<kRopePdlEnv>(pdl_default, rope_kernel<T, Tt, kLayout, kKind, kVec>,
                                                      grid, plan.block, 0, stream, args);
     if (err != cudaSuccess) return err;
   }
