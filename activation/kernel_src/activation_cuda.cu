@@ -547,7 +547,8 @@ cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) 
   if (blocks_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(blocks_x),
                   static_cast<unsigned>(std::min<int64_t>(blocks_y, LaunchConfig::kMaxGridY)));
-  return pdl::launch<kActivationPdlEnv>(pdl::ByDefault::kPlain, kKernel, grid, dim3(tx, ty), 0, stream, family, space);
+  return pdl::launch<kActivationPdlEnv>(pdl::ByDefault::kPlain, kKernel, grid, dim3(tx, ty), 0,
+                                        stream, family, space);
 }
 
 template <typename T> struct TypeTag { using type = T; };

@@ -1827,7 +1827,8 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
                     static_cast<unsigned>(chunk));
     // PDL by default, after any kernel: unlike the short elementwise kernels, a decode call after a
     // cuBLAS GEMM was faster with it (H100, B1 x 4K keys 16.8 vs 17.1 us, B8 55.1 vs 55.4).
-    err = pdl::launch<kAttentionPdlEnv>(pdl::ByDefault::kPdl, plan.kernel.fn, grid, dim3(plan.kernel.threads),
+    err = pdl::launch<kAttentionPdlEnv>(pdl::ByDefault::kPdl, plan.kernel.fn, grid,
+                                        dim3(plan.kernel.threads),
                                         static_cast<size_t>(plan.kernel.smem), stream, args);
     if (err != cudaSuccess) return err;
   }
@@ -1854,9 +1855,12 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows));  // one CTA per output row
   const dim3 block(32 * LaunchConfig::kCombineWarps);
   constexpr size_t kSmem = sizeof(CombineSmem);
+  constexpr auto kPdl = pdl::ByDefault::kPdl;  // the combine follows the split kernel
   return p.dtype == DType::kBFloat16
-             ? pdl::launch<kAttentionPdlEnv>(pdl::ByDefault::kPdl, attn_fwd_combine_kernel<__nv_bfloat16>, grid, block, kSmem, stream, c)
-             : pdl::launch<kAttentionPdlEnv>(pdl::ByDefault::kPdl, attn_fwd_combine_kernel<__half>, grid, block, kSmem, stream, c);
+             ? pdl::launch<kAttentionPdlEnv>(kPdl, attn_fwd_combine_kernel<__nv_bfloat16>, grid,
+                                             block, kSmem, stream, c)
+             : pdl::launch<kAttentionPdlEnv>(kPdl, attn_fwd_combine_kernel<__half>, grid, block,
+                                             kSmem, stream, c);
 }
 
 }  // namespace cuda

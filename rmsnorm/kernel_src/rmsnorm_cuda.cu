@@ -1239,8 +1239,8 @@ double dram_bytes_per_us_per_sm(int sms) {
 // (after a GEMM a PDL rms_norm launch was 0.15-0.6 us slower, H100); RMSNORM_PDL=1 for every
 // launch, 0 for none (pdl.cuh).
 template <typename Kernel, typename Args>
-cudaError_t launch(pdl::ByDefault by_default, Kernel kernel, int64_t grid, int threads, size_t smem,
-                   cudaStream_t stream, const Args& args) {
+cudaError_t launch(pdl::ByDefault by_default, Kernel kernel, int64_t grid, int threads,
+                   size_t smem, cudaStream_t stream, const Args& args) {
   return pdl::launch<kRmsNormPdlEnv>(by_default, kernel,
                                      dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
                                      dim3(static_cast<unsigned>(threads)), smem, stream, args);
@@ -1280,12 +1280,12 @@ template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
 cudaError_t launch_fwd_register(const FwdArgs& args, int threads, cudaStream_t stream) {
   if constexpr (kVec > 1 && kChunks >= LaunchConfig::kFwdChunksManyRows) {
     if (args.prefetch_rows > 0) {
-      return launch(pdl::ByDefault::kPlain, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>, args.row_blocks,
-                    threads, 0, stream, args);
+      return launch(pdl::ByDefault::kPlain, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>,
+                    args.row_blocks, threads, 0, stream, args);
     }
   }
-  return launch(pdl::ByDefault::kPlain, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>, args.row_blocks, threads, 0,
-                stream, args);
+  return launch(pdl::ByDefault::kPlain, rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>,
+                args.row_blocks, threads, 0, stream, args);
 }
 
 template <typename Tin, typename Tw, typename Tout, int kVec>
@@ -1305,8 +1305,8 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
                                    (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
                : 0;
   if (plan.two_pass) {
-    return launch(pdl::ByDefault::kPlain, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0,
-                  stream, args);
+    return launch(pdl::ByDefault::kPlain, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>,
+                  args.rows, threads, 0, stream, args);
   }
   switch (plan.chunks_per_thread) {
     case 1: return launch_fwd_register<Tin, Tw, Tout, kVec, 1>(args, threads, stream);
@@ -1382,8 +1382,8 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   if (group > LaunchConfig::kBwdMaxGroup) {
     args.group = LaunchConfig::kBwdWideThreads;
     args.slots = 1;
-    return launch(pdl::ByDefault::kPlain, rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
-                  LaunchConfig::kBwdWideThreads, 0, stream, args);
+    return launch(pdl::ByDefault::kPlain, rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>,
+                  args.partials, LaunchConfig::kBwdWideThreads, 0, stream, args);
   }
   args.group = group;
   args.slots = group < LaunchConfig::kBwdCtaThreads ? LaunchConfig::kBwdCtaThreads / group : 1;
@@ -1395,8 +1395,8 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
   const size_t smem =
       sizeof(float) * static_cast<size_t>(args.slots) * static_cast<size_t>(args.hidden);
-  return launch(pdl::ByDefault::kPlain, rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
-                group * args.slots, smem, stream, args);
+  return launch(pdl::ByDefault::kPlain, rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>,
+                args.partials, group * args.slots, smem, stream, args);
 }
 
 template <typename Tin, typename Tw, typename Tout, int kVec>
@@ -1499,8 +1499,8 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
                        (p.grad_shift != nullptr ? part.batch : 0);
   r.blocks = jobs * r.col_blocks;
   r.job_of_block = FastDivU64::make(static_cast<uint64_t>(r.col_blocks));
-  return launch(pdl::ByDefault::kPdl, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks, LaunchConfig::kReduceThreads, 0,
-                stream, r);
+  return launch(pdl::ByDefault::kPdl, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks,
+                LaunchConfig::kReduceThreads, 0, stream, r);
 }
 
 // ---- dtype dispatch ----

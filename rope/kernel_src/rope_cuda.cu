@@ -585,8 +585,8 @@ cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream
     args.token_block_base = base;
     // A launch after the first follows the previous token chunk's kernel.
     const pdl::ByDefault pdl_default = base == 0 ? pdl::ByDefault::kPlain : pdl::ByDefault::kPdl;
-    const cudaError_t err = pdl::launch<kRopePdlEnv>(pdl_default, rope_kernel<T, Tt, kLayout, kKind, kVec>,
-                                                     grid, plan.block, 0, stream, args);
+    const cudaError_t err = pdl::launch<kRopePdlEnv>(
+        pdl_default, rope_kernel<T, Tt, kLayout, kKind, kVec>, grid, plan.block, 0, stream, args);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
