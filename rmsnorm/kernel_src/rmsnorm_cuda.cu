@@ -33,7 +33,9 @@
 //   for rows that would need 256 threads or more, from 16 x SMs rows, without a residual or an
 //   fp16 weight); decode-sized launches (rows <= 4 x SMs) take the smallest kChunks that fits
 //   in 768 threads, so a row spreads over up to 768 threads and no thread loops over the row
-//   (hidden 4096 bf16: 512 threads x 1 vector, 8192: 512 x 2).
+//   (hidden 4096 bf16: 512 threads x 1 vector, 8192: 512 x 2). Those of one row per CTA on the
+//   vector path, unmodulated, run rms_norm_fwd_row_kernel: the same arithmetic in half the
+//   instructions, which is what a decode-sized launch waits on.
 //   Inputs of 32 MB or more: each group prefetches into L2 the row about half a wave ahead of
 //   its own (one bulk prefetch; LaunchConfig::kFwdPrefetchBytesPerSm), which a later CTA reads.
 //   Up to 4096 chunks per row (32768 bf16, 16384 fp32, 4096 elements on the scalar path) stay in
@@ -95,6 +97,7 @@ using detail::Ld;
 using detail::NormRound;
 using detail::St;
 using detail::chunk_from_float;
+using detail::cta_sum;
 using detail::group_sum;
 using detail::load_chunk;
 using detail::prefetch_l2;
@@ -351,6 +354,58 @@ __device__ __forceinline__ void fwd_store_row(const FwdArgs& a, const Chunk<Tin,
   }
 }
 
+// Loads the chunks of a thread (lane of a group of `group` over `chunks` chunks) from p.
+template <Ld kPolicy, typename T, int kVec, int kChunks>
+__device__ __forceinline__ void load_chunks(Chunk<T, kVec> (&v)[kChunks], const T* p, int lane,
+                                            int group, int chunks) {
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * group;
+    if (c < chunks) v[k] = load_chunk<kPolicy, T, kVec>(p + c * kVec);
+  }
+}
+
+// The fused add for the chunks of a thread (lane of a group of `group` over `chunks` chunks):
+// r = x + residual, rounded to Tin, replaces x and is stored to residual_out.
+template <typename Tin, int kVec, int kChunks>
+__device__ __forceinline__ void add_residual(Chunk<Tin, kVec> (&x)[kChunks], const Tin* res,
+                                             Tin* res_out, int lane, int group, int chunks) {
+  Chunk<Tin, kVec> rv[kChunks] = {};
+  load_chunks<Ld::kStream>(rv, res, lane, group, chunks);
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * group;
+    if (c < chunks) {
+      float f[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) f[j] = x[k].get(j) + rv[k].get(j);
+      x[k] = chunk_from_float<Tin, kVec>(f);
+      store_chunk<St::kStream>(res_out + c * kVec, x[k]);
+    }
+  }
+}
+
+// The sum of squares of a thread's chunks, in fp32, chunk by chunk.
+template <typename Tin, int kVec, int kChunks>
+__device__ __forceinline__ float sum_squares(const Chunk<Tin, kVec> (&x)[kChunks], int lane,
+                                             int group, int chunks) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + k * group;
+    if (c < chunks) {
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float f = x[k].get(j);
+        part += f * f;
+      }
+      ss += part;
+    }
+  }
+  return ss;
+}
+
 // Register-resident forward: each group of `group` threads normalizes one row per step.
 // kPrefetchL2: the instance that prefetches rows ahead (a.prefetch_rows > 0; plan_fwd_prefetch).
 template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks, bool kPrefetchL2 = false>
@@ -362,7 +417,8 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
   __shared__ float red[2][1][32];
   pdl::wait_and_release_after_params(0, a);  // the parameters are read while the grid waits
   const int group = a.group;
-  const int slot = static_cast<int>(threadIdx.x) / group;
+  // Several rows per CTA only for groups of a power of two (FwdPlan): a shift, not a division.
+  const int slot = a.rows_per_cta == 1 ? 0 : static_cast<int>(threadIdx.x) >> (31 - __clz(group));
   const int lane = static_cast<int>(threadIdx.x) - slot * group;
   const int chunks = static_cast<int>(a.chunks);  // <= kFwdMaxRegisterChunks
   const Tw* weight = static_cast<const Tw*>(a.weight);
@@ -371,13 +427,7 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
   // The columns of a thread are the same in every row: its weight chunks are loaded once.
   Chunk<Tw, kVec> w[kChunks] = {};
   if constexpr (kPrefetchW) {
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      const int c = lane + k * group;
-      if (weight != nullptr && c < chunks) {
-        w[k] = load_chunk<Ld::kReadOnly, Tw, kVec>(weight + c * kVec);
-      }
-    }
+    if (weight != nullptr) load_chunks<Ld::kReadOnly>(w, weight, lane, group, chunks);
   }
 
   int parity = 0;
@@ -387,12 +437,8 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
     Chunk<Tin, kVec> x[kChunks] = {};  // r, in the input dtype
     float ss[1] = {0.0f};
     if (active) {
-      const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
-#pragma unroll
-      for (int k = 0; k < kChunks; ++k) {
-        const int c = lane + k * group;
-        if (c < chunks) x[k] = load_chunk<Ld::kStream, Tin, kVec>(in + c * kVec);
-      }
+      load_chunks<Ld::kStream>(x, static_cast<const Tin*>(a.input) + row * a.input_stride, lane,
+                               group, chunks);
       // Only in the kPrefetchL2 instance: compiled into every instance, the untaken test cost
       // 1-2% at 700-2048 rows (H200).
       if constexpr (kPrefetchL2) {
@@ -406,39 +452,11 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
         }
       }
       if (fused) {
-        const Tin* res = static_cast<const Tin*>(a.residual) + row * a.residual_stride;
-        Tin* res_out = static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride;
-        Chunk<Tin, kVec> rv[kChunks] = {};
-#pragma unroll
-        for (int k = 0; k < kChunks; ++k) {
-          const int c = lane + k * group;
-          if (c < chunks) rv[k] = load_chunk<Ld::kStream, Tin, kVec>(res + c * kVec);
-        }
-#pragma unroll
-        for (int k = 0; k < kChunks; ++k) {
-          const int c = lane + k * group;
-          if (c < chunks) {
-            float f[kVec];
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) f[j] = x[k].get(j) + rv[k].get(j);
-            x[k] = chunk_from_float<Tin, kVec>(f);
-            store_chunk<St::kStream>(res_out + c * kVec, x[k]);
-          }
-        }
+        add_residual(x, static_cast<const Tin*>(a.residual) + row * a.residual_stride,
+                     static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride, lane, group,
+                     chunks);
       }
-#pragma unroll
-      for (int k = 0; k < kChunks; ++k) {
-        const int c = lane + k * group;
-        if (c < chunks) {
-          float part = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float f = x[k].get(j);
-            part += f * f;
-          }
-          ss[0] += part;
-        }
-      }
+      ss[0] = sum_squares(x, lane, group, chunks);
     }
     group_sum<1>(ss, group, slot, red[parity]);
     parity ^= 1;
@@ -455,6 +473,51 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
       });
     });
   }
+}
+
+// Decode-sized rows on the vector path (FwdPlan::row_kernel): one row per CTA of
+// group = blockDim.x threads (whole warps, 96 to kFwdFewRowsMaxGroup), kChunks vectors per
+// thread, no modulation. There a warp's instructions are one dependent chain (load, square,
+// reduce, scale, store) whose length sets the time of the launch: rms_norm_fwd_kernel spends twice
+// the instructions on it (row loop, row slots, group-shape tests; ncu, 1 x 4096 bf16: 256 vs 128
+// per warp), and an H100 took 0.25-0.3 us more per call with it at 1-64 rows (CUDA graph, b2b).
+// The same operations in the same order as that kernel with the same kChunks and group: the
+// same bits.
+template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
+__global__ void __launch_bounds__(kChunks <= 2 ? LaunchConfig::kFwdFewRowsMaxGroup
+                                               : LaunchConfig::max_group(kChunks))
+    rms_norm_fwd_row_kernel(const __grid_constant__ FwdArgs a) {
+  constexpr bool kPrefetchW =
+      static_cast<int>(sizeof(Tw)) * kVec * kChunks <= kMaxPrefetchWeightBytes;
+  __shared__ float warp_sums[LaunchConfig::kFwdFewRowsMaxGroup / 32];
+  pdl::wait_and_release_after_params(0, a);
+  const int lane = static_cast<int>(threadIdx.x);
+  const int group = static_cast<int>(blockDim.x);
+  const int chunks = static_cast<int>(a.chunks);
+  const int64_t row = blockIdx.x;
+  const Tw* weight = static_cast<const Tw*>(a.weight);
+
+  Chunk<Tin, kVec> x[kChunks] = {};  // r, in the input dtype
+  load_chunks<Ld::kStream>(x, static_cast<const Tin*>(a.input) + row * a.input_stride, lane, group,
+                           chunks);
+  Chunk<Tw, kVec> w[kChunks] = {};
+  if constexpr (kPrefetchW) {
+    if (weight != nullptr) load_chunks<Ld::kReadOnly>(w, weight, lane, group, chunks);
+  }
+  if (a.residual != nullptr) {
+    add_residual(x, static_cast<const Tin*>(a.residual) + row * a.residual_stride,
+                 static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride, lane, group,
+                 chunks);
+  }
+  const float ss = cta_sum(sum_squares(x, lane, group, chunks), warp_sums);
+  launder(x);
+  if constexpr (kPrefetchW) launder(w);
+  const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
+  if (lane == 0 && a.rstd != nullptr) a.rstd[row] = rstd;
+  with_norm_round(a.norm_round, [&](auto round_tag) {
+    fwd_store_row<decltype(round_tag)::value, false, kPrefetchW, Tout>(a, x, w, row, lane, chunks,
+                                                                      rstd);
+  });
 }
 
 // Rows wider than the register path: one CTA per row, sum of squares over the row, then a
@@ -1108,6 +1171,7 @@ int group_for(int64_t need) {
 
 struct FwdPlan {
   bool two_pass;
+  bool row_kernel;  // decode-sized, one row per CTA: rms_norm_fwd_row_kernel where it applies
   int chunks_per_thread;
   int group;
   int rows_per_cta;
@@ -1135,6 +1199,7 @@ FwdPlan plan_fwd(int64_t rows, int64_t chunks, bool wide_rows_ok, int sms) {
   p.chunks_per_thread = k;
   p.group = group_for(ceil_div(chunks, k));
   p.rows_per_cta = p.group < LaunchConfig::kFwdCtaThreads ? LaunchConfig::kFwdCtaThreads / p.group : 1;
+  p.row_kernel = few_rows && p.rows_per_cta == 1;
   return p;
 }
 
@@ -1288,6 +1353,12 @@ cudaError_t launch_fwd_register(const FwdArgs& args, int threads, cudaStream_t s
                 args.row_blocks, threads, 0, stream, args);
 }
 
+template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
+cudaError_t launch_fwd_rows(const FwdArgs& args, int threads, cudaStream_t stream) {
+  return launch(pdl::ByDefault::kPlain, rms_norm_fwd_row_kernel<Tin, Tw, Tout, kVec, kChunks>,
+                args.rows, threads, 0, stream, args);
+}
+
 template <typename Tin, typename Tw, typename Tout, int kVec>
 cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
   args.chunks = args.hidden / kVec;
@@ -1307,6 +1378,18 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
   if (plan.two_pass) {
     return launch(pdl::ByDefault::kPlain, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>,
                   args.rows, threads, 0, stream, args);
+  }
+  // The row kernel: vector path, not modulated (the general kernel takes the other forms).
+  if constexpr (kVec > 1) {
+    if (plan.row_kernel && args.scale == nullptr) {
+      switch (plan.chunks_per_thread) {
+        case 1: return launch_fwd_rows<Tin, Tw, Tout, kVec, 1>(args, threads, stream);
+        case 2: return launch_fwd_rows<Tin, Tw, Tout, kVec, 2>(args, threads, stream);
+        case 4: return launch_fwd_rows<Tin, Tw, Tout, kVec, 4>(args, threads, stream);
+        case 8: return launch_fwd_rows<Tin, Tw, Tout, kVec, 8>(args, threads, stream);
+        default: return cudaErrorInvalidValue;
+      }
+    }
   }
   switch (plan.chunks_per_thread) {
     case 1: return launch_fwd_register<Tin, Tw, Tout, kVec, 1>(args, threads, stream);

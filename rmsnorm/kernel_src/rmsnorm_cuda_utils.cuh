@@ -220,22 +220,29 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
 // repeatedly alternate between two `red` buffers: a warp writing the next buffer has passed a
 // barrier that every reader of the previous one reached after reading it.
 // ---------------------------------------------------------------------------------------------
+// The sum of v over the 32 lanes of the warp, in every lane (unrolled: a runtime-bounded loop
+// cost a branch and its counter per level; the backward, which runs this per row of 16 columns per
+// thread, is bound by issue).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 template <int kN>
 __device__ __forceinline__ void group_sum(float (&v)[kN], int group, int slot, float (*red)[32]) {
-  constexpr unsigned kFull = 0xffffffffu;
   if (group < 32) {
     for (int offset = group >> 1; offset > 0; offset >>= 1) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFull, v[i], offset);
+      for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
     }
     return;
   }
-  // Whole warps: the butterfly unrolled (a runtime-bounded loop cost a branch and its counter
-  // per level; the backward, which runs this per row of 16 columns per thread, is bound by issue).
+  // Whole warps: the levels outermost, so that the kN butterflies interleave.
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFull, v[i], offset);
+    for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
   }
   if (group == 32) return;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -248,12 +255,18 @@ __device__ __forceinline__ void group_sum(float (&v)[kN], int group, int slot, f
   // Every warp of the group adds the group's (at most 32) warp sums with the same butterfly.
   const int lane = static_cast<int>(threadIdx.x) & 31;
 #pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    float s = lane < warps ? red[i][slot * warps + lane] : 0.0f;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(kFull, s, offset);
-    v[i] = s;
-  }
+  for (int i = 0; i < kN; ++i) v[i] = warp_sum(lane < warps ? red[i][slot * warps + lane] : 0.0f);
+}
+
+// group_sum of one value for a CTA that is one group of whole warps (blockDim.x a multiple of 32,
+// at least 64): the same additions in the same order, without the tests on the group's shape.
+// warp_sums: at least blockDim.x / 32 floats of shared memory, used once.
+__device__ __forceinline__ float cta_sum(float v, float* warp_sums) {
+  v = warp_sum(v);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  if (lane == 0) warp_sums[threadIdx.x >> 5] = v;
+  __syncthreads();
+  return warp_sum(lane < static_cast<int>(blockDim.x >> 5) ? warp_sums[lane] : 0.0f);
 }
 
 }  // namespace detail

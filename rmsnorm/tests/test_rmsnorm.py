@@ -490,6 +490,43 @@ def test_strided_views(kernel, device, dtype):
     check_grads(kernel, {"input": gx}, xv, w, grad_out, EPS, what="views backward")
 
 
+# Decode-sized inputs on the vector path (CUDA: up to 4 rows per SM, one row per CTA of 96 to 768
+# threads, 1 to 8 vectors per thread): hidden 768 (3 warps), 2880 (360 vectors: idle threads in the
+# last warp), 8192, 16384 and 32768 (bf16: 2, 4 and 8 vectors per thread); a row stride.
+@pytest.mark.parametrize("hidden", [768, 2880, 8192, 16384, 32768])
+@pytest.mark.parametrize("wkind", WEIGHT_KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_sized_rows(kernel, device, dtype, wkind, hidden):
+    w = make_weight(wkind, hidden, dtype, device)
+    x_buf = make_input((3, hidden + 8), dtype, device, seed=4)
+    for x in (x_buf[:1, :hidden], x_buf[:, :hidden]):
+        out = nan_like(x.shape, dtype, device)
+        kernel.rms_norm(out, x, w, EPS)
+        check_forward(kernel, out, x, w, EPS, norm_dtype=dtype, what=f"rms_norm {tuple(x.shape)}")
+        residual = make_input(x.shape, dtype, device, seed=6)
+        for gemma in (False, True):
+            xi, ri = x.clone(), residual.clone()
+            fused_add = kernel.gemma_fused_add_rms_norm if gemma else kernel.fused_add_rms_norm
+            fused_add(xi, ri, w, EPS)
+            assert torch.equal(ri, kernel._reference.add_rms_norm(x, residual)[1])
+            norm_dtype, offset = (None, 1.0) if gemma else (dtype, 0.0)
+            what = f"{'gemma_' if gemma else ''}fused_add {tuple(x.shape)}"
+            check_forward(kernel, xi, ri, w, EPS, norm_dtype=norm_dtype, weight_offset=offset,
+                          what=what)
+
+
+def test_decode_size_boundary(kernel, device):
+    # The last decode-sized row count (4 x SMs on CUDA) and the next, which takes the general
+    # kernel: both agree with the reference.
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device != "cpu" else 2
+    w = make_weight("same", 4096, BF16, device)
+    for rows in (4 * sms, 4 * sms + 1):
+        x = make_input((rows, 4096), BF16, device, seed=rows)
+        out = nan_like(x.shape, BF16, device)
+        kernel.rms_norm(out, x, w, EPS)
+        check_forward(kernel, out, x, w, EPS, norm_dtype=BF16, what=f"rms_norm {rows} rows")
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
 def test_rows_prefetched_into_l2(kernel, device, dtype):
     # 32 MB inputs and more: the CUDA forward prefetches rows about half a wave ahead into L2
