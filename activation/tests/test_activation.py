@@ -71,6 +71,24 @@ def test_forward(kernel, device, case, dtype, shape):
     torch.testing.assert_close(case.call(kernel, x), out, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", DEFAULT_CASES, ids=DEFAULT_CASE_IDS)
+def test_forward_beyond_one_wave(kernel, device, case, dtype):
+    # CUDA: more 16-byte vectors than the device has resident threads, so the unary forward takes
+    # two vectors per thread (one below that); an odd width leaves a tail.
+    if device == "cpu":
+        width = 100_003
+    else:
+        props = torch.cuda.get_device_properties(device)
+        vec = 16 // torch.empty((), dtype=dtype).element_size()
+        resident = props.multi_processor_count * props.max_threads_per_multi_processor
+        width = resident * vec * 3 // 2 + 5
+    x = make_input(case.input_shape((), width), dtype, device)
+    out = _nan_like_shape(case.out_shape(x.shape), dtype, device)
+    case.call(kernel, out, x)
+    assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype}")
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
