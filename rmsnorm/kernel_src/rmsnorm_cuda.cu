@@ -1380,22 +1380,19 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
                   args.rows, threads, 0, stream, args);
   }
   // The row kernel: vector path, not modulated (the general kernel takes the other forms).
-  if constexpr (kVec > 1) {
-    if (plan.row_kernel && args.scale == nullptr) {
-      switch (plan.chunks_per_thread) {
-        case 1: return launch_fwd_rows<Tin, Tw, Tout, kVec, 1>(args, threads, stream);
-        case 2: return launch_fwd_rows<Tin, Tw, Tout, kVec, 2>(args, threads, stream);
-        case 4: return launch_fwd_rows<Tin, Tw, Tout, kVec, 4>(args, threads, stream);
-        case 8: return launch_fwd_rows<Tin, Tw, Tout, kVec, 8>(args, threads, stream);
-        default: return cudaErrorInvalidValue;
-      }
+  const bool row_kernel = kVec > 1 && plan.row_kernel && args.scale == nullptr;
+  auto launch_k = [&](auto chunks_tag) {
+    constexpr int kChunks = decltype(chunks_tag)::value;
+    if constexpr (kVec > 1) {
+      if (row_kernel) return launch_fwd_rows<Tin, Tw, Tout, kVec, kChunks>(args, threads, stream);
     }
-  }
+    return launch_fwd_register<Tin, Tw, Tout, kVec, kChunks>(args, threads, stream);
+  };
   switch (plan.chunks_per_thread) {
-    case 1: return launch_fwd_register<Tin, Tw, Tout, kVec, 1>(args, threads, stream);
-    case 2: return launch_fwd_register<Tin, Tw, Tout, kVec, 2>(args, threads, stream);
-    case 4: return launch_fwd_register<Tin, Tw, Tout, kVec, 4>(args, threads, stream);
-    case 8: return launch_fwd_register<Tin, Tw, Tout, kVec, 8>(args, threads, stream);
+    case 1: return launch_k(std::integral_constant<int, 1>{});
+    case 2: return launch_k(std::integral_constant<int, 2>{});
+    case 4: return launch_k(std::integral_constant<int, 4>{});
+    case 8: return launch_k(std::integral_constant<int, 8>{});
     default: return cudaErrorInvalidValue;
   }
 }

@@ -203,6 +203,18 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
   for (int i = 0; i < kM; ++i) launder(c[i]);
 }
 
+// All lanes of a warp take part in the shuffles below.
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// The sum of v over the 32 lanes of the warp, in every lane (unrolled: a runtime-bounded loop
+// cost a branch and its counter per level; the backward, which runs this per row of 16 columns per
+// thread, is bound by issue).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullWarp, v, offset);
+  return v;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sum over the `group` threads that share a row, result in every thread of the group; `slot` is
 // the group's index in the CTA (threadIdx.x / group, which the callers have at hand: dividing
@@ -220,21 +232,12 @@ __device__ __forceinline__ void launder(Chunk<T, kN> (&c)[kM]) {
 // repeatedly alternate between two `red` buffers: a warp writing the next buffer has passed a
 // barrier that every reader of the previous one reached after reading it.
 // ---------------------------------------------------------------------------------------------
-// The sum of v over the 32 lanes of the warp, in every lane (unrolled: a runtime-bounded loop
-// cost a branch and its counter per level; the backward, which runs this per row of 16 columns per
-// thread, is bound by issue).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 template <int kN>
 __device__ __forceinline__ void group_sum(float (&v)[kN], int group, int slot, float (*red)[32]) {
   if (group < 32) {
     for (int offset = group >> 1; offset > 0; offset >>= 1) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
+      for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFullWarp, v[i], offset);
     }
     return;
   }
@@ -242,7 +245,7 @@ __device__ __forceinline__ void group_sum(float (&v)[kN], int group, int slot, f
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
+    for (int i = 0; i < kN; ++i) v[i] += __shfl_xor_sync(kFullWarp, v[i], offset);
   }
   if (group == 32) return;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
