@@ -31,7 +31,8 @@
 //   it (the second half starts at d). When the width is not a multiple of the vector width, the
 //   threads after a row's last vector take its last elements one each. Otherwise the same
 //   kernel body runs with one element per thread, still coalesced. Contiguous unary tensors are
-//   seen as one long row, so any shape vectorizes.
+//   seen as one long row, so any shape vectorizes. Forwards of fp16/bf16 small enough for one
+//   CTA per SM take 4-byte vectors on the same condition (LaunchConfig::kNarrowVectorBytes).
 // - Programmatic dependent launch on sm_90+ only with ACTIVATION_PDL=1: a call that follows a
 //   kernel releasing its dependents then overlaps its launch with that kernel's tail (0.96 vs
 //   1.42 us per back-to-back decode call, H100), but after a GEMM it was 0.5 us slower (pdl.cuh).
@@ -84,6 +85,16 @@ struct LaunchConfig {
   // 256 x 14336 (beyond a wave) 4.9 vs 3.6 us.
   static constexpr int kUnaryFwdItems = 2;
   static constexpr int kUnaryFwdItemsOneWave = 1;
+  // Decode-sized fp16/bf16 forwards take 4-byte vectors (2 elements) instead of 16-byte ones
+  // while that needs at most one CTA per SM: 4x the CTAs, each thread with a quarter of the
+  // math (gelu: two polynomials instead of eight in its dependent chain). H200, bf16, CUDA graph,
+  // 16-byte vs 4-byte vectors: silu_and_mul 1 x 14336 1.25 vs 1.18 us, gelu_and_mul 1.31 vs
+  // 1.20, 4 x 4096 (64 CTAs) 1.24 vs 1.18 and 1.30 vs 1.19; silu 1 x 4096 1.17 vs 1.08, gelu 1.22
+  // vs 1.10. Beyond one CTA per SM the 16-byte vectors win or tie (silu_and_mul 4 x 14336, 224
+  // CTAs: 1.28 vs 1.30; 16 x 4096: 1.28 vs 1.31), and from 64 tokens they win by far (64 x 14336:
+  // 2.14 vs 4.91).
+  static constexpr int kNarrowVectorBytes = 4;
+  static constexpr int kNarrowMaxCtasPerSm = 1;
 };
 
 template <typename T>
@@ -611,26 +622,49 @@ bool all_strides_ok(std::initializer_list<int64_t> strides, int64_t rows, int ve
   return true;
 }
 
-// Threads resident on the current device at once (SMs x threads per SM), cached per device; 0 if
-// the device cannot be queried.
-int64_t resident_threads() {
+// SM count and threads per SM of the current device, cached per device; zeros if the device
+// cannot be queried (then neither resident_threads nor narrow_fits enables anything).
+struct DeviceShape {
+  int32_t sms;
+  int32_t threads_per_sm;
+};
+DeviceShape device_shape() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int64_t> cached[kMaxDevices] = {};  // 0: not queried yet
+  static std::atomic<DeviceShape> cached[kMaxDevices] = {};  // {0, 0}: not queried yet
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-  int64_t threads = cached[device].load(std::memory_order_relaxed);
-  if (threads == 0) {
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return {};
+  DeviceShape shape = cached[device].load(std::memory_order_relaxed);
+  if (shape.sms == 0) {
     int sms = 0, per_sm = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device) !=
             cudaSuccess) {
-      return 0;
+      return {};
     }
-    threads = static_cast<int64_t>(sms) * per_sm;
-    cached[device].store(threads, std::memory_order_relaxed);
+    shape = DeviceShape{sms, per_sm};
+    cached[device].store(shape, std::memory_order_relaxed);
   }
-  return threads;
+  return shape;
 }
+
+// Threads resident on the current device at once (SMs x threads per SM).
+int64_t resident_threads() {
+  const DeviceShape shape = device_shape();
+  return static_cast<int64_t>(shape.sms) * shape.threads_per_sm;
+}
+
+// Whether `items` thread items (vectors plus tail elements, all rows) of a narrow-vector launch
+// take at most LaunchConfig::kNarrowMaxCtasPerSm CTAs per SM.
+bool narrow_fits(int64_t items) {
+  return items <= static_cast<int64_t>(device_shape().sms) * LaunchConfig::kThreads *
+                      LaunchConfig::kNarrowMaxCtasPerSm;
+}
+
+// Elements per narrow vector (LaunchConfig::kNarrowVectorBytes) for 16-bit types; 0 for others,
+// which always take 16-byte vectors.
+template <typename T>
+constexpr int kNarrowWidth =
+    sizeof(T) == 2 ? LaunchConfig::kNarrowVectorBytes / static_cast<int>(sizeof(T)) : 0;
 
 template <typename T, typename Op>
 cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t stream) {
@@ -648,6 +682,13 @@ cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t
                           p.out_row_stride, p.input_row_stride, op};
   if (all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, rows, V)) {
+    if constexpr (kNarrowWidth<T> > 0) {
+      constexpr int kNarrow = kNarrowWidth<T>;
+      const RowSpace narrow = make_space(rows, n, kNarrow);
+      if (narrow_fits(rows * (narrow.vecs + narrow.tail))) {
+        return launch<unary_act_fwd_kernel<kNarrow, 1, T, Op>, 1>(f, narrow, stream);
+      }
+    }
     const RowSpace space = make_space(rows, n, V);
     if constexpr (kItems != LaunchConfig::kUnaryFwdItemsOneWave) {
       if (rows * (space.vecs + space.tail) <= resident_threads()) {
@@ -700,6 +741,14 @@ cudaError_t run_gated_fwd(const Op& op, const GatedActFwdParams& p, cudaStream_t
                                         p.out_row_stride, p.input_row_stride, p.d, op};
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, p.rows, V)) {
+    // 16-byte aligned rows and d are aligned for the narrow vectors as well.
+    if constexpr (kNarrowWidth<T> > 0) {
+      constexpr int kNarrow = kNarrowWidth<T>;
+      const RowSpace narrow = make_space(p.rows, p.d, kNarrow);
+      if (narrow_fits(p.rows * (narrow.vecs + narrow.tail))) {
+        return launch<gated_act_fwd_kernel<kNarrow, 1, T, Op, kInterleaved>, 1>(f, narrow, stream);
+      }
+    }
     return launch<gated_act_fwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
         f, make_space(p.rows, p.d, V), stream);
   }

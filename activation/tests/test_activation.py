@@ -89,6 +89,40 @@ def test_forward_beyond_one_wave(kernel, device, case, dtype):
     assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype}")
 
 
+def _narrow_capacity(device):
+    """Thread items that the CUDA forward runs on 4-byte vectors (fp16/bf16, one 128-thread CTA
+    per SM at most); CPU: an H100's figure, for the same shapes."""
+    sms = 132 if device == "cpu" else torch.cuda.get_device_properties(device).multi_processor_count
+    return sms * 128
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_narrow_vector_boundary(kernel, device, case, dtype):
+    # fp16/bf16 forwards on the vector path take 2-element vectors up to one CTA per SM of
+    # them, 16-byte vectors beyond: widths at the boundary and one vector past it, with and
+    # without a tail (unary rows are one long row when contiguous), and row-strided rows.
+    cap = _narrow_capacity(device)
+    if case.gated:
+        widths = [2 * cap, 2 * cap + 8, 1000]  # the split layout vectorizes multiples of 8 only
+    else:
+        widths = [2 * cap - 1, 2 * cap, 2 * cap + 3]
+    for width in widths:
+        rows = 3 if width == 1000 else 1
+        x = make_input(case.input_shape((rows,), width), dtype, device)
+        out = _nan_like_shape(case.out_shape(x.shape), dtype, device)
+        case.call(kernel, out, x)
+        assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} {rows}x{width}")
+    in_width = case.input_shape((), 1000 if case.gated else 1001)[-1]
+    x = make_input((3, in_width + (-in_width) % 8 + 8), dtype, device)[:, :in_width]  # aligned rows
+    out_width = case.out_shape((in_width,))[-1]
+    out_buf = _nan_like_shape((3, out_width + (-out_width) % 8 + 8), dtype, device)
+    out = out_buf[:, :out_width]
+    case.call(kernel, out, x)
+    assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} strided rows")
+    assert out_buf[:, out_width:].isnan().all()
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
