@@ -54,6 +54,15 @@ def kernel_fixtures(repo_id: str, *, version: int, build_dir: Path):
     return kernel_fixture, device_fixture
 
 
+def run_in_fresh_process(script: str, timeout_s: float = 300.0) -> None:
+    """Run `script` with this interpreter in a new process (a fresh CUDA context; LOCAL_KERNELS, set
+    by the `kernel` fixture, is inherited) and fail unless it exits 0 with "ok" as its last line."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def benchmark_fixtures(kernel_name: str, bench_dir: Path):
     """The fixtures `bench` and `sweep` of a benchmark test module (assign both to those names):
     `bench_dir`/benchmark.py and sweep.py imported under names of their own, with `bench_dir` and

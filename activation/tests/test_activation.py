@@ -19,6 +19,7 @@ from activation_cases import (
     magnitude,
     make_input,
 )
+from activation_fixture import run_in_fresh_process
 
 NAN = float("nan")
 
@@ -121,6 +122,42 @@ def test_forward_narrow_vector_boundary(kernel, device, case, dtype):
     case.call(kernel, out, x)
     assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} strided rows")
     assert out_buf[:, out_width:].isnan().all()
+
+
+# The first calls of a fresh process, made inside a CUDA-graph capture: their host code (the
+# cached device shape that picks the vector width) must not break the capture. A 1-token gated
+# forward (narrow vectors), a unary forward past one wave (two vectors per thread) and a backward;
+# the replayed graph must equal eager calls made afterwards.
+_FIRST_CALLS_IN_CAPTURE = r"""
+import kernels, torch
+k = kernels.get_kernel("open-kernels/activation", version=1)
+props = torch.cuda.get_device_properties(0)
+gen = torch.Generator(device="cuda").manual_seed(0)
+x1 = torch.randn(1, 2 * 14336, device="cuda", dtype=torch.bfloat16, generator=gen)
+xw = torch.randn(props.multi_processor_count * props.max_threads_per_multi_processor * 8 * 2,
+                 device="cuda", dtype=torch.bfloat16, generator=gen)
+g = torch.randn(1, 14336, device="cuda", dtype=torch.bfloat16, generator=gen)
+o1, ow = torch.full((1, 14336), float("nan"), device="cuda", dtype=torch.bfloat16), torch.full_like(xw, float("nan"))
+gi = torch.full_like(x1, float("nan"))
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    k.gelu_and_mul(o1, x1)
+    k.silu(ow, xw)
+    k.ops.silu_and_mul_bwd(gi, g, x1)
+graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(o1, k.gelu_and_mul(x1)) and torch.equal(ow, k.silu(xw))
+ref = torch.empty_like(x1)
+k.ops.silu_and_mul_bwd(ref, g, x1)
+assert torch.equal(gi, ref)
+print("ok")
+"""
+
+
+def test_first_calls_inside_graph_capture(kernel, device):
+    if device == "cpu":
+        pytest.skip("CUDA graphs")
+    run_in_fresh_process(_FIRST_CALLS_IN_CAPTURE)
 
 
 @pytest.mark.kernels_ci

@@ -26,6 +26,7 @@ from .rmsnorm_cases import (
     nan_like,
     rstd_error,
 )
+from .rmsnorm_fixture import run_in_fresh_process
 
 EPS = 1e-6
 
@@ -552,6 +553,36 @@ def test_rows_prefetched_into_l2(kernel, device, dtype):
     kernel.fused_add_rms_norm(xi, ri, w, EPS)
     assert torch.equal(ri, expected_residual)
     check_forward(kernel, xi, ri, w, EPS, norm_dtype=dtype, what="many rows, fused add")
+
+
+# The first forward calls of a fresh process, made inside a CUDA-graph capture: their host code
+# (device queries, the shared-memory carveout hint) must not break the capture. Decode rows (row
+# kernel), rows past the decode size (general kernel) and a 32 MB input (its L2-prefetching
+# instance); the replayed graph must equal eager calls made afterwards.
+_FIRST_CALLS_IN_CAPTURE = r"""
+import kernels, torch
+k = kernels.get_kernel("open-kernels/rmsnorm", version=1)
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+gen = torch.Generator(device="cuda").manual_seed(0)
+xs = [torch.randn(r, 4096, device="cuda", dtype=torch.bfloat16, generator=gen) for r in (3, 4 * sms + 1, 4096)]
+w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+outs = [torch.full_like(x, float("nan")) for x in xs]
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    for out, x in zip(outs, xs):
+        k.rms_norm(out, x, w, 1e-6)
+graph.replay()
+torch.cuda.synchronize()
+for out, x in zip(outs, xs):
+    assert torch.equal(out, k.rms_norm(torch.empty_like(x), x, w, 1e-6)), x.shape
+print("ok")
+"""
+
+
+def test_first_calls_inside_graph_capture(kernel, device):
+    if device == "cpu":
+        pytest.skip("CUDA graphs")
+    run_in_fresh_process(_FIRST_CALLS_IN_CAPTURE)
 
 
 @pytest.mark.kernels_ci
