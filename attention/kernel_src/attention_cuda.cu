@@ -71,11 +71,14 @@
 // - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
 //   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
 //   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
-//   output row (its warps take interleaved splits). attn_fwd_num_splits picks the count when
-//   asked (plan_splits): no split when the grid already covers 2 waves of resident CTAs; decode
-//   tiles with fewer CTAs than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM;
-//   else the smallest count within 85% of the best wave efficiency. At least 2 key tiles per
-//   split, at most 128.
+//   output row (its warps take interleaved splits). plan_splits picks the count when asked: no
+//   split when the grid already covers 2 waves of resident CTAs; decode tiles with fewer CTAs
+//   than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM; else the smallest
+//   count within 85% of the best wave efficiency. At least 2 key tiles per split, at most 128.
+//   Small decode grids on sm_90+ (contiguous cache, at most 16 splits, one CTA per SM) merge the
+//   splits inside a thread-block cluster instead (merge_splits_in_cluster, plan_cluster: a tile's
+//   splits are one cluster and read each other's partial states from shared memory), with no
+//   workspace and no second kernel.
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
 //   lse from the quad's first lane.
 // - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
@@ -110,9 +113,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -191,6 +197,14 @@ struct TileConfig {
   // Cross-warp merge (kWarpsN > 1), in the K/V area once the last tile is consumed: the O
   // fragments of warps 1 .. kWarpsN-1, then per-warp row max and row sum.
   static constexpr int kMergeBytes = (kWarpsN - 1) * kORegs * 32 * 4 + 2 * kWarpsN * kBlockM * 4;
+  // Split merge in a cluster (decode tiles, merge_splits_in_cluster), past the merge scratch: the
+  // CTA's lse per row, then its normalized partial output, kBlockM rows of kPartialStride fp32.
+  // 8 floats of padding per row make the epilogue's float2 stores conflict-free (a half warp's 4
+  // rows x 4 column pairs land in 32 distinct banks).
+  static constexpr int kPartialStride = kHeadDim + 8;
+  static constexpr int kPartialLseOffset = kQBytes + (kMergeBytes + 15) / 16 * 16;
+  static constexpr int kPartialOOffset = kPartialLseOffset + kBlockM * 4;
+  static constexpr int kPartialEnd = kPartialOOffset + kBlockM * kPartialStride * 4;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head_dim");
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kMTiles >= 1, "whole 16-row tiles per warp");
@@ -198,6 +212,8 @@ struct TileConfig {
   static_assert(kStages >= 2 || kWarpsN == 1, "decode tiles double-buffer K/V");
   static_assert(kWarpsN == 1 || (kWarpKeys <= 32 && kChunksPerRow <= 32), "a lane per key row");
   static_assert(kWarpsN == 1 || kMergeBytes <= kStages * kStageBytes, "merge scratch fits");
+  static_assert(kWarpsN == 1 || (kPartialEnd <= kSmemBytes && kPartialOOffset % 16 == 0),
+                "partial state fits, 16-byte aligned rows");
   static_assert(kSmemBytes <= 227 * 1024, "fits the largest opt-in limit (sm_90/100)");
 };
 
@@ -317,6 +333,7 @@ struct FwdArgs {
   int qpack;                    // q heads packed into the rows of a tile: group or 1
   FastDivU32 qpack_div;         // packed row -> query index
   int m_blocks, num_splits;
+  int cluster_merge;            // 1: the splits of a tile are one cluster and merge there
   uint32_t tile_group;          // pairs per heaviest-first group (tile_coords); 1: grid order
   FastDivU32 group_ctas_div;    // linear CTA index -> group (gridDim.x * tile_group CTAs each)
   FastDivU32 tile_group_div;    // CTA index in a group -> tile rank
@@ -328,6 +345,7 @@ struct FwdArgs {
   int64_t alibi_batch_stride;
   int64_t win_left, win_right;  // kUnbounded for an absent side (causal: right = 0)
   float* out_accum;             // [splits, batch, heads_q, seqlen_q, D] when num_splits > 1
+                                // and not cluster_merge
   float* lse_accum;             // [splits, batch, heads_q, seqlen_q]
 };
 
@@ -750,6 +768,81 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[Cfg::kMTiles][Cfg::kN
 }
 
 // ---------------------------------------------------------------------------------------------
+// Split-KV merge inside a thread-block cluster (decode tiles on sm_90+, FwdArgs::cluster_merge):
+// the num_splits CTAs of one (query tile, head, sequence) form a cluster, cluster rank = split.
+// Each leaves its normalized partial output and lse in its own shared memory (kPartial*; a split
+// without a visible key only lse = -inf); after a cluster barrier the cluster's threads merge the
+// tile, each (row, 4 columns) item reading its num_splits partial states across the cluster, with
+// the combine kernel's log-sum-exp weights, and write out and lse. No partial rows in global
+// memory, no second kernel and no kernel boundary before the merge; plan_cluster says where that
+// was measured to pay.
+// ---------------------------------------------------------------------------------------------
+constexpr int kMaxClusterSplits = 16;  // the largest cluster of an sm_90 launch (non-portable)
+
+template <typename T, class Cfg>
+__device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const Seq& s, int b,
+                                                        int head, int m0, int rows, int split) {
+  constexpr int kItemsPerRow = Cfg::kHeadDim / 4;
+  const uint32_t partial = smem_u32(dynamic_smem());
+  detail::cluster_sync();  // every split's partial state is in place
+  const int n = a.num_splits;
+  const int items = (rows - m0 < Cfg::kBlockM ? rows - m0 : Cfg::kBlockM) * kItemsPerRow;
+  // Items interleaved over the cluster (item = thread x splits + rank): the few rows of a GQA
+  // decode tile are spread over every CTA rather than piled on the first.
+  for (int item = static_cast<int>(threadIdx.x) * n + split; item < items; item += Cfg::kThreads * n) {
+    const int r = item / kItemsPerRow;
+    const int col = (item - r * kItemsPerRow) * 4;
+    // Every load at once (one DSMEM round trip). The row of a split without a visible key holds
+    // anything: its weight 0 selects it out below rather than multiplying it.
+    float w[kMaxClusterSplits];
+    float4 x[kMaxClusterSplits];
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+      if (sp < n) {
+        const uint32_t remote = detail::cluster_map(partial, static_cast<uint32_t>(sp));
+        w[sp] = detail::cluster_load_f32(remote + Cfg::kPartialLseOffset + 4 * r);
+        x[sp] = detail::cluster_load_f32x4(remote + Cfg::kPartialOOffset +
+                                           4 * (r * Cfg::kPartialStride + col));
+      }
+    }
+    float mx = -kInf;
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+      if (sp < n) mx = fmaxf(mx, w[sp]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+      if (sp < n) {
+        w[sp] = w[sp] == -kInf ? 0.0f : expf(w[sp] - mx);  // all -inf: every weight 0
+        sum += w[sp];
+      }
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+      if (sp < n && w[sp] != 0.0f) {
+        const float ws = w[sp] * inv;
+        acc.x = fmaf(ws, x[sp].x, acc.x);
+        acc.y = fmaf(ws, x[sp].y, acc.y);
+        acc.z = fmaf(ws, x[sp].z, acc.z);
+        acc.w = fmaf(ws, x[sp].w, acc.w);
+      }
+    }
+    int i, h;
+    row_coords(a, head, m0 + r, &i, &h);
+    uint2 packed;
+    packed.x = pack2<T>(acc.x, acc.y);
+    packed.y = pack2<T>(acc.z, acc.w);
+    *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
+                              h * a.out_head_stride + col) = packed;
+    if (a.lse != nullptr && col == 0) a.lse[lse_index(a, s, b, h, i)] = sum > 0.0f ? mx + logf(sum) : kInf;
+  }
+  detail::cluster_sync();  // no CTA exits while another may still read its partial state
+}
+
+// ---------------------------------------------------------------------------------------------
 // The forward kernel: one (query tile, head, sequence, split) per CTA; see the file header.
 // kScoreMod: softcap / ALiBi build (scores turned into log2 units per element); else the scale
 // is folded into the exponent (one FFMA per score) and masks are the only modifier.
@@ -788,8 +881,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   if (m0 >= rows) return;
   const KeyRange kr = key_range<Cfg>(a, s, m0, rows, split);
   const bool split_out = a.num_splits > 1;
+  // Split merge in the cluster: decode tiles on sm_90+ (the launcher sets cluster_merge only there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kClusterBuild = Cfg::kWarpsN > 1;
+#else
+  constexpr bool kClusterBuild = false;
+#endif
 
   if (kr.begin >= kr.end) {
+    if constexpr (kClusterBuild) {
+      if (a.cluster_merge) {  // no visible key: lse = -inf, and the CTA takes part in the merge
+        float* lse_part = reinterpret_cast<float*>(dynamic_smem() + Cfg::kPartialLseOffset);
+        for (int r = tid; r < BM; r += Cfg::kThreads) lse_part[r] = -kInf;
+        merge_splits_in_cluster<T, Cfg>(a, s, b, head, m0, rows, split);
+        return;
+      }
+    }
     // No key in range: out = 0 and lse = +inf (a split: lse = -inf, out_accum never read).
     for (int r = tid; r < BM; r += Cfg::kThreads) {
       const int m = m0 + r;
@@ -1187,6 +1294,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   // Epilogue: rows of warps wn == 0. out = O / l (0 for l = 0), lse = (max c + log2 l) ln 2.
   const bool owner = wn == 0;
+  if constexpr (kClusterBuild) {
+    if (a.cluster_merge) {
+      if (owner) {
+        float* lse_part = reinterpret_cast<float*>(smem + Cfg::kPartialLseOffset);
+        float* o_part = reinterpret_cast<float*>(smem + Cfg::kPartialOOffset);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
+            const float l = row_sum[mt][hf];
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            float* dst = o_part + r * Cfg::kPartialStride + 2 * (lane & 3);
+#pragma unroll
+            for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+              *reinterpret_cast<float2*>(dst + dt * 8) =
+                  make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+            }
+            if ((lane & 3) == 0) lse_part[r] = l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : -kInf;
+          }
+        }
+      }
+      merge_splits_in_cluster<T, Cfg>(a, s, b, head, m0, rows, split);
+      return;
+    }
+  }
   if (split_out) {
     if (owner) {
 #pragma unroll
@@ -1431,12 +1564,16 @@ struct DeviceInfo {
   int sms;
   int smem_optin;  // bytes of shared memory one CTA may opt into
   int l2_bytes;
+  int cc_major;
+  int smem_per_sm;  // shared memory of an SM (all its CTAs together)
 };
 
 cudaError_t device_info(DeviceInfo* info) {
   static std::atomic<int> sms_of[kMaxDevices] = {};
   static std::atomic<int> smem_optin_of[kMaxDevices] = {};
   static std::atomic<int> l2_bytes_of[kMaxDevices] = {};
+  static std::atomic<int> cc_major_of[kMaxDevices] = {};
+  static std::atomic<int> smem_per_sm_of[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -1444,21 +1581,33 @@ cudaError_t device_info(DeviceInfo* info) {
   int sms = sms_of[device].load(std::memory_order_relaxed);
   int smem_optin = smem_optin_of[device].load(std::memory_order_relaxed);
   int l2_bytes = l2_bytes_of[device].load(std::memory_order_relaxed);
-  if (sms == 0 || smem_optin == 0 || l2_bytes == 0) {
+  int cc_major = cc_major_of[device].load(std::memory_order_relaxed);
+  int smem_per_sm = smem_per_sm_of[device].load(std::memory_order_relaxed);
+  if (sms == 0 || smem_optin == 0 || l2_bytes == 0 || cc_major == 0 || smem_per_sm == 0) {
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
     err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
     if (err != cudaSuccess) return err;
-    if (sms <= 0 || smem_optin <= 0 || l2_bytes <= 0) return cudaErrorInvalidDevice;
+    err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err != cudaSuccess) return err;
+    err = cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    if (err != cudaSuccess) return err;
+    if (sms <= 0 || smem_optin <= 0 || l2_bytes <= 0 || cc_major <= 0 || smem_per_sm <= 0) {
+      return cudaErrorInvalidDevice;
+    }
     sms_of[device].store(sms, std::memory_order_relaxed);
     smem_optin_of[device].store(smem_optin, std::memory_order_relaxed);
     l2_bytes_of[device].store(l2_bytes, std::memory_order_relaxed);
+    cc_major_of[device].store(cc_major, std::memory_order_relaxed);
+    smem_per_sm_of[device].store(smem_per_sm, std::memory_order_relaxed);
   }
   info->sms = sms;
   info->smem_optin = smem_optin;
   info->l2_bytes = l2_bytes;
+  info->cc_major = cc_major;
+  info->smem_per_sm = smem_per_sm;
   return cudaSuccess;
 }
 
@@ -1468,6 +1617,8 @@ struct KernelInfo {
   FwdKernelFn fn;
   int threads, smem, block_m, block_n;
   cudaError_t (*prepare)(int* ctas_per_sm);  // opt-in smem once per device; occupancy
+  // Clusters of `size` CTAs of `smem` bytes each that can be resident at once (0: none).
+  cudaError_t (*max_clusters)(int size, int smem, int* count);
 };
 
 // Opts the instance into its shared memory once per device and returns its resident CTAs per
@@ -1492,9 +1643,53 @@ template <typename T, class Cfg, bool kScoreMod> cudaError_t prepare_kernel(int*
   return cudaSuccess;
 }
 
+// Resident clusters of `size` CTAs of the instance with `smem` bytes of dynamic shared memory each
+// (cached per device and size: a caller passes the same smem for both; sm_90+ only, where the
+// instance is also opted into that much shared memory and clusters above the portable 8).
+template <typename T, class Cfg, bool kScoreMod> cudaError_t max_clusters(int size, int smem, int* count) {
+  static std::atomic<int> count_of[kMaxDevices][kMaxClusterSplits + 1] = {};  // count + 1; 0: unknown
+  *count = 0;
+  if (size < 1 || size > kMaxClusterSplits) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  int cached = count_of[device][size].load(std::memory_order_relaxed);
+  if (cached == 0) {
+    int occ = 0;
+    err = prepare_kernel<T, Cfg, kScoreMod>(&occ);  // the shared-memory opt-in
+    if (err != cudaSuccess) return err;
+    const FwdKernelFn fn = attn_fwd_kernel<T, Cfg, kScoreMod>;
+    if (smem > Cfg::kSmemBytes) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(size));
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(size);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int n = 0;
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&n, fn, &config);
+    if (err != cudaSuccess) {  // a device or size without such clusters: none, not a failure
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    cached = n + 1;
+    count_of[device][size].store(cached, std::memory_order_relaxed);
+  }
+  *count = cached - 1;
+  return cudaSuccess;
+}
+
 template <typename T, class Cfg, bool kScoreMod> KernelInfo kernel_info() {
   return KernelInfo{attn_fwd_kernel<T, Cfg, kScoreMod>, Cfg::kThreads, Cfg::kSmemBytes,
-                    Cfg::kBlockM, Cfg::kBlockN, prepare_kernel<T, Cfg, kScoreMod>};
+                    Cfg::kBlockM, Cfg::kBlockN, prepare_kernel<T, Cfg, kScoreMod>,
+                    max_clusters<T, Cfg, kScoreMod>};
 }
 
 // Head dim 128 takes the 64-key tile where two of its CTAs fit in an SM's shared memory, head dim
@@ -1548,6 +1743,8 @@ struct Plan {
   int heads_grid;   // grid y: heads_q / qpack
   int m_blocks;     // query tiles per (sequence, head)
   int num_splits;
+  int cluster;      // CTAs per cluster: num_splits when the splits merge in a cluster, else 1
+  int smem;         // dynamic shared memory per CTA of the launch (kernel.smem or more)
   bool decode;      // decode tiles (kWarpsN > 1): always in grid order
 };
 
@@ -1648,6 +1845,8 @@ bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   if (rows > std::numeric_limits<int32_t>::max() - 256) return false;
   plan->m_blocks = static_cast<int>(ceil_div(rows, k.block_m));
   plan->num_splits = 1;
+  plan->cluster = 1;
+  plan->smem = k.smem;
   return true;
 }
 
@@ -1694,6 +1893,44 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
       plan->num_splits = static_cast<int>(sp);
       break;
     }
+  }
+  return cudaSuccess;
+}
+
+// Whether the splits of a plan merge in a cluster (merge_splits_in_cluster) instead of the combine
+// kernel: decode tiles on sm_90+ reading a contiguous cache, 2 to kMaxClusterSplits splits, a grid
+// of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident at
+// once, and ATTENTION_CLUSTER_MERGE not "0" (read once per process; for A/B runs and tests). The
+// launch asks for more than half of an SM's shared memory per CTA, so that each CTA has an SM of
+// its own, as the combine path's grid has: left to itself the scheduler packed a cluster's CTAs
+// onto few SMs of its GPC (3 fit per SM), and batch-1 decode got 10-20% slower. H200, bf16, GQA
+// 32/8, D128, against the combine kernel: contiguous B8 x 1K-16K keys 3-17% faster (1K: 11.45 ->
+// 9.78 us), B4 x 16K 5%, B1 x 1K 2%, B1 x 4K-32K and B2 even; paged caches (B1-B2) even or slower
+// (B2 x 4K, 16-row pages: 11.3 -> 11.9 us), so they keep the combine kernel.
+bool cluster_merge_allowed() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("ATTENTION_CLUSTER_MERGE");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return allowed;
+}
+
+cudaError_t plan_cluster(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
+  plan->cluster = 1;
+  const int64_t clusters = p.batch * plan->heads_grid * plan->m_blocks;
+  if (!plan->decode || p.block_table != nullptr || plan->num_splits < 2 ||
+      plan->num_splits > kMaxClusterSplits || clusters * plan->num_splits > dev.sms ||
+      dev.cc_major < 9 || !cluster_merge_allowed()) {
+    return cudaSuccess;
+  }
+  const int smem = std::max(plan->kernel.smem, dev.smem_per_sm / 2 + 1024);
+  if (smem > dev.smem_optin) return cudaSuccess;
+  int resident = 0;
+  const cudaError_t err = plan->kernel.max_clusters(plan->num_splits, smem, &resident);
+  if (err != cudaSuccess) return err;
+  if (clusters <= resident) {
+    plan->cluster = plan->num_splits;
+    plan->smem = smem;
   }
   return cudaSuccess;
 }
@@ -1758,6 +1995,7 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
   a.qpack_div = FastDivU32::make(static_cast<uint32_t>(plan.qpack));
   a.m_blocks = plan.m_blocks;
   a.num_splits = plan.num_splits;
+  a.cluster_merge = plan.cluster > 1 ? 1 : 0;
   a.heads_grid_div = FastDivU32::make(static_cast<uint32_t>(plan.heads_grid));
   a.scale_log2 = p.softmax_scale * kLog2e;
   a.softcap_scale = p.softcap > 0.0f ? p.softmax_scale / p.softcap : 0.0f;
@@ -1772,21 +2010,53 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
   return a;
 }
 
+// The forward kernel's launch: PDL by default, after any kernel (unlike the short elementwise
+// kernels, a decode call after a cuBLAS GEMM was faster with it: H100, B1 x 4K keys 16.8 vs
+// 17.1 us, B8 55.1 vs 55.4), and clusters of plan.cluster CTAs along grid x when the splits
+// merge in a cluster. (pdl::launch takes no cluster attribute; this is the one launch that needs
+// both.)
+cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(plan.kernel.threads);
+  config.dynamicSmemBytes = static_cast<size_t>(plan.smem);
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (pdl::enabled<kAttentionPdlEnv>(pdl::ByDefault::kPdl)) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (plan.cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  config.attrs = attrs;
+  config.numAttrs = n;
+  const cudaError_t err = cudaLaunchKernelEx(&config, plan.kernel.fn, args);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Public entry points (attention_cuda.h).
 // ---------------------------------------------------------------------------------------------
-int64_t attn_fwd_num_splits(const AttnFwdParams& p) {
+int64_t attn_fwd_accum_splits(const AttnFwdParams& p) {
   bool empty = false;
-  if (!params_ok(p, &empty)) return 0;
-  if (empty) return 1;
+  if (!params_ok(p, &empty)) return -1;
+  if (empty) return 0;
   DeviceInfo dev;
-  if (device_info(&dev) != cudaSuccess) return 0;
+  if (device_info(&dev) != cudaSuccess) return -1;
   Plan plan;
-  if (!plan_tiles(p, dev, &plan)) return 0;
-  if (plan_splits(p, dev, &plan) != cudaSuccess) return 0;
-  return plan.num_splits;
+  if (!plan_tiles(p, dev, &plan)) return -1;
+  if (plan_splits(p, dev, &plan) != cudaSuccess) return -1;
+  if (plan_cluster(p, dev, &plan) != cudaSuccess) return -1;
+  return plan.num_splits > 1 && plan.cluster == 1 ? plan.num_splits : 0;
 }
 
 cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
@@ -1800,7 +2070,9 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   if (!plan_tiles(p, dev, &plan)) return cudaErrorInvalidValue;
   err = plan_splits(p, dev, &plan);
   if (err != cudaSuccess) return err;
-  if (plan.num_splits > 1) {
+  err = plan_cluster(p, dev, &plan);
+  if (err != cudaSuccess) return err;
+  if (plan.num_splits > 1 && plan.cluster == 1) {
     if (p.out_accum == nullptr || p.lse_accum == nullptr || !aligned_to(p.out_accum, 16) ||
         !aligned_to(p.lse_accum, 4)) {
       return cudaErrorInvalidValue;
@@ -1825,14 +2097,10 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
     args.tile_group_div = FastDivU32::make(args.tile_group);
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(plan.heads_grid),
                     static_cast<unsigned>(chunk));
-    // PDL by default, after any kernel: unlike the short elementwise kernels, a decode call after a
-    // cuBLAS GEMM was faster with it (H100, B1 x 4K keys 16.8 vs 17.1 us, B8 55.1 vs 55.4).
-    err = pdl::launch<kAttentionPdlEnv>(pdl::ByDefault::kPdl, plan.kernel.fn, grid,
-                                        dim3(plan.kernel.threads),
-                                        static_cast<size_t>(plan.kernel.smem), stream, args);
+    err = launch_fwd(plan, grid, args, stream);
     if (err != cudaSuccess) return err;
   }
-  if (plan.num_splits == 1) return cudaSuccess;
+  if (plan.num_splits == 1 || plan.cluster > 1) return cudaSuccess;
 
   CombineArgs c{};
   c.out_accum = p.out_accum;

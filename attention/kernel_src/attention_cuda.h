@@ -2,7 +2,8 @@
 //
 // One entry for every form of the forward (attention_params.h): padded or varlen batches,
 // seqused_k / kv_batch_idx / leftpad_k key ranges, paged K/V, MQA/GQA, causal and sliding
-// windows, softcap, ALiBi, lse, and split-KV (flash-decoding) with its combine pass.
+// windows, softcap, ALiBi, lse, and split-KV (flash-decoding) with its merge (a combine kernel,
+// or inside a thread-block cluster on sm_90+).
 // Preconditions, checked by the caller (torch-ext/): pointers on the current device, the shape
 // and stride rules of attention_params.h, q/k/v/out fp16 or bf16 of one dtype, head_dim one of
 // 32, 64, 96, 128, 192, 256, the int32 index arrays in range (the kernels trust their values),
@@ -23,14 +24,15 @@
 namespace attention {
 namespace cuda {
 
-// Number of KV splits attn_fwd uses for `params` on the current device (>= 1): params.num_splits
-// when it is >= 1 (capped at 128 and at the number of key tiles), else the occupancy heuristic
-// (fill the SMs with batch x kv-head x query-tile CTAs times splits). When the result is > 1 the
-// caller passes out_accum [splits, batch, heads_q, seqlen_q, head_dim] and lse_accum [splits,
-// batch, heads_q, seqlen_q] (fp32, contiguous) for that many splits, and passes num_splits
-// unchanged (0 stays 0: the choice is deterministic for the same params and device). Returns 0
-// when the params are invalid (attn_fwd would return cudaErrorInvalidValue).
-int64_t attn_fwd_num_splits(const AttnFwdParams& params);
+// Split rows of the fp32 workspace that attn_fwd needs for `params` on the current device: 0 when
+// it needs none (a single split, or the splits of each tile merged inside a thread-block cluster,
+// decode tiles on sm_90+), else the split count (params.num_splits when >= 1, capped at 128 and
+// at the number of key tiles, or the occupancy heuristic's choice), and the caller passes
+// out_accum [splits, batch, heads_q, seqlen_q, head_dim] and lse_accum [splits, batch, heads_q,
+// seqlen_q] (fp32, contiguous) for that many splits. Pass num_splits unchanged to attn_fwd (0
+// stays 0: the choice is deterministic for the same params and device). Returns -1 when the
+// params are invalid (attn_fwd would return cudaErrorInvalidValue).
+int64_t attn_fwd_accum_splits(const AttnFwdParams& params);
 
 cudaError_t attn_fwd(const AttnFwdParams& params, cudaStream_t stream);
 

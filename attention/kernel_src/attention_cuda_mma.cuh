@@ -1,7 +1,8 @@
 // attention_cuda_mma.cuh: the warp-level building blocks of attention_cuda.cu (CUDA runtime and
 // cuda_fp16/cuda_bf16 only, no Torch headers): mma.sync m16n8k16 with fp32 accumulation,
 // ldmatrix (plain and transposed), cp.async with zero fill, shuffles and a warp vote, ex2 / lg2 /
-// tanh approximations, fp32 -> fp16/bf16 pair packing, the swizzled shared-memory tile layout and
+// tanh approximations, cluster barriers and shared-memory loads across a cluster (sm_90+),
+// fp32 -> fp16/bf16 pair packing, the swizzled shared-memory tile layout and
 // a division by an invariant 32-bit divisor.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" with .f16/.bf16 inputs), with
@@ -261,6 +262,56 @@ __device__ __forceinline__ bool warp_any(bool pred) {
 #else
   return pred;
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread-block clusters (sm_90+): the CTAs of a cluster read each other's shared memory (DSMEM)
+// between cluster barriers. cluster_sync: every thread of every CTA of the cluster arrives
+// (release) and waits (acquire), so shared-memory writes before it are visible to the cluster
+// after it. A CTA must not exit while another may still read its shared memory, hence a
+// closing cluster_sync after the last remote read. Compiled for sm_90+ only; the launcher never
+// starts a cluster elsewhere (and the host emulation does not model clusters).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __syncwarp();  // .aligned: the whole warp executes the barrier together
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+#endif
+}
+
+// The shared::cluster address of shared-window address `addr` in the CTA of cluster rank `rank`.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t mapped = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mapped) : "r"(addr), "r"(rank));
+#else
+  (void)addr, (void)rank;
+#endif
+  return mapped;
+}
+
+__device__ __forceinline__ float cluster_load_f32(uint32_t addr) {
+  float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+#else
+  (void)addr;
+#endif
+  return v;
+}
+
+__device__ __forceinline__ float4 cluster_load_f32x4(uint32_t addr) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+#else
+  (void)addr;
+#endif
+  return v;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@
 // fp32 and lse_accum [num_splits, batch, heads_q, seqlen_q] fp32 (workspaces of the caller, laid
 // out contiguously with max seqlen_q for varlen), then combined into out / lse. num_splits = 0
 // lets the backend choose (CUDA: by occupancy; CPU: 1). The caller allocates the workspaces for
-// attn_fwd_num_splits(params) splits (backend function).
+// the splits its backend asks for (CUDA: attn_fwd_accum_splits, 0 when the splits merge inside a
+// thread-block cluster; CPU: attn_fwd_num_splits, always 1).
 #pragma once
 
 #include <cstdint>

@@ -325,6 +325,134 @@ def test_split_kv_merges_at_every_head_dim(kernel, device, head_dim):
                             f"d {d} splits {splits} window {window}", window=window, lses=list(lse.unbind(0)))
 
 
+def test_split_kv_merge_over_two_query_tiles(kernel, device):
+    """Split-KV decode tiles hold up to 32 packed rows (query rows x the q heads of a kv head), so a
+    (head, sequence) may have two 16-row tiles, each merged over its own splits (on sm_90+ each
+    tile's splits are one thread-block cluster). Varlen queries of 1 to 8 rows (4 to 32 packed
+    rows) against ragged keys through seqused_k: the causal diagonal and the short sequences leave
+    splits and whole tiles without a visible key. Up to 8 splits (the automatic choice, 0, among
+    them) keep one CTA per SM of an H100 and merge in a cluster there; 16 take the combine kernel.
+    out and lse start as NaN."""
+    dtype = dtypes_for(device)[-1]
+    h, hk, d = 8, 2, 128
+    lens_q = [8, 1, 5, 3]
+    lens_k = [2000, 700, 9, 1500]
+    cu_q = cu_seqlens(lens_q, device)
+    q = randn((sum(lens_q), h, d), dtype, device, seed=31)
+    k = randn((len(lens_k), max(lens_k), hk, d), dtype, device, seed=32)
+    v = randn((len(lens_k), max(lens_k), hk, d), dtype, device, seed=33)
+    used = torch.tensor(lens_k, dtype=torch.int32, device=device)
+    for splits in (0, 2, 5, 16):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((h, sum(lens_q)), float("nan"), dtype=F32, device=device)
+        kernel.ops.attn_fwd(out, q, k, v, lse, cu_q, None, used, None, None, None, None, max(lens_q), max(lens_k),
+                            d ** -0.5, 0.0, True, -1, -1, splits)
+        sequences_check(list(out.split(lens_q)), list(q.split(lens_q)), [t[:n] for t, n in zip(k, lens_k)],
+                        [t[:n] for t, n in zip(v, lens_k)], d ** -0.5, f"splits {splits}", causal=True,
+                        lses=list(lse.split(lens_q, dim=1)))
+
+
+_MERGE_CASES = """
+import kernels, torch
+kernel = kernels.get_kernel("open-kernels/attention", version=1)
+gen = torch.Generator(device="cuda").manual_seed(41)
+results = []
+for b, sq, sk, h, hk, d, splits, window in ((1, 1, 4096, 32, 8, 128, 16, (-1, -1)), (2, 1, 4500, 8, 2, 256, 7, (200, 0)),
+                                            (3, 6, 777, 8, 2, 64, 3, (-1, -1)), (1, 1, 333, 4, 1, 96, 2, (-1, -1))):
+    q = torch.randn((b, sq, h, d), generator=gen, device="cuda").bfloat16()
+    k = torch.randn((b, sk, hk, d), generator=gen, device="cuda").bfloat16()
+    v = torch.randn((b, sk, hk, d), generator=gen, device="cuda").bfloat16()
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device="cuda")
+    kernel.ops.attn_fwd(out, q, k, v, lse, None, None, None, None, None, None, None, 0, 0, d ** -0.5, 0.0, sq > 1,
+                        window[0], window[1], splits)
+    results.append((out.cpu(), lse.cpu()))
+torch.save(results, PATH)
+print("ok")
+"""
+
+# The first decode calls of a process made inside a CUDA-graph capture (as vLLM captures its decode
+# graphs): the plan's device queries (occupancy, clusters, shared-memory opt-in) must not break the
+# capture, and the replay must equal eager calls.
+_FIRST_CALLS_IN_CAPTURE = """
+import kernels, torch
+kernel = kernels.get_kernel("open-kernels/attention", version=1)
+gen = torch.Generator(device="cuda").manual_seed(3)
+q = torch.randn((2, 1, 32, 128), generator=gen, device="cuda").bfloat16()
+k_cache = torch.randn((2, 4096, 8, 128), generator=gen, device="cuda").bfloat16()
+v_cache = torch.randn((2, 4096, 8, 128), generator=gen, device="cuda").bfloat16()
+lens = torch.tensor([4096, 1000], dtype=torch.int32, device="cuda")
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = kernel.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
+graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(out, kernel.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens))
+print("ok")
+"""
+
+
+def test_first_decode_calls_inside_graph_capture(kernel, device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs")
+    from attention_fixture import run_in_fresh_process
+
+    run_in_fresh_process(_FIRST_CALLS_IN_CAPTURE)
+
+
+def test_split_merge_paths_agree(kernel, device, tmp_path):
+    """The two merges of split-KV partial states (the combine kernel, and on sm_90+ the merge inside
+    a thread-block cluster) sum the same fp32 partials in different orders: the outputs may differ
+    by the final rounding (one bf16 ulp: 2^-7 relative) and the lse by float32 rounding. Each
+    path's result is computed in its own fresh process (ATTENTION_CLUSTER_MERGE=0 selects the
+    combine kernel everywhere); both are checked against the reference by the tests above."""
+    if device != "cuda":
+        pytest.skip("the merge paths are CUDA's")
+    import os
+
+    from attention_fixture import run_in_fresh_process
+
+    outs = {}
+    for mode in ("0", "1"):
+        path = tmp_path / f"merge{mode}.pt"
+        os.environ["ATTENTION_CLUSTER_MERGE"] = mode
+        try:
+            run_in_fresh_process(f"PATH = {str(path)!r}\n" + _MERGE_CASES)
+        finally:
+            del os.environ["ATTENTION_CLUSTER_MERGE"]
+        outs[mode] = torch.load(path)
+    for (out0, lse0), (out1, lse1) in zip(outs["0"], outs["1"]):
+        a, b = out0.float(), out1.float()
+        assert bool(((a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs())).all())
+        assert torch.allclose(lse0, lse1, rtol=1e-5, atol=1e-5)
+
+
+def test_cluster_merge_needs_no_workspace(kernel, device):
+    """On sm_90+ a batch-1 decode whose splits keep one CTA per SM merges them inside a thread-block
+    cluster: the call allocates no fp32 partial outputs. With more than 16 splits (the largest
+    cluster) the combine kernel's path allocates splits x heads x head_dim floats."""
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90+")
+    in_cluster = min(16, torch.cuda.get_device_properties(0).multi_processor_count // 8)
+    q = randn((1, 1, 32, 128), BF16, device, seed=51)
+    k = randn((1, 4096, 8, 128), BF16, device, seed=52)
+    v = randn((1, 4096, 8, 128), BF16, device, seed=53)
+    out = torch.empty_like(q)
+    args = (out, q, k, v, None, None, None, None, None, None, None, None, 0, 0, 128 ** -0.5, 0.0, False, -1, -1)
+    kernel.ops.attn_fwd(*args, in_cluster)  # warm-up: the plan's device queries
+    torch.cuda.synchronize()
+    for splits, workspace in ((in_cluster, 0), (17, 17 * 32 * 128 * 4)):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        kernel.ops.attn_fwd(*args, splits)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+        if workspace == 0:
+            assert extra == 0, f"{splits} splits allocated {extra} bytes"
+        else:
+            assert extra >= workspace, f"{splits} splits (combine kernel) allocated {extra} bytes"
+
+
 def test_empty_inputs(kernel, device):
     dtype = dtypes_for(device)[-1]
     for b, sq, sk in ((0, 5, 5), (2, 0, 5)):

@@ -517,9 +517,9 @@ void run_attention(AttnCall& c) {
     if (lse_tmp) a.lse = at::empty(a.lse->sizes(), a.lse->options());
     if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous()) a.alibi_slopes = a.alibi_slopes->contiguous();
     p = make_params(a, g);
-    const int64_t splits = attention::cuda::attn_fwd_num_splits(p);
+    const int64_t splits = attention::cuda::attn_fwd_accum_splits(p);
     at::Tensor out_accum, lse_accum;
-    if (splits > 1) {
+    if (splits > 0) {
       const auto f32 = c.q.options().dtype(at::kFloat);
       out_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q, g.head_dim}, f32);
       lse_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q}, f32);
