@@ -1902,8 +1902,9 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
 // of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident at
 // once, and ATTENTION_CLUSTER_MERGE not "0" (read once per process; for A/B runs and tests). The
 // launch asks for more than half of an SM's shared memory per CTA, so that each CTA has an SM of
-// its own, as the combine path's grid has: left to itself the scheduler packed a cluster's CTAs
-// onto few SMs of its GPC (3 fit per SM), and batch-1 decode got 10-20% slower. H200, bf16, GQA
+// its own, as the combine path's grid has. Without that (3 CTAs fit per SM, and a cluster must sit
+// in one GPC; where the scheduler put them was not measured) batch-1 decode in clusters was
+// 10-20% slower than with the combine kernel; with it, even. H200, bf16, GQA
 // 32/8, D128, against the combine kernel: contiguous B8 x 1K-16K keys 3-17% faster (1K: 11.45 ->
 // 9.78 us), B4 x 16K 5%, B1 x 1K 2%, B1 x 4K-32K and B2 even; paged caches (B1-B2) even or slower
 // (B2 x 4K, 16-row pages: 11.3 -> 11.9 us), so they keep the combine kernel.
