@@ -52,13 +52,13 @@ def _rope_rows(result: dict) -> bool:
 
 def _attention_rows(result: dict) -> bool:
     """bf16 prefill at head_dim 128 (B * S = 16K tokens, S = 512 .. 16K, causal and not) and
-    decode (GQA 32/8, head_dim 128) at batch 1 / 64 and KV length 4K / 32K from a contiguous and
-    a 16-token paged cache; the sweep measures these first."""
+    decode (GQA 32/8, head_dim 128) at batch 1 / 64 and KV length 4K / 32K, and batch 8 at 4K (where
+    the split merge in a cluster shows), from a contiguous and a 16-token paged cache."""
     if result["dtype"] != "bfloat16" or result["head_dim"] != 128:
         return False
     if result["op"] == "prefill":
         return True
-    return (result["batch"], result["seqlen"]) in {(1, 4096), (1, 32768), (64, 4096), (64, 32768)} and result[
+    return (result["batch"], result["seqlen"]) in {(1, 4096), (1, 32768), (8, 4096), (64, 4096), (64, 32768)} and result[
         "layout"
     ] in ("contiguous", "paged16")
 

@@ -225,7 +225,7 @@ def test_attention_table_follows_the_numbers():
             _attention_row("decode", 64, 32768, 128, {"ours": 2000.0, "sdpa_flash": 3000.0, "sdpa_cudnn": 2500.0,
                                                        "sdpa_efficient": 4000.0}, layout="paged16"),
             _attention_row("prefill", 8, 2048, 256, us),  # outside the README's rows
-            _attention_row("decode", 8, 4096, 128, us),
+            _attention_row("decode", 8, 1024, 128, us),
             _attention_row("decode", 64, 32768, 128, us, layout="paged256"),
         ],
     }
@@ -237,7 +237,7 @@ def test_attention_table_follows_the_numbers():
     assert "| prefill | bfloat16 | B8 × S2048 × H32 × D128 | 1000.00 | 550 TFLOP/s | – | 1.50× | – | 2.00× | – |" in table
     assert ("| decode | bfloat16 | B64 × KV32768, H32/8 × D128, paged 16 | 2000.00 | 4295 GB/s | 107.4% | 1.50× "
             "| 1.25× | 2.00× | – |") in table
-    assert "D256" not in table and "B8 × KV4096" not in table and "paged 256" not in table
+    assert "D256" not in table and "B8 × KV1024" not in table and "paged 256" not in table
     assert "ours is faster" in table and "Baselines: b." in table
 
 
@@ -261,7 +261,7 @@ def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
     decode = {(c.batch, c.seqlen, c.layout) for c in full if c.op == "decode"}
     assert decode == {(b, kv, lay) for b in sweep.DECODE_BATCH for kv in sweep.DECODE_KV for lay in sweep.LAYOUTS}
     shown = [bench_table.ROW_FILTERS["attention"](sweep.asdict(c)) for c in full]
-    assert all(shown[: sum(shown)]) and sum(shown) == 8 + 8
+    assert all(shown[: sum(shown)]) and sum(shown) == 8 + 10
     assert set(sweep.cases(quick=True)) <= set(full)
     args = sweep.parse_args(["--quick", "--budget-s", "30"])
     assert args.quick and args.budget_s == 30.0

@@ -60,7 +60,7 @@ DECODE_BATCH = [1, 8, 64]
 LAYOUTS = ["contiguous", "paged16", "paged256"]
 # The README's rows (scripts/bench_table.py ROW_FILTERS["attention"]), measured first.
 HEADLINE_HEAD_DIM = 128
-HEADLINE_DECODE = [(1, 4096), (1, 32768), (64, 4096), (64, 32768)]
+HEADLINE_DECODE = [(1, 4096), (1, 32768), (8, 4096), (64, 4096), (64, 32768)]
 HEADLINE_LAYOUTS = ["contiguous", "paged16"]
 REP_MS = 10
 BUDGET_S = {"full": 300.0, "quick": 90.0}
@@ -119,7 +119,7 @@ def _decode(b, kv, layout):
 
 def cases(quick: bool) -> list[Case]:
     """Every case, in priority order: the README's rows (prefill head_dim 128, decode batch 1 / 64 at
-    4K / 32K, contiguous and paged 16), then the rest of the grid. A time-budget cut removes the end."""
+    4K / 32K and batch 8 at 4K, contiguous and paged 16), then the rest of the grid. A time-budget cut removes the end."""
     if quick:
         return ([_prefill(s, HEADLINE_HEAD_DIM, True) for s in (2048, 16384)]
                 + [_decode(b, 32768, lay) for b in (1, 64) for lay in HEADLINE_LAYOUTS])
