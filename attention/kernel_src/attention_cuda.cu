@@ -75,7 +75,7 @@
 //   split when the grid already covers 2 waves of resident CTAs; decode tiles with fewer CTAs
 //   than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM; else the smallest
 //   count within 85% of the best wave efficiency. At least 2 key tiles per split, at most 128.
-//   Small decode grids on sm_90+ (contiguous cache, at most 16 splits, one CTA per SM) merge the
+//   Small decode grids on sm_90+ (contiguous cache, at most 4 splits, one CTA per SM) merge the
 //   splits inside a thread-block cluster instead (merge_splits_in_cluster, plan_cluster: a tile's
 //   splits are one cluster and read each other's partial states from shared memory), with no
 //   workspace and no second kernel.
@@ -777,7 +777,9 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[Cfg::kMTiles][Cfg::kN
 // memory, no second kernel and no kernel boundary before the merge; plan_cluster says where that
 // was measured to pay.
 // ---------------------------------------------------------------------------------------------
-constexpr int kMaxClusterSplits = 16;  // the largest cluster of an sm_90 launch (non-portable)
+// The largest cluster the merge supports (an sm_90 launch takes up to 16, non-portable);
+// plan_cluster's kClusterMergeMaxSplits is where clusters were measured to pay.
+constexpr int kMaxClusterSplits = 16;
 
 template <typename T, class Cfg>
 __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const Seq& s, int b,
@@ -1898,16 +1900,20 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
 }
 
 // Whether the splits of a plan merge in a cluster (merge_splits_in_cluster) instead of the combine
-// kernel: decode tiles on sm_90+ reading a contiguous cache, 2 to kMaxClusterSplits splits, a grid
-// of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident at
-// once, and ATTENTION_CLUSTER_MERGE not "0" (read once per process; for A/B runs and tests). The
+// kernel: decode tiles on sm_90+ reading a contiguous cache, 2 to kClusterMergeMaxSplits splits, a
+// grid of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident
+// at once, and ATTENTION_CLUSTER_MERGE not "0" (read once per process; for A/B runs and tests). The
 // launch asks for more than half of an SM's shared memory per CTA, so that each CTA has an SM of
 // its own, as the combine path's grid has. Without that (3 CTAs fit per SM, and a cluster must sit
 // in one GPC; where the scheduler put them was not measured) batch-1 decode in clusters was
-// 10-20% slower than with the combine kernel; with it, even. H200, bf16, GQA
-// 32/8, D128, against the combine kernel: contiguous B8 x 1K-16K keys 3-17% faster (1K: 11.45 ->
-// 9.78 us), B4 x 16K 5%, B1 x 1K 2%, B1 x 4K-32K and B2 even; paged caches (B1-B2) even or slower
-// (B2 x 4K, 16-row pages: 11.3 -> 11.9 us), so they keep the combine kernel.
+// 10-20% slower than with the combine kernel. bf16, GQA 32/8, D128, against the combine kernel:
+// contiguous B8 (2 splits) x 1K-16K keys 3-17% faster on the H200 (1K: 11.45 -> 9.78 us) and
+// 3-6% on the H100, B4 (4 splits) even to 5% faster; B2 (8 splits) even on both; B1 x 1K (8
+// splits) 2% faster on the H200 but 7% slower on the H100 (6.51 -> 6.96 us), hence at most 4
+// splits. (8 clusters of 16 at one CTA per SM, B1 x 4K and up, were never resident on an H200.)
+// Paged caches (B1-B2) were even or slower (H200, B2 x 4K, 16-row pages: 11.3 -> 11.9 us).
+constexpr int kClusterMergeMaxSplits = 4;
+
 bool cluster_merge_allowed() {
   static const bool allowed = [] {
     const char* value = std::getenv("ATTENTION_CLUSTER_MERGE");
@@ -1920,7 +1926,7 @@ cudaError_t plan_cluster(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pl
   plan->cluster = 1;
   const int64_t clusters = p.batch * plan->heads_grid * plan->m_blocks;
   if (!plan->decode || p.block_table != nullptr || plan->num_splits < 2 ||
-      plan->num_splits > kMaxClusterSplits || clusters * plan->num_splits > dev.sms ||
+      plan->num_splits > kClusterMergeMaxSplits || clusters * plan->num_splits > dev.sms ||
       dev.cc_major < 9 || !cluster_merge_allowed()) {
     return cudaSuccess;
   }
