@@ -28,6 +28,7 @@ from attention_cases import (
     ref_attention,
     sequences_check,
 )
+from attention_fixture import run_in_fresh_process
 
 # (batch, len_q, len_k, heads_q, heads_kv, head_dim)
 CASES = [
@@ -399,12 +400,10 @@ print("ok")
 def test_first_decode_calls_inside_graph_capture(kernel, device):
     if device != "cuda":
         pytest.skip("CUDA graphs")
-    from attention_fixture import run_in_fresh_process
-
     run_in_fresh_process(_FIRST_CALLS_IN_CAPTURE)
 
 
-def test_split_merge_paths_agree(kernel, device, tmp_path):
+def test_split_merge_paths_agree(kernel, device, tmp_path, monkeypatch):
     """The two merges of split-KV partial states (the combine kernel, and on sm_90+ the merge inside
     a thread-block cluster) sum the same fp32 partials in different orders: the outputs may differ
     by the final rounding (one bf16 ulp: 2^-7 relative) and the lse by float32 rounding. Each
@@ -414,18 +413,11 @@ def test_split_merge_paths_agree(kernel, device, tmp_path):
     must have run, which shows as a call that allocates no workspace."""
     if device != "cuda":
         pytest.skip("the merge paths are CUDA's")
-    import os
-
-    from attention_fixture import run_in_fresh_process
-
     outs = {}
     for mode in ("0", "1"):
         path = tmp_path / f"merge{mode}.pt"
-        os.environ["ATTENTION_CLUSTER_MERGE"] = mode
-        try:
-            run_in_fresh_process(f"PATH = {str(path)!r}\n" + _MERGE_CASES)
-        finally:
-            del os.environ["ATTENTION_CLUSTER_MERGE"]
+        monkeypatch.setenv("ATTENTION_CLUSTER_MERGE", mode)  # inherited by the fresh process
+        run_in_fresh_process(f"PATH = {str(path)!r}\n" + _MERGE_CASES)
         outs[mode] = torch.load(path)
     clusters = torch.cuda.get_device_capability()[0] >= 9
     for (out0, lse0, workspace0), (out1, lse1, workspace1) in zip(outs["0"], outs["1"]):
