@@ -259,6 +259,10 @@ using Prefill256 = TileConfig<256, 64, 64, 4, 1, 1, false, 2>;
 // 4.8 TB/s x ~1.2 us latency / 132 SMs asks for; a single CTA streams 26-35% faster than with
 // one stage in flight behind a CTA barrier, H200 bf16 num_splits 1). The register cap of 3 CTAs
 // per SM (168) matches. Head dim 192/256: 32-key tiles over 2 warps (54 / 72 KB).
+// Rejected for head dim 128 at batch 1-8 (H100, bf16, GQA 32/8, 1K-32K keys, against this tile in
+// the same session): 4 stages in flight (132 KB, one CTA per SM) at 0.87-1.02x its speed, 8 warps
+// over 128-key tiles at 0.79-1.02x (B1 x 4K: 7.96 -> 8.71 / 8.92 us). Batch-1 calls are not short
+// of bytes in flight or of warps per SM; see attn_fwd_combine_kernel for where their time goes.
 using Decode32 = TileConfig<32, 16, 64, 1, 4, 2, true, 4>;
 using Decode64 = TileConfig<64, 16, 64, 1, 4, 2, true, 4>;
 using Decode96 = TileConfig<96, 16, 64, 1, 4, 2, true, 3>;
@@ -777,9 +781,10 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[Cfg::kMTiles][Cfg::kN
 // memory, no second kernel and no kernel boundary before the merge; plan_cluster says where that
 // was measured to pay.
 // ---------------------------------------------------------------------------------------------
-// The largest cluster the merge supports (an sm_90 launch takes up to 16, non-portable);
-// plan_cluster's kClusterMergeMaxSplits is where clusters were measured to pay.
-constexpr int kMaxClusterSplits = 16;
+// The most splits that merge in a cluster: where clusters were measured to pay (plan_cluster),
+// and the merge's unroll bound, so that the decode instances hold no registers for more (an
+// unroll over 16 took D32 decode from 89 to 128 registers, sm_90a). A portable cluster size.
+constexpr int kClusterMergeMaxSplits = 4;
 
 template <typename T, class Cfg>
 __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const Seq& s, int b,
@@ -796,10 +801,10 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
     const int col = (item - r * kItemsPerRow) * 4;
     // Every load at once (one DSMEM round trip). The row of a split without a visible key holds
     // anything: its weight 0 selects it out below rather than multiplying it.
-    float w[kMaxClusterSplits];
-    float4 x[kMaxClusterSplits];
+    float w[kClusterMergeMaxSplits];
+    float4 x[kClusterMergeMaxSplits];
 #pragma unroll
-    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+    for (int sp = 0; sp < kClusterMergeMaxSplits; ++sp) {
       if (sp < n) {
         const uint32_t remote = detail::cluster_map(partial, static_cast<uint32_t>(sp));
         w[sp] = detail::cluster_load_f32(remote + Cfg::kPartialLseOffset + 4 * r);
@@ -809,12 +814,12 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
     }
     float mx = -kInf;
 #pragma unroll
-    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+    for (int sp = 0; sp < kClusterMergeMaxSplits; ++sp) {
       if (sp < n) mx = fmaxf(mx, w[sp]);
     }
     float sum = 0.0f;
 #pragma unroll
-    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+    for (int sp = 0; sp < kClusterMergeMaxSplits; ++sp) {
       if (sp < n) {
         w[sp] = w[sp] == -kInf ? 0.0f : expf(w[sp] - mx);  // all -inf: every weight 0
         sum += w[sp];
@@ -823,7 +828,7 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+    for (int sp = 0; sp < kClusterMergeMaxSplits; ++sp) {
       if (sp < n && w[sp] != 0.0f) {
         const float ws = w[sp] * inv;
         acc.x = fmaf(ws, x[sp].x, acc.x);
@@ -1407,6 +1412,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 // adds up their partial rows: a single warp walking the splits one dependent L2 load after
 // another cost about 0.4 us per split (H200), which at batch 1 was a third of the decode time.
 // The first rows are loaded together with the split lse values (one L2 round trip, not two).
+// At batch 1 the combine is a quarter of the call: without it (timing only) B1 x 4K keys took
+// 5.96 instead of 8.00 us (H100, bf16, GQA 32/8, D128, 16 splits). Merging in the split kernel
+// instead, by the CTA whose arrival completes a per-tile count in the workspace (a tagged word, so
+// that it needs no zeroing), was slower at batch 1-2 and even at batch 8 (B1 x 4K 8.51 -> 11.22
+// us, B1 x 1K 6.74 -> 9.13 us): the last CTA's fence, atomic arrival and reads of the other
+// splits' rows are several dependent L2 round trips of about 0.6 us each, more than this kernel's
+// launch (overlapped by PDL) and its one round trip.
 // ---------------------------------------------------------------------------------------------
 struct CombineArgs {
   const float* out_accum;  // [splits, batch, heads_q, seqlen_q, D]
@@ -1647,11 +1659,11 @@ template <typename T, class Cfg, bool kScoreMod> cudaError_t prepare_kernel(int*
 
 // Resident clusters of `size` CTAs of the instance with `smem` bytes of dynamic shared memory each
 // (cached per device and size: a caller passes the same smem for both; sm_90+ only, where the
-// instance is also opted into that much shared memory and clusters above the portable 8).
+// instance is also opted into that much shared memory).
 template <typename T, class Cfg, bool kScoreMod> cudaError_t max_clusters(int size, int smem, int* count) {
-  static std::atomic<int> count_of[kMaxDevices][kMaxClusterSplits + 1] = {};  // count + 1; 0: unknown
+  static std::atomic<int> count_of[kMaxDevices][kClusterMergeMaxSplits + 1] = {};  // count + 1; 0: unknown
   *count = 0;
-  if (size < 1 || size > kMaxClusterSplits) return cudaSuccess;
+  if (size < 1 || size > kClusterMergeMaxSplits) return cudaSuccess;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -1663,7 +1675,6 @@ template <typename T, class Cfg, bool kScoreMod> cudaError_t max_clusters(int si
     if (err != cudaSuccess) return err;
     const FwdKernelFn fn = attn_fwd_kernel<T, Cfg, kScoreMod>;
     if (smem > Cfg::kSmemBytes) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(Cfg::kThreads);
@@ -1912,7 +1923,6 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
 // splits) 2% faster on the H200 but 7% slower on the H100 (6.51 -> 6.96 us), hence at most 4
 // splits. (8 clusters of 16 at one CTA per SM, B1 x 4K and up, were never resident on an H200.)
 // Paged caches (B1-B2) were even or slower (H200, B2 x 4K, 16-row pages: 11.3 -> 11.9 us).
-constexpr int kClusterMergeMaxSplits = 4;
 
 bool cluster_merge_allowed() {
   static const bool allowed = [] {
