@@ -1412,13 +1412,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 // adds up their partial rows: a single warp walking the splits one dependent L2 load after
 // another cost about 0.4 us per split (H200), which at batch 1 was a third of the decode time.
 // The first rows are loaded together with the split lse values (one L2 round trip, not two).
-// At batch 1 the combine is a quarter of the call: without it (timing only) B1 x 4K keys took
-// 5.96 instead of 8.00 us (H100, bf16, GQA 32/8, D128, 16 splits). Merging in the split kernel
-// instead, by the CTA whose arrival completes a per-tile count in the workspace (a tagged word, so
-// that it needs no zeroing), was slower at batch 1-2 and even at batch 8 (B1 x 4K 8.51 -> 11.22
-// us, B1 x 1K 6.74 -> 9.13 us): the last CTA's fence, atomic arrival and reads of the other
-// splits' rows are several dependent L2 round trips of about 0.6 us each, more than this kernel's
-// launch (overlapped by PDL) and its one round trip.
+// At batch 1 the combine is a quarter of the call: without it (timing only) B1 x 4K keys took 5.96
+// instead of 8.00 us (H100, bf16, GQA 32/8, D128, 16 splits). Merging in the split kernel instead,
+// by the CTA whose arrival completes a per-tile count in the workspace (a tagged word, so that it
+// needs no zeroing), was slower at batch 1-2 and even to 8% slower at batch 8 (B1 x 4K 8.51 ->
+// 11.22 us, B1 x 1K 6.74 -> 9.13 us; benchmarks/NOTES.md): the last CTA's fence, atomic arrival and
+// reads of the other splits' rows are several dependent L2 round trips of about 0.6 us each, more
+// than this kernel's launch (overlapped by PDL) and its one round trip.
 // ---------------------------------------------------------------------------------------------
 struct CombineArgs {
   const float* out_accum;  // [splits, batch, heads_q, seqlen_q, D]
@@ -1910,20 +1910,7 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   return cudaSuccess;
 }
 
-// Whether the splits of a plan merge in a cluster (merge_splits_in_cluster) instead of the combine
-// kernel: decode tiles on sm_90+ reading a contiguous cache, 2 to kClusterMergeMaxSplits splits, a
-// grid of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident
-// at once, and ATTENTION_CLUSTER_MERGE not "0" (read once per process; for A/B runs and tests). The
-// launch asks for more than half of an SM's shared memory per CTA, so that each CTA has an SM of
-// its own, as the combine path's grid has. Without that (3 CTAs fit per SM, and a cluster must sit
-// in one GPC; where the scheduler put them was not measured) batch-1 decode in clusters was
-// 10-20% slower than with the combine kernel. bf16, GQA 32/8, D128, against the combine kernel:
-// contiguous B8 (2 splits) x 1K-16K keys 3-17% faster on the H200 (1K: 11.45 -> 9.78 us) and
-// 3-6% on the H100, B4 (4 splits) even to 5% faster; B2 (8 splits) even on both; B1 x 1K (8
-// splits) 2% faster on the H200 but 7% slower on the H100 (6.51 -> 6.96 us), hence at most 4
-// splits. (8 clusters of 16 at one CTA per SM, B1 x 4K and up, were never resident on an H200.)
-// Paged caches (B1-B2) were even or slower (H200, B2 x 4K, 16-row pages: 11.3 -> 11.9 us).
-
+// ATTENTION_CLUSTER_MERGE=0 turns the cluster merge off (read once per process; A/B runs, tests).
 bool cluster_merge_allowed() {
   static const bool allowed = [] {
     const char* value = std::getenv("ATTENTION_CLUSTER_MERGE");
@@ -1932,6 +1919,19 @@ bool cluster_merge_allowed() {
   return allowed;
 }
 
+// Whether the splits of a plan merge in a cluster (merge_splits_in_cluster) instead of the combine
+// kernel: decode tiles on sm_90+ reading a contiguous cache, 2 to kClusterMergeMaxSplits splits, a
+// grid of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident
+// at once, and cluster_merge_allowed(). The launch asks for more than half of an SM's shared memory
+// per CTA, so that each CTA has an SM of its own, as the combine path's grid has. Without that (3
+// CTAs fit per SM, and a cluster must sit in one GPC; where the scheduler put them was not
+// measured) batch-1 decode in clusters was 10-20% slower than with the combine kernel. bf16, GQA
+// 32/8, D128, against the combine kernel: contiguous B8 (2 splits) x 1K-16K keys 3-17% faster on
+// the H200 (1K: 11.45 -> 9.78 us) and 3-6% on the H100, B4 (4 splits) even to 5% faster; B2 (8
+// splits) even on both; B1 x 1K (8 splits) 2% faster on the H200 but 7% slower on the H100 (6.51 ->
+// 6.96 us), hence at most 4 splits (kClusterMergeMaxSplits). (8 clusters of 16 at one CTA per SM,
+// B1 x 4K and up, were never resident on an H200.) Paged caches (B1-B2) were even or slower (H200,
+// B2 x 4K, 16-row pages: 11.3 -> 11.9 us).
 cudaError_t plan_cluster(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   plan->cluster = 1;
   const int64_t clusters = p.batch * plan->heads_grid * plan->m_blocks;
