@@ -849,6 +849,19 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
   detail::cluster_sync();  // no CTA exits while another may still read its partial state
 }
 
+// One row of a split's normalized partial output for a merge (merge_splits_in_cluster, the
+// combine kernel): the lane's 2 columns of every 8-column tile of O / l, fp32, at row_out.
+template <class Cfg>
+__device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles][4], int hf, float l,
+                                                  int lane, float* row_out) {
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float* dst = row_out + 2 * (lane & 3);
+#pragma unroll
+  for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
+    *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The forward kernel: one (query tile, head, sequence, split) per CTA; see the file header.
 // kScoreMod: softcap / ALiBi build (scores turned into log2 units per element); else the scale
@@ -1312,13 +1325,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           for (int hf = 0; hf < 2; ++hf) {
             const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
             const float l = row_sum[mt][hf];
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            float* dst = o_part + r * Cfg::kPartialStride + 2 * (lane & 3);
-#pragma unroll
-            for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
-              *reinterpret_cast<float2*>(dst + dt * 8) =
-                  make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
-            }
+            store_partial_row<Cfg>(o[mt], hf, l, lane, o_part + r * Cfg::kPartialStride);
             if ((lane & 3) == 0) lse_part[r] = l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : -kInf;
           }
         }
@@ -1339,13 +1346,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             row_coords(a, head, m, &i, &h);
             const int64_t idx = accum_row(a, split, b, h, i);
             const float l = row_sum[mt][hf];
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            float* dst = a.out_accum + idx * D + 2 * (lane & 3);
-#pragma unroll
-            for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
-              *reinterpret_cast<float2*>(dst + dt * 8) =
-                  make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
-            }
+            store_partial_row<Cfg>(o[mt], hf, l, lane, a.out_accum + idx * D);
             if ((lane & 3) == 0) {
               a.lse_accum[idx] = l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : -kInf;
             }
