@@ -74,7 +74,8 @@
 //   output row (its warps take interleaved splits). plan_splits picks the count when asked: no
 //   split when the grid already covers 2 waves of resident CTAs; decode tiles with fewer CTAs
 //   than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM; else the smallest
-//   count within 85% of the best wave efficiency. At least 2 key tiles per split, at most 128.
+//   count within 85% of the best wave efficiency. At least 2 key tiles per split (one-CTA-per-SM
+//   decode grids: 1, once the range has 4), at most 128.
 //   Small decode grids on sm_90+ (contiguous cache, at most 4 splits, one CTA per SM) merge the
 //   splits inside a thread-block cluster instead (merge_splits_in_cluster, plan_cluster: a tile's
 //   splits are one cluster and read each other's partial states from shared memory), with no
@@ -282,7 +283,8 @@ struct LaunchConfig {
   static constexpr int kDecodeMaxRows = 32;
   // Split-KV: at most this many splits (the combine kernel holds 4 per lane) ...
   static constexpr int kMaxSplits = 128;
-  // ... of at least this many key tiles each (a split pays a Q load and a partial-output row).
+  // ... of at least this many key tiles each (a split pays a Q load and a partial-output row;
+  // one-CTA-per-SM decode grids: 1, once a key range has 2 x this many; plan_splits).
   static constexpr int kMinTilesPerSplit = 2;
   // No split once the grid covers this many waves of resident CTAs.
   static constexpr int kNoSplitWaves = 2;
@@ -1888,9 +1890,13 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   // 3-7% faster than filling every resident slot (H200; H100 within 1-4% of the best count).
   // Paged caches only up to SMs / 8 CTAs (batch 1-2 there: 2-11% faster on H100 and H200); from
   // batch 4 one CTA per SM lost 3-4% on the H200, so larger paged grids fill every slot.
+  // A split of such a grid may be a single key tile, once there are 4 tiles or more: with the SMs
+  // otherwise idle, more CTAs beat longer streams (H100, B1 x 256 keys: 4 splits 5.10 us, 2 splits
+  // 5.56, none 5.47; 1K keys: 16 splits 6.15 vs 8 splits 6.28). Below 4 tiles no split stays best
+  // (128 keys: 4.36 us, 2 splits 5.07).
   const int64_t one_per_sm_below = p.block_table == nullptr ? dev.sms : dev.sms / 8 + 1;
   if (plan->decode && ctas < one_per_sm_below) {
-    plan->num_splits = static_cast<int>(min64(max_splits, dev.sms / ctas));
+    plan->num_splits = static_cast<int>(min64(cap, dev.sms / ctas));
     return cudaSuccess;
   }
   // Wave efficiency of s splits: CTAs / (waves rounded up x slots). The smallest s within
