@@ -1866,6 +1866,15 @@ bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   return true;
 }
 
+// ATTENTION_CLUSTER_MERGE=0 turns the cluster merge off (read once per process; A/B runs, tests).
+bool cluster_merge_allowed() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("ATTENTION_CLUSTER_MERGE");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return allowed;
+}
+
 // Splits for a plan: params.num_splits when given, else the wave-efficiency heuristic.
 cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   const int64_t n_blocks = ceil_div(p.seqlen_k, plan->kernel.block_n);
@@ -1891,12 +1900,21 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   // Paged caches only up to SMs / 8 CTAs (batch 1-2 there: 2-11% faster on H100 and H200); from
   // batch 4 one CTA per SM lost 3-4% on the H200, so larger paged grids fill every slot.
   // A split of such a grid may be a single key tile, once there are 4 tiles or more: with the SMs
-  // otherwise idle, more CTAs beat longer streams (H100, B1 x 256 keys: 4 splits 5.10 us, 2 splits
-  // 5.56, none 5.47; 1K keys: 16 splits 6.15 vs 8 splits 6.28). Below 4 tiles no split stays best
-  // (128 keys: 4.36 us, 2 splits 5.07).
+  // otherwise idle, more CTAs beat longer streams (bf16, GQA 32/8, D128, H100 / H200: B1 x 256
+  // keys, 4 splits instead of 2, 5.56 -> 5.17 / 5.29 -> 4.84 us; B1 x 1K, 16 instead of 8, 6.35 ->
+  // 6.21 / 6.42 -> 6.19; B1 x 512 paged, 8 instead of 4, 6.08 -> 5.81 / 6.22 -> 5.84). Except where
+  // that would take a contiguous cache past the cluster merge's bound on sm_90+: 4 splits merged in
+  // clusters beat 8 through the combine kernel (B2 x 512: 5.97 vs 6.23 / 5.51 vs 6.25 us). Below 4
+  // tiles no split stays best (B1 x 128: 4.35 us, 2 splits 5.02, H100).
   const int64_t one_per_sm_below = p.block_table == nullptr ? dev.sms : dev.sms / 8 + 1;
   if (plan->decode && ctas < one_per_sm_below) {
-    plan->num_splits = static_cast<int>(min64(cap, dev.sms / ctas));
+    const int64_t per_sm = dev.sms / ctas;
+    const int64_t two_tile_splits = min64(max_splits, per_sm);
+    const int64_t one_tile_splits = min64(cap, per_sm);
+    const bool cluster_capable = p.block_table == nullptr && dev.cc_major >= 9 && cluster_merge_allowed();
+    const bool keep_cluster = cluster_capable && two_tile_splits <= kClusterMergeMaxSplits &&
+                              one_tile_splits > kClusterMergeMaxSplits;
+    plan->num_splits = static_cast<int>(keep_cluster ? two_tile_splits : one_tile_splits);
     return cudaSuccess;
   }
   // Wave efficiency of s splits: CTAs / (waves rounded up x slots). The smallest s within
@@ -1915,15 +1933,6 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
     }
   }
   return cudaSuccess;
-}
-
-// ATTENTION_CLUSTER_MERGE=0 turns the cluster merge off (read once per process; A/B runs, tests).
-bool cluster_merge_allowed() {
-  static const bool allowed = [] {
-    const char* value = std::getenv("ATTENTION_CLUSTER_MERGE");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
-  return allowed;
 }
 
 // Whether the splits of a plan merge in a cluster (merge_splits_in_cluster) instead of the combine
