@@ -1875,6 +1875,12 @@ bool cluster_merge_allowed() {
   return allowed;
 }
 
+// Whether a plan for these params could merge its splits in a cluster at all (plan_cluster adds the
+// split count, grid and residency conditions): a contiguous cache on sm_90+, merge not turned off.
+bool cluster_merge_capable(const AttnFwdParams& p, const DeviceInfo& dev) {
+  return p.block_table == nullptr && dev.cc_major >= 9 && cluster_merge_allowed();
+}
+
 // Splits for a plan: params.num_splits when given, else the wave-efficiency heuristic.
 cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   const int64_t n_blocks = ceil_div(p.seqlen_k, plan->kernel.block_n);
@@ -1911,8 +1917,7 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
     const int64_t per_sm = dev.sms / ctas;
     const int64_t two_tile_splits = min64(max_splits, per_sm);
     const int64_t one_tile_splits = min64(cap, per_sm);
-    const bool cluster_capable = p.block_table == nullptr && dev.cc_major >= 9 && cluster_merge_allowed();
-    const bool keep_cluster = cluster_capable && two_tile_splits <= kClusterMergeMaxSplits &&
+    const bool keep_cluster = cluster_merge_capable(p, dev) && two_tile_splits <= kClusterMergeMaxSplits &&
                               one_tile_splits > kClusterMergeMaxSplits;
     plan->num_splits = static_cast<int>(keep_cluster ? two_tile_splits : one_tile_splits);
     return cudaSuccess;
@@ -1951,9 +1956,8 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
 cudaError_t plan_cluster(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   plan->cluster = 1;
   const int64_t clusters = p.batch * plan->heads_grid * plan->m_blocks;
-  if (!plan->decode || p.block_table != nullptr || plan->num_splits < 2 ||
-      plan->num_splits > kClusterMergeMaxSplits || clusters * plan->num_splits > dev.sms ||
-      dev.cc_major < 9 || !cluster_merge_allowed()) {
+  if (!plan->decode || !cluster_merge_capable(p, dev) || plan->num_splits < 2 ||
+      plan->num_splits > kClusterMergeMaxSplits || clusters * plan->num_splits > dev.sms) {
     return cudaSuccess;
   }
   const int smem = std::max(plan->kernel.smem, dev.smem_per_sm / 2 + 1024);
