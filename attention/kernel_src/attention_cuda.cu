@@ -851,6 +851,12 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
   detail::cluster_sync();  // no CTA exits while another may still read its partial state
 }
 
+// A row's lse from its running max (scaled to log2 units by c) and sum: (max c + log2 l) ln 2, or
+// `empty` for a row without a visible key (+inf for out's lse, -inf for a split's partial state).
+__device__ __forceinline__ float row_lse(float row_max, float l, float c, float empty) {
+  return l > 0.0f ? (row_max * c + fast_log2(l)) * kLn2 : empty;
+}
+
 // One row of a split's normalized partial output for a merge (merge_splits_in_cluster, the
 // combine kernel): the lane's 2 columns of every 8-column tile of O / l, fp32, at row_out.
 template <class Cfg>
@@ -1328,7 +1334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
             const float l = row_sum[mt][hf];
             store_partial_row<Cfg>(o[mt], hf, l, lane, o_part + r * Cfg::kPartialStride);
-            if ((lane & 3) == 0) lse_part[r] = l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : -kInf;
+            if ((lane & 3) == 0) lse_part[r] = row_lse(row_max[mt][hf], l, c, -kInf);
           }
         }
       }
@@ -1349,9 +1355,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             const int64_t idx = accum_row(a, split, b, h, i);
             const float l = row_sum[mt][hf];
             store_partial_row<Cfg>(o[mt], hf, l, lane, a.out_accum + idx * D);
-            if ((lane & 3) == 0) {
-              a.lse_accum[idx] = l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : -kInf;
-            }
+            if ((lane & 3) == 0) a.lse_accum[idx] = row_lse(row_max[mt][hf], l, c, -kInf);
           }
         }
       }
@@ -1381,8 +1385,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         if (a.lse != nullptr && (lane & 3) == 0 && m < rows) {
           int i, h;
           row_coords(a, head, m, &i, &h);
-          a.lse[lse_index(a, s, b, h, i)] =
-              l > 0.0f ? (row_max[mt][hf] * c + fast_log2(l)) * kLn2 : kInf;
+          a.lse[lse_index(a, s, b, h, i)] = row_lse(row_max[mt][hf], l, c, kInf);
         }
       }
     }
