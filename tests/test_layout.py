@@ -4,11 +4,14 @@
   torch-ext/ and tests/: an unlisted header builds locally and fails under Nix.
 - The op-registration AST check Nix runs on the output (kernel-builder.md §9).
 - Files kernel-builder generates are never committed.
+- Test files are named `test_<kernel>[_<area>]_<role>.py` with one role vocabulary in every kernel,
+  so that `pytest tests */tests` imports each under a unique module name without packages.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +63,45 @@ def test_every_source_and_header_is_listed(kernel_dir: Path):
         if p.is_file() and p.suffix in SOURCE_SUFFIXES
     }
     assert on_disk - listed == set(), f"{kernel_dir.name}: not listed in build.toml (Nix would not see them)"
+
+
+TEST_ROLES = ("ops", "errors", "library", "layers", "models", "benchmarks")
+
+
+def _test_file_name_problem(kernel: str, name: str) -> str | None:
+    """Why a file in <kernel>/tests/ is misnamed, or None. Test modules are
+    test_<kernel>[_<area>]_<role>.py; helper modules are <kernel>_<what>.py (or conftest.py,
+    sanitize.py, a script run under compute-sanitizer); no __init__.py."""
+    if name == "__init__.py":
+        return "tests/ is not a package: module names are unique by their kernel prefix"
+    if name.startswith("test_"):
+        pattern = rf"test_{re.escape(kernel)}(_[a-z0-9]+)*_({'|'.join(TEST_ROLES)})\.py"
+        if not re.fullmatch(pattern, name):
+            return f"expected test_{kernel}[_<area>]_<role>.py, role one of {TEST_ROLES}"
+        return None
+    if name in ("conftest.py", "sanitize.py") or name.startswith(f"{kernel}_"):
+        return None
+    return f"a helper module is named {kernel}_<what>.py"
+
+
+@pytest.mark.parametrize("kernel_dir", KERNEL_DIRS, ids=lambda p: p.name)
+def test_test_files_are_named_by_kernel_and_role(kernel_dir: Path):
+    problems = {
+        p.name: why
+        for p in sorted((kernel_dir / "tests").glob("*.py"))
+        if (why := _test_file_name_problem(kernel_dir.name, p.name)) is not None
+    }
+    assert problems == {}
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [("test_rope_ops.py", True), ("test_attention_kvcache_ops.py", True), ("test_layers.py", False),
+     ("test_rope.py", False), ("test_rope_misc.py", False), ("__init__.py", False),
+     ("rope_cases.py", True), ("helpers.py", False)],
+)
+def test_test_file_name_rule(name: str, ok: bool):
+    assert (_test_file_name_problem("rope", name) is None) == ok
 
 
 def _tracked(kernel_dir: Path) -> list[str]:

@@ -8,7 +8,7 @@ The fixtures come from rmsnorm_fixture.py, a copy of common/kernel_fixture.py (s
 
 from pathlib import Path
 
-from .rmsnorm_fixture import KERNELS_CI_MARKER, kernel_fixtures
+from rmsnorm_fixture import KERNELS_CI_MARKER, kernel_fixtures
 
 REPO_ID = "open-kernels/rmsnorm"
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build"

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from .rmsnorm_cases import BF16, F32, make_input, make_weight
+from rmsnorm_cases import BF16, F32, make_input, make_weight
 
 EPS = 1e-6
 

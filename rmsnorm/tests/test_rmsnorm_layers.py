@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
 
-from .rmsnorm_cases import (
+from rmsnorm_cases import (
     BF16,
     DTYPES,
     F16,

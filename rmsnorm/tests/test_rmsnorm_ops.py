@@ -9,7 +9,7 @@ Outputs are pre-filled with NaN, so an element the kernel does not write fails.
 import pytest
 import torch
 
-from .rmsnorm_cases import (
+from rmsnorm_cases import (
     BF16,
     DTYPES,
     F16,
@@ -26,7 +26,7 @@ from .rmsnorm_cases import (
     nan_like,
     rstd_error,
 )
-from .rmsnorm_fixture import run_in_fresh_process
+from rmsnorm_fixture import run_in_fresh_process
 
 EPS = 1e-6
 
