@@ -3,6 +3,9 @@
 #   scripts/dev.sh build [KERNEL ...] [build.py flags]   set up, build every kernel for this
 #                                                        machine and smoke-load each with kernels
 #   scripts/dev.sh test  [pytest args]                   set up, build, run every test suite
+#   scripts/dev.sh lint                                  fail on unformatted or unlinted code
+#   scripts/dev.sh format                                apply ruff and clang-format in place
+#   scripts/dev.sh compile-check [compile_check.py args] compile every kernel_src .cu for sm_90a
 #   scripts/dev.sh setup                                 only install what the project needs
 # The virtual environment lives in .venv (override with VENV=...).
 set -euo pipefail
@@ -26,6 +29,11 @@ setup() {
   fi
 }
 
+# The C++/CUDA files under version control (clang-format's input).
+cxx_files() {
+  git ls-files -- '*.cu' '*.cuh' '*.cpp' '*.h' '*.hpp' '*.cc'
+}
+
 cmd=${1:-help}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -33,6 +41,23 @@ case "$cmd" in
   build)
     setup
     "$PY" scripts/build.py "$@"
+    ;;
+  lint)
+    setup
+    "$VENV/bin/ruff" format --check .
+    "$VENV/bin/ruff" check .
+    cxx_files | xargs "$VENV/bin/clang-format" --style=file --dry-run -Werror
+    echo "lint: ruff and clang-format clean"
+    ;;
+  format)
+    setup
+    "$VENV/bin/ruff" check --fix .
+    "$VENV/bin/ruff" format .
+    cxx_files | xargs "$VENV/bin/clang-format" --style=file -i
+    ;;
+  compile-check)
+    setup
+    "$PY" scripts/compile_check.py "$@"
     ;;
   test)
     setup
@@ -42,7 +67,7 @@ case "$cmd" in
     "$PY" -m pytest -q tests $kernel_tests "$@"
     ;;
   *)
-    sed -n '2,8p' "$0"
+    sed -n '2,11p' "$0"
     exit 2
     ;;
 esac

@@ -96,7 +96,7 @@ def test_test_files_are_named_by_kernel_and_role(kernel_dir: Path):
 
 @pytest.mark.parametrize(
     "name, ok",
-    [("test_rope_ops.py", True), ("test_attention_kvcache_ops.py", True), ("test_layers.py", False),
+    [("test_rope_ops.py", True), ("test_rope_cache_ops.py", True), ("test_layers.py", False),
      ("test_rope.py", False), ("test_rope_misc.py", False), ("__init__.py", False),
      ("rope_cases.py", True), ("helpers.py", False)],
 )
@@ -153,3 +153,21 @@ def test_registration_check_catches_a_bad_registration(tmp_path: Path):
     bad = tmp_path / "bad.py"
     bad.write_text('import torch\n@torch.library.register_fake("myns::op")\ndef _(x):\n    return x\n')
     assert len(_registration_violations(bad)) == 1
+
+
+def _pins(text: str, pattern: str) -> dict[str, str]:
+    return dict(re.findall(pattern, text, flags=re.MULTILINE))
+
+
+def test_formatter_versions_agree_between_ci_and_pre_commit():
+    """CI formats with the versions of requirements-dev.txt, pre-commit with its own revs: a
+    commit that pre-commit accepts must pass CI's lint."""
+    required = _pins((REPO / "requirements-dev.txt").read_text(), r"^(ruff|clang-format)==(\S+)")
+    hooks = (REPO / ".pre-commit-config.yaml").read_text()
+    revs = {
+        tool: re.search(rf"{re.escape(repo)}\n\s+rev: v(\S+)", hooks).group(1)
+        for tool, repo in (("ruff", "astral-sh/ruff-pre-commit"),
+                           ("clang-format", "pre-commit/mirrors-clang-format"))
+    }
+    assert set(required) == {"ruff", "clang-format"}
+    assert revs == required

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Compile every kernel's CUDA sources for one architecture, without Torch: a CI gate.
+
+The CUDA files under <kernel>/kernel_src/ include no Torch headers (device code and torch-free
+launchers), so nvcc alone can compile them on a CPU-only machine. CI installs the CPU build of
+Torch, so scripts/build.py skips the CUDA variant there; this check is what stops a change to
+device code that does not compile from landing.
+
+    python scripts/compile_check.py [KERNEL ...] [--arch 9.0a] [--jobs N]
+
+Each .cu of a `backend = "cuda"` component compiles with the flags scripts/build.py passes to
+nvcc (its include folders and cuda-flags from build.toml), in parallel, to a scratch folder.
+Exit status 0 when all compile, 1 when one fails (its compiler output is printed), and 0 with a
+printed reason when nvcc is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build  # noqa: E402
+
+CXX_STD = "c++17"
+
+
+def cuda_sources(project: build.KernelProject) -> list[tuple[str, list[str]]]:
+    """(source, nvcc flags particular to it) for every .cu of the project's CUDA components."""
+    jobs = []
+    for comp in project.components:
+        if comp.backend != "cuda":
+            continue
+        includes = [f"-I{project.path / inc}" for inc in comp.include]
+        for rel in comp.src:
+            if rel.endswith(".cu"):
+                jobs.append((rel, includes + list(comp.cuda_flags)))
+    return jobs
+
+
+def compile_one(nvcc: str, arch: str, project: build.KernelProject, rel: str,
+                extra: list[str], scratch: Path) -> tuple[str, float, str | None]:
+    obj = scratch / project.name / (rel.replace("/", "_") + ".o")
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        nvcc, "-O3", f"-std={CXX_STD}", "--expt-relaxed-constexpr", "--expt-extended-lambda",
+        *build.gencode_flags([arch]), "-DCUDA_KERNEL", "-DUSE_CUDA=1", "-DENABLE_FP8",
+        f"-I{project.path / 'kernel_src'}", *extra, "-c", str(project.path / rel), "-o", str(obj),
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    error = None if proc.returncode == 0 else (proc.stdout + proc.stderr).strip()
+    return f"{project.name}/{rel}", seconds, error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernels", nargs="*", help="kernel folders (default: every one)")
+    parser.add_argument("--arch", default="9.0a", help="one CUDA capability (default 9.0a)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        print("compile_check: skipped, nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
+        return 0
+    dirs = [build.REPO_ROOT / k for k in args.kernels] if args.kernels else build.discover_kernels()
+    work = []
+    for kernel_dir in dirs:
+        project = build.load_project(kernel_dir)
+        work += [(project, rel, extra) for rel, extra in cuda_sources(project)]
+    # Longest first: the biggest translation units set the wall time.
+    work.sort(key=lambda item: -(item[0].path / item[1]).stat().st_size)
+
+    start = time.monotonic()
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="compile-check-") as tmp, \
+            ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(compile_one, nvcc, args.arch, p, rel, extra, Path(tmp))
+                   for p, rel, extra in work]
+        for future in futures:
+            name, seconds, error = future.result()
+            print(f"compile_check: {name} ({args.arch}) {'ok' if error is None else 'FAILED'} "
+                  f"in {seconds:.1f} s", flush=True)
+            if error is not None:
+                failures += 1
+                print(error)
+    wall = time.monotonic() - start
+    print(f"compile_check: {len(work) - failures} of {len(work)} CUDA sources compiled for "
+          f"sm_{args.arch.replace('.', '')} in {wall:.0f} s wall ({args.jobs} jobs)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
