@@ -1,6 +1,6 @@
 """Shared benchmark harness for the kernels of this repository (used by <kernel>/benchmarks/sweep.py).
 
-Method (shared/docs/performance.md):
+Method:
 - GPU time comes from CUDA-graph replay of each call (triton.testing.do_bench_cudagraph, median):
   launch overhead is excluded for every contender alike, so a 2 µs kernel is not measured as the
   5 µs it takes Python to launch it.
