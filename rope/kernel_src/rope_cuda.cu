@@ -69,10 +69,9 @@
 //   after the first by default; 0: none): the kernel waits for its predecessor before its first
 //   global access and releases its dependents, so a decode-sized launch after a kernel that
 //   releases its dependents overlaps its launch latency with that kernel's tail.
-// - Registers (sm_90a, nvcc 13.0; benchmarks/NOTES.md, "Registers" has the command): 38-40 for
-//   the vector instances (48 for fp16 NeoX with a full fp16 table), 64 for full fp32 tables next
-//   to 16-bit data, 32 for the scalar path; no spills. The only local memory is printf's
-//   argument buffer, on the error path.
+// - Registers (ptxas -v, sm_90a, nvcc 13.0; benchmarks/NOTES.md): 38-40 for the vector instances
+//   (48 for fp16 NeoX with a full fp16 table), 64 for full fp32 tables next to 16-bit data, 32 for
+//   the scalar path; no spills. The only local memory is printf's argument buffer, on error paths.
 // - Launch heuristics live in LaunchConfig and plan_launch only.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -121,9 +120,8 @@ struct LaunchConfig {
   static constexpr int kMaxTokensPerCta = 64;  // blockDim.z limit
   static constexpr int64_t kMaxGridYZ = 65535;
   // q/k loads: L1::no_allocate keeps L1 for the table rows that all heads of a token reuse.
-  // For a pure stream the activation kernel found plain loads faster than
-  // ld.global.nc.L1::no_allocate (activation/benchmarks/NOTES.md, "Loads"); Ld::kCached is the
-  // plain form if a measurement here favours it.
+  // For a pure stream plain loads beat ld.global.nc.L1::no_allocate (activation/benchmarks/
+  // NOTES.md, "Loads"); Ld::kCached is the plain form if a measurement here favours it.
   static constexpr Ld kActivationLoad = Ld::kStream;
 };
 
