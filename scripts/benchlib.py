@@ -1,6 +1,6 @@
 """Shared benchmark harness for the kernels of this repository (used by <kernel>/benchmarks/sweep.py).
 
-Method (shared/docs/performance.md):
+Method:
 - GPU time comes from CUDA-graph replay of each call (triton.testing.do_bench_cudagraph, median):
   launch overhead is excluded for every contender alike, so a 2 µs kernel is not measured as the
   5 µs it takes Python to launch it.
@@ -120,8 +120,8 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
             dst.copy_(src)
         torch.cuda.synchronize()
     # Not inside a CUDA graph: there a device-to-device copy_ becomes a memcpy node served by
-    # the copy engines (seen: 2.7 TB/s on an H200), not the SM copy kernel it is in eager mode
-    # (4.2+ TB/s). At 1 GiB, launch overhead is negligible.
+    # the copy engines, well below the SM copy kernel it is in eager mode. At 1 GiB, launch
+    # overhead is negligible.
     us = wall_time_us(lambda: dst.copy_(src), rep_ms=300)
     return 2 * nbytes / (us * 1e-6) / 1e9
 

@@ -18,14 +18,13 @@
 // Builds for sm_75 .. sm_120; bf16 only goes through conversions (emulated on sm_75).
 //
 // Design (memory-bound ops: the goals are the device-to-device copy bandwidth for large shapes
-// and the shortest possible launch for decode-sized ones). Measured on an H200 against
-// Inductor's kernel for the same op (silu_and_mul, bf16, 2 x 14336; notes in LaunchConfig and
-// at the memory accesses):
+// and the shortest possible launch for decode-sized ones; the measurements behind each choice,
+// against Inductor's kernel for the same op, are in benchmarks/NOTES.md):
 // - One thread per 16-byte vector (8 x fp16/bf16, 4 x fp32, 2 x fp64), one kernel step: block
 //   (x, y) covers vector columns of a row and block rows; no division, no grid-stride loop (it
 //   remains only for more than 65535 row blocks). An earlier flat index space (64-bit magic
-//   division, grid-stride stepping, a separate tail loop) cost ~0.3 us per decode launch
-//   (1.47 vs 1.17 us at 1 token) and a persistent grid reached only 88% of Inductor's bandwidth.
+//   division, grid-stride stepping, a separate tail loop) made decode launches slower and a
+//   persistent grid fell short of Inductor's bandwidth (NOTES.md, "Index space").
 // - 16-byte vectors when every row start of every tensor is 16-byte aligned: aligned base
 //   pointers, row strides multiple of the vector width, and, for the split layout, d multiple of
 //   it (the second half starts at d). When the width is not a multiple of the vector width, the
@@ -34,8 +33,8 @@
 //   seen as one long row, so any shape vectorizes. Forwards of fp16/bf16 small enough for one
 //   CTA per SM take 4-byte vectors on the same condition (LaunchConfig::kNarrowVectorBytes).
 // - Programmatic dependent launch on sm_90+ only with ACTIVATION_PDL=1: a call that follows a
-//   kernel releasing its dependents then overlaps its launch with that kernel's tail (0.96 vs
-//   1.42 us per back-to-back decode call, H100), but after a GEMM it was 0.5 us slower (pdl.cuh).
+//   kernel releasing its dependents then overlaps its launch with that kernel's tail, but after
+//   a GEMM it is slower (pdl.cuh; NOTES.md, "Programmatic dependent launch").
 // - Math: the activation_math.h formulas; fp32/fp64 with precise expf/erff/tanhf and IEEE
 //   division, fp16/bf16 with hardware approximations whose error is far below their output
 //   rounding (FastFloatMath below says why and by how much).
@@ -71,28 +70,23 @@ constexpr char kActivationPdlEnv[] = "ACTIVATION_PDL";
 // ---------------------------------------------------------------------------------------------
 struct LaunchConfig {
   // 128 threads, one 16-B vector (or, off the vector path, one element) each: a 1-token row of
-  // 14336 bf16 outputs spreads over 14 SMs. Measured on an H200 (silu_and_mul bf16, 2 x 14336),
-  // 64 and 256 threads were no faster at any size, and more vectors per thread cost 4% at 8192
-  // tokens (two per thread: 170 vs 163 us) and lengthen the serial work of a decode launch.
+  // 14336 bf16 outputs spreads over 14 SMs. 64 and 256 threads were no faster, and more
+  // vectors per thread were slower at 8192 tokens and lengthen the serial work of a decode
+  // launch (benchmarks/NOTES.md, "Threads per CTA and vectors per thread").
   static constexpr int kThreads = 128;
   static constexpr int kVectorBytes = 16;
   static constexpr unsigned kMaxGridY = 65535;
-  // The unary forward moves only 16 B in and 16 B out per vector: with one vector per thread it
-  // reached 80% of the copy bandwidth (8192 x 14336 bf16 silu, H200), against 96% for two. But
-  // where one vector per thread fits in the device's resident threads (a single wave), the second
-  // vector only lengthens each thread's dependent chain: H200, bf16, CUDA graph, 1 x 14336 silu
-  // 1.22 vs 1.41 us and gelu 1.27 vs 1.66 us; 64 x 14336 1.97 vs 2.05 and 2.08 vs 2.24; at
-  // 256 x 14336 (beyond a wave) 4.9 vs 3.6 us.
+  // The unary forward moves only 16 B in and 16 B out per vector: two vectors per thread bring
+  // large shapes close to the copy bandwidth. But where one vector per thread fits in the
+  // device's resident threads (a single wave), the second vector only lengthens each thread's
+  // dependent chain (benchmarks/NOTES.md, "Unary forward").
   static constexpr int kUnaryFwdItems = 2;
   static constexpr int kUnaryFwdItemsOneWave = 1;
   // Decode-sized fp16/bf16 forwards take 4-byte vectors (2 elements) instead of 16-byte ones
   // while that needs at most one CTA per SM: 4x the CTAs, each thread with a quarter of the
-  // math (gelu: two polynomials instead of eight in its dependent chain). H200, bf16, CUDA graph,
-  // 16-byte vs 4-byte vectors: silu_and_mul 1 x 14336 1.25 vs 1.18 us, gelu_and_mul 1.31 vs
-  // 1.20, 4 x 4096 (64 CTAs) 1.24 vs 1.18 and 1.30 vs 1.19; silu 1 x 4096 1.17 vs 1.08, gelu 1.22
-  // vs 1.10. Beyond one CTA per SM the 16-byte vectors win or tie (silu_and_mul 4 x 14336, 224
-  // CTAs: 1.28 vs 1.30; 16 x 4096: 1.28 vs 1.31), and from 64 tokens they win by far (64 x 14336:
-  // 2.14 vs 4.91).
+  // math (gelu: two polynomials instead of eight in its dependent chain). Beyond one CTA per SM
+  // the 16-byte vectors win or tie, and from 64 tokens they win by far (benchmarks/NOTES.md,
+  // "Decode-sized fp16/bf16 forwards on 4-byte vectors").
   static constexpr int kNarrowVectorBytes = 4;
   static constexpr int kNarrowMaxCtasPerSm = 1;
 };
@@ -153,8 +147,8 @@ __device__ __forceinline__ Vec<T, kVec> round_vec(const compute_t<T> (&c)[kVec])
 }
 
 // ---------------------------------------------------------------------------------------------
-// Global memory accesses. Loads are plain (ld.global): on an H200, ld.global.nc.L1::no_allocate
-// made silu_and_mul at 8192 x 2*14336 bf16 5% slower (169 vs 161 us). Stores are st.global.cs
+// Global memory accesses. Loads are plain (ld.global): ld.global.nc.L1::no_allocate made a
+// large silu_and_mul slower (benchmarks/NOTES.md, "Loads"). Stores are st.global.cs
 // (evict-first): this kernel never reads its output back (no measurable cost or gain there).
 // ---------------------------------------------------------------------------------------------
 template <int kBytes> struct RawBits;
@@ -250,17 +244,16 @@ __device__ __forceinline__ void for_each_item(const F& f, const RowSpace& s) {
 // rounding of x*log2(e)) and __fdividef (~2 ulp), with tanh(y) = 1 - 2 / (exp(2y) + 1). These
 // errors stay below 2^-20 relative to the operands' magnitude, far under half an fp16 ulp
 // (2^-12), and cut the silu/tanh ops from ~25-35 to ~10-15 instructions per element: precise
-// expf and IEEE division made silu_and_mul issue-bound on an H200 (190 us vs 168 us for
-// fatrelu_and_mul, which has no transcendental, at 8192 x 2*14336 bf16). fp32 and fp64 data keep
-// the precise policy.
+// expf and IEEE division made silu_and_mul issue-bound, slower than fatrelu_and_mul, which has
+// no transcendental (benchmarks/NOTES.md, "fp16/bf16 math"). fp32 and fp64 data keep the
+// precise policy.
 //
 // Phi (GELU's normal CDF): h = Phi(-|x|) = 2^q(|x|), q a degree-8 polynomial fitted for this
 // file (weighted least squares for the absolute error of h on [0, 5.75]; h = 0 beyond, where
 // Phi(-5.75) = 4.5e-9). Evaluated in fp32 it is within 7.7e-8 of Phi everywhere, and within ~1e-6
 // relative on the small negative side, against 5.8e-8 absolute (and no relative bound) for
 // 0.5 (1 + erff(x / sqrt 2)) in fp32, whose two-branch erff costs ~28 instructions where this is
-// ~13. gelu_and_mul was issue-bound with erff (SM 70%, DRAM 65%, 82% of the copy bandwidth on an
-// H200).
+// ~13. gelu_and_mul was issue-bound with erff (benchmarks/NOTES.md, "fp16/bf16 math").
 struct FastFloatMath {
   template <typename T> static __device__ __forceinline__ T exp(T x) { return __expf(x); }
   // 1 + e^x with the flush-to-zero ex2: __expf's handling of subnormal results (a compare and

@@ -45,10 +45,10 @@
 //   one sample (BwdPartition), with register-resident rows of up to 16 columns per thread
 //   (BwdShape: hidden up to 8192 on the vector path) and two sums per row (sum r^2 and sum gn * r).
 //   That kernel is bound by instruction issue rather than by DRAM (bf16: every element converted
-//   and weighted in both passes; about 26 instructions per element in the SASS, 39 before the
+//   and weighted in both passes; about 26 instructions per element in the SASS even after the
 //   changes that follow), so no test runs per element: the weight offset and grad_residual select
 //   an instantiation of the row loop, and group_sum gets the caller's slot instead of dividing per
-//   row (together, H200, 65536 x 4096 bf16: 80.8 -> 89.5% of copy). The grad_weight column partials
+//   row (see benchmarks/NOTES.md, "Backward: no per-element tests"). The grad_weight column partials
 //   of a CTA accumulate in shared memory ([slots, hidden], each element owned by one thread), those
 //   of grad_scale / grad_shift in registers; at the end the CTA writes one row of partials per
 //   reduction into the workspace ([partials, hidden] each), and a second small kernel adds the
@@ -118,29 +118,25 @@ struct LaunchConfig {
   // at most 64 (4: two CTAs of 512 per SM) and 128 registers (8). Widest register row: 512 x 8.
   static constexpr int kFwdMaxRegisterChunks = 512 * 8;
   // Rows that fill the GPU: 4 vectors per thread, 64 bytes of input in flight per thread and
-  // 64 KB per SM at 1024 resident threads, against ~26 KB/SM that Little's law asks of an H200
-  // (4.2 TB/s x ~0.8 us / 132 SMs).
+  // 64 KB per SM at 1024 resident threads, more than Little's law asks of the DRAM (see
+  // benchmarks/NOTES.md, "Sizing the bytes in flight").
   static constexpr int kFwdChunksManyRows = 4;
   // ... except rows without a residual that would take kFwdWideGroup threads or more that way:
   // 8 vectors per thread, half the group (one row over 4 warps instead of 8 at hidden 8192
-  // bf16). H200, hidden 8192 bf16, CUDA graph: 65536 rows 95.6 -> 98.7% of copy, 16384 rows
-  // 93.4 -> 95.8-96.0%, 8192 rows 90.6 -> 92.1%, 4096 rows unchanged (85.2-85.6%). With a
-  // residual (two tensors in flight per vector already) it lost 1-2 points, at hidden 5120
-  // (160 -> 96 threads) about 6: so only here. Not with an fp16 weight either: that 8-vector
-  // build takes 112 registers (94 otherwise, nvcc 13.0 sm_90a), 4 CTAs of 128 threads per SM
-  // instead of 5, and fp16 hidden 8192 lost 2.2-5.4 points (4096-65536 rows).
-  // And only from kFwdWideMinRowsPerSm x SMs rows: at 1024 rows (L2-resident) it took 9.34
-  // instead of 8.04 us.
+  // bf16), which brings large plain forwards closer to the copy bandwidth. Not with a residual
+  // (two tensors in flight per vector already) nor an fp16 weight (more registers, fewer CTAs),
+  // and only from kFwdWideMinRowsPerSm x SMs rows: it lost there (see benchmarks/NOTES.md,
+  // "Forward: 8 vectors per thread for wide rows").
   static constexpr int kFwdWideGroup = 256;
   static constexpr int kFwdChunksWideRows = 8;
   static constexpr int kFwdWideMinRowsPerSm = 16;
   // rows <= kFwdFewRowsPerSm x SMs: decode-sized, one wave whatever the shape; the fewest
   // vectors per thread (the widest group) minimise the serial work per thread.
   static constexpr int kFwdFewRowsPerSm = 4;
-  // ... in groups of at most this many threads. H200, per decode launch in a CUDA graph: hidden
-  // 8192 bf16 took 2.31-2.85 us as 1024 threads x 1 vector and 2.16-2.68 us as 512 x 2 (1-128
-  // rows); smaller groups with more vectors were no faster elsewhere (4096: 256 x 2 vs 512 x 1;
-  // 5120: 320 x 2 vs 640 x 1, 1-2% slower fused), so only 1024-thread groups are split.
+  // ... in groups of at most this many threads: a hidden-8192 bf16 decode launch is faster as
+  // 512 threads x 2 vectors than as 1024 x 1, while smaller groups with more vectors were no
+  // faster at other widths, so only 1024-thread groups are split (see benchmarks/NOTES.md,
+  // "Forward: decode-sized groups").
   static constexpr int kFwdFewRowsMaxGroup = 768;
   // Small groups share a CTA up to this many threads (rows per CTA = 128 / group).
   static constexpr int kFwdCtaThreads = 128;
@@ -149,27 +145,16 @@ struct LaunchConfig {
   // residual) of the row kFwdPrefetchBytesPerSm x SMs bytes of those tensors ahead of its own,
   // which a CTA of a later wave reads, so that DRAM keeps streaming while resident CTAs reduce
   // and store and new ones start: about half the bytes a wave holds in flight (k = 4: 1024
-  // threads x 64 B per SM). H200, bf16, % of copy (benchmarks/sweep.py, a1b7b87 -> 2e443eb):
-  //   rms_norm   65536 x 4096 97.8 -> 100.1, 16384 x 4096 94.8 -> 96.8, 4096 x 4096 84.9 -> 86.0;
-  //              65536 x 8192 97.5 -> 100.4, 16384 x 8192 95.8 -> 98.4, 4096 x 8192 87.0 -> 89.9
-  //   fused add  65536 x 4096 95.5 -> 100.0, 16384 x 4096 94.1 -> 98.1, 4096 x 4096 88.6 -> 93.5;
-  //              16384 x 8192 94.4 -> 98.8 (x and residual count: half the rows ahead)
-  // A/B (rmsx): twice as far ahead lost 5-9 points fused (lines evicted before use); below 32 MB
-  // of input (e.g. 2048-4096 rows x 2048-5120) the prefetch cost 2-5%, as a graph-replayed call
-  // finds much of such an input in the 50 MB L2 already.
+  // threads x 64 B per SM). Twice as far ahead evicts lines before use; below 32 MB of input a
+  // graph-replayed call finds much of it in L2 already and the prefetch only costs (see
+  // benchmarks/NOTES.md, "Forward: L2 prefetch about half a wave ahead").
   static constexpr int64_t kFwdPrefetchBytesPerSm = 32 * 1024;
   static constexpr int64_t kFwdPrefetchMinBytes = int64_t(32) << 20;
   // Shared memory carveout (percent) asked for the forward of kFwdChunksManyRows vectors per
   // thread or more, on sm_90 only (where measured). The driver's own pick for these kernels (a
-  // 16-32 KB shared memory configuration: they use 256 bytes) cost the plain forward 2-9
-  // points against this hint (a 100 KB configuration per ncu; occupancy the same, register-
-  // limited, either way). H100, bf16, CUDA graph, rmsx harness, % of copy, default -> 8:
-  // 4096 x 4096 87.2 -> 91.6, 4096 x 8192 88.8 -> 94.4, 8192 x 8192 94.7 -> 97.8, 16384 x 8192
-  // 97.8 -> 99.7; fused add within +-0.5 points. Other hints: 4: 90.4 / 91.5 at 4096 x 4096 /
-  // 8192; 12-20 lower than 8 for both forms, 25-100 lose the fused add 1-3 points. H200, same
-  // harness: 8 the best as well (4096 x 4096 77.7 -> 82.8, 4096 x 8192 81.0 -> 87.0). The other
-  // dtypes move alike (H100, 4096 x 4096): fp16 87.4 -> 91.8, fp32 90.9 -> 95.5, bf16 with an
-  // fp32 weight 87.0 -> 91.7; their fused add within -0.4 to +0.7 points.
+  // 16-32 KB shared memory configuration: they use 256 bytes) made the plain forward slower
+  // than this hint, at the same occupancy (see benchmarks/NOTES.md, "Forward: shared memory
+  // carveout hint").
   static constexpr int kFwdCarveoutPercent = 8;
   // Two-pass forward (rows of more than kFwdMaxRegisterChunks chunks): one CTA per row.
   static constexpr int kTwoPassThreads = 512;
@@ -190,25 +175,18 @@ struct LaunchConfig {
   static constexpr int kBwdCtasPerSm = 2;
   // Fewer CTAs rather than fewer than 4 rows each: the partials cost 8 bytes per column per CTA
   // (write + read back), against 4-6 bytes per column per row for the row data. Unless that
-  // leaves SMs without a CTA: then one row each (partition_bwd; H200, bf16: 64 x 8192 backward
-  // 1.55x and 256 x 8192 1.24x faster than walking 4 rows per CTA, no change from 600 rows up).
+  // leaves SMs without a CTA: then one row each (partition_bwd; see benchmarks/NOTES.md,
+  // "Backward: one row per CTA for small batches").
   static constexpr int kBwdMinRowsPerCta = 4;
   // The register-resident backward asks L2 for a group's row this many steps ahead (sm_90+,
   // vector path, no grad_residual): DRAM keeps streaming while the CTA reduces and stores (its
-  // steps are load, CTA barrier, store, with nothing in flight across the barrier). H200 A/B
-  // (bf16 unless noted, % of copy): plain 4096-65536 rows x 2048-8192 +0.1 to +2.2 points, fp32
-  // +6-8, fp32 weight +8; with grad_residual (three tensors per row in flight already) -3 to -5,
-  // so it is off there; two steps ahead lost 2-4 points everywhere. Re-checked once the kernel
-  // issued fewer instructions (f2146f4): without it bf16 -1 point at 65536 rows and fp32 / fp32
-  // weight -3 to -8; two steps ahead -10 to -18.
-  // It pays only while the rows a CTA has in flight are too few to keep the SM's share of DRAM
-  // busy: on an H100 (a third less bandwidth per SM) it cost bf16 6-8 points at 4096-65536 rows
-  // x 4096-8192 and fp32 5 (64 KB of rows in flight per SM), and gained fp32 weight 9 (32 KB) and
-  // 2048 x 5120 bf16 3 (40 KB); rmsx bwd A/B of 67c27e0 / f2146f4 / HEAD with and without it.
-  // So a launch prefetches when its rows in flight per SM (CTAs per SM x groups per CTA x
-  // input + grad_out row bytes) are fewer than the SM's share of the DRAM bandwidth (from the
-  // memory clock and bus width) times kBwdPrefetchWindowUs, the window that separates the two
-  // sets on both GPUs (H100: 48 KB, H200: 69 KB); plan_bwd_prefetch.
+  // steps are load, CTA barrier, store, with nothing in flight across the barrier). Off with
+  // grad_residual (three tensors per row in flight already), where it lost. It pays only while
+  // the rows a CTA has in flight are too few to keep the SM's share of DRAM busy, so a launch
+  // prefetches when its rows in flight per SM (CTAs per SM x groups per CTA x input + grad_out
+  // row bytes) are fewer than the SM's share of the DRAM bandwidth (from the memory clock and
+  // bus width) times kBwdPrefetchWindowUs, the window that separated the cases that gained from
+  // those that lost; plan_bwd_prefetch (see benchmarks/NOTES.md, "Backward: L2 prefetch").
   static constexpr int kBwdPrefetchSteps = 1;
   static constexpr double kBwdPrefetchWindowUs = 1.9;
   static constexpr int kBwdWideThreads = 512;
@@ -451,8 +429,8 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
     if (active) {
       load_chunks<Ld::kStream>(x, static_cast<const Tin*>(a.input) + row * a.input_stride, lane,
                                group, chunks);
-      // Only in the kPrefetchL2 instance: compiled into every instance, the untaken test cost
-      // 1-2% at 700-2048 rows (H200).
+      // Only in the kPrefetchL2 instance: compiled into every instance, the untaken test made
+      // mid-sized forwards slower (see benchmarks/NOTES.md, "Forward: L2 prefetch").
       if constexpr (kPrefetchL2) {
         const int64_t ahead = row + a.prefetch_rows;
         if (lane == 0 && ahead < a.rows) {
@@ -491,8 +469,8 @@ __global__ void __launch_bounds__(FwdBounds<kChunks>::kThreads, FwdBounds<kChunk
 // group = blockDim.x threads (whole warps, 96 to kFwdFewRowsMaxGroup), kChunks vectors per
 // thread, no modulation. There a warp's instructions are one dependent chain (load, square,
 // reduce, scale, store) whose length sets the time of the launch: rms_norm_fwd_kernel spends twice
-// the instructions on it (row loop, row slots, group-shape tests; ncu, 1 x 4096 bf16: 256 vs 128
-// per warp), and an H100 took 0.25-0.3 us more per call with it at 1-64 rows (CUDA graph, b2b).
+// the instructions on it (row loop, row slots, group-shape tests), and a decode-sized call took
+// longer with it (see benchmarks/NOTES.md, "Forward: a row kernel for decode-sized launches").
 // The same operations in the same order as that kernel with the same kChunks and group: the
 // same bits.
 template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
@@ -1232,7 +1210,7 @@ int64_t plan_fwd_prefetch(const FwdPlan& plan, int64_t rows, int64_t input_row_b
 // Whether the register-resident backward asks L2 for each group's next row: when the rows its
 // resident CTAs have in flight fall short of the SM's DRAM share over kBwdPrefetchWindowUs
 // (LaunchConfig). dram_per_sm: bytes per microsecond, 0 where the device does not report it
-// (then prefetch, as measured on an H200).
+// (then prefetch, as on the GPU where that paid everywhere; benchmarks/NOTES.md).
 bool plan_bwd_prefetch(int ctas_per_sm, int slots, int64_t row_bytes, double dram_per_sm) {
   if (dram_per_sm <= 0.0) return true;
   const double in_flight = static_cast<double>(ctas_per_sm) * slots * row_bytes;
@@ -1288,7 +1266,7 @@ cudaError_t current_sm_count(int* sms) {
 
 // Peak DRAM bytes per microsecond per SM of the current device (double data rate x bus width);
 // 0 where the device does not report its memory clock or bus width. Cached per device: the
-// memory clock query took hundreds of microseconds per call (H100).
+// memory clock query is slow (benchmarks/NOTES.md, "Smaller findings").
 double dram_bytes_per_us_per_sm(int sms) {
   constexpr int kMaxDevices = 64;
   static std::atomic<double> cached[kMaxDevices] = {};  // 0: not asked yet, -1: not reported
@@ -1313,8 +1291,8 @@ double dram_bytes_per_us_per_sm(int sms) {
 }
 
 // PDL on sm_90+ by default only for the backward's reduce, which follows the backward kernel
-// (after a GEMM a PDL rms_norm launch was 0.15-0.6 us slower, H100); RMSNORM_PDL=1 for every
-// launch, 0 for none (pdl.cuh).
+// (after a GEMM a PDL rms_norm launch was slower; benchmarks/NOTES.md, "Smaller findings");
+// RMSNORM_PDL=1 for every launch, 0 for none (pdl.cuh).
 template <typename Kernel, typename Args>
 cudaError_t launch(pdl::ByDefault by_default, Kernel kernel, int64_t grid, int threads,
                    size_t smem, cudaStream_t stream, const Args& args) {

@@ -61,8 +61,8 @@ template <NormRound kRound> __device__ __forceinline__ float round_norm(float x)
 // Global memory accesses.
 //   Ld::kStream   ld.global: activations read once per row. Coherent (not .nc) because
 //                 outputs may alias them (in-place forms); a thread stores an element only after
-//                 it has loaded it, and nothing it stores is loaded again. No cache hint: on an
-//                 H100, L1::no_allocate made the forward up to 4% and the backward up to 4% slower.
+//                 it has loaded it, and nothing it stores is loaded again. No cache hint:
+//                 L1::no_allocate made both directions slower (benchmarks/NOTES.md).
 //   Ld::kReadOnly ld.global.nc: weight, scale and shift, never written by these kernels and
 //                 reused by every row, so they stay in L1.
 //   Ld::kPlain    an ordinary C++ load, for data this kernel writes and reads back (the
@@ -224,8 +224,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 // `red` behind a CTA barrier, then a second butterfly over the group's at most 32 warp sums, a
 // few shuffles where a serial loop would wait on each shared load). The barrier is
 // __syncthreads, not a named barrier per group: a named barrier with a register id makes ptxas
-// reserve all 16 hardware barriers for the CTA, which capped residency at 4 CTAs per SM (the
-// forward at hidden 4096 ran at 86% of copy instead of 97% on an H100); all groups of a CTA
+// reserve all 16 hardware barriers for the CTA, which capped residency at 4 CTAs per SM and cost
+// the forward bandwidth (benchmarks/NOTES.md, "Smaller findings"); all groups of a CTA
 // reduce in the same step anyway. Butterfly partners add the same two values (a + b == b + a in IEEE
 // arithmetic), so every thread of the group ends with bit-identical sums. All threads of a
 // CTA call it, active row or not (barrier, full-warp shuffles). Callers that reduce

@@ -66,11 +66,11 @@ follows the same pipeline (transformers' LlamaRMSNorm, GemmaRMSNorm, diffusers' 
 has an fp32 n within the same interval agree with the kernel bit for bit on those elements;
 elsewhere the two may differ by one ulp of the rounding that is not decided. Bitwise equality
 on *all* elements is not possible: the sum of squares is accumulated in another order and
-PyTorch's CPU rsqrt is not the correctly rounded 1/sqrt (it differs from it for ~30% of random
-fp32 arguments), so the fp32 rstd differs by an ulp or two. With float32 input and weight nothing
-coarser than fp32 hides that difference, so no element is decided and LlamaRMSNorm in fp32 is
-compared through the bound only (measured on CPU at hidden 4096: 77% of the elements bitwise
-equal, the others within 2 fp32 ulps); in bf16 (fp16) the same measurement gives 100% (99.99%).
+PyTorch's CPU rsqrt is not the correctly rounded 1/sqrt (it differs from it for a good part of
+random fp32 arguments), so the fp32 rstd differs by an ulp or two. With float32 input and weight
+nothing coarser than fp32 hides that difference, so no element is decided and LlamaRMSNorm in
+fp32 is compared through the bound only (most elements are bitwise equal, the others within 2
+fp32 ulps); in bf16 and fp16 the output rounding hides it for all or nearly all elements.
 """
 
 import math

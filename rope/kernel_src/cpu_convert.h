@@ -67,7 +67,8 @@ inline void round_as(float* v, int64_t n) {
 
 // fp16 on x86-64. c10::Half converts with bit manipulation that GCC does not vectorize (control
 // flow), unless the whole build targets F16C, which our baseline x86-64 build does not: those
-// loops ran at 0.7 GB/s against 5 GB/s for bf16 (rmsnorm, 2 threads, 4096 x 4096). The F16C
+// loops made rmsnorm's fp16 CPU path several times slower than its bf16 one
+// (rmsnorm/benchmarks/NOTES.md, "Smaller findings"). The F16C
 // instructions convert 8 values at a time with the same IEEE round-to-nearest-even results, so
 // they are used when the CPU has them (checked once at run time) and the c10::Half loops are the
 // fallback.

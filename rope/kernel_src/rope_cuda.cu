@@ -69,9 +69,9 @@
 //   after the first by default; 0: none): the kernel waits for its predecessor before its first
 //   global access and releases its dependents, so a decode-sized launch after a kernel that
 //   releases its dependents overlaps its launch latency with that kernel's tail.
-// - Registers (sm_90a, nvcc 13.0): 38-40 for the vector instances (48 for fp16 NeoX with a full
-//   fp16 table), 64 for full fp32 tables next to 16-bit data, 32 for the scalar path; no
-//   spills. The only local memory is printf's argument buffer, on the error path.
+// - Registers (ptxas -v, sm_90a, nvcc 13.0; benchmarks/NOTES.md): 38-40 for the vector instances
+//   (48 for fp16 NeoX with a full fp16 table), 64 for full fp32 tables next to 16-bit data, 32 for
+//   the scalar path; no spills. The only local memory is printf's argument buffer, on error paths.
 // - Launch heuristics live in LaunchConfig and plan_launch only.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -114,14 +114,14 @@ struct LaunchConfig {
   // most this many threads (Llama-3-8B bf16: 40 heads x 8 units = 320 threads -> 2 CTAs of 160),
   // and CTAs that hold all heads of a token take several tokens (blockDim.z <= 64) up to it.
   // At 40 registers, 10 such CTAs (1600 threads) are resident per SM: 51 KB of q/k loads in
-  // flight, against the ~22-26 KB that Little's law asks of an H200 (4.2-4.8 TB/s x ~0.7 us /
-  // 132 SMs); at 64 registers (full fp32 tables with 16-bit data) 1024 threads, 32 KB.
+  // flight, more than Little's law asks of the DRAM (benchmarks/NOTES.md, "Sizing the bytes in
+  // flight"); at 64 registers (full fp32 tables with 16-bit data) 1024 threads, 32 KB.
   static constexpr int kMaxThreads = 256;
   static constexpr int kMaxTokensPerCta = 64;  // blockDim.z limit
   static constexpr int64_t kMaxGridYZ = 65535;
   // q/k loads: L1::no_allocate keeps L1 for the table rows that all heads of a token reuse.
-  // activation_cuda.cu measured plain loads 5% faster than ld.global.nc.L1::no_allocate for a
-  // pure stream; Ld::kCached is the plain form if a measurement here favours it.
+  // For a pure stream plain loads beat ld.global.nc.L1::no_allocate (activation/benchmarks/
+  // NOTES.md, "Loads"); Ld::kCached is the plain form if a measurement here favours it.
   static constexpr Ld kActivationLoad = Ld::kStream;
 };
 
@@ -578,7 +578,7 @@ cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream
     const int64_t blocks = left < per_launch ? left : per_launch;
     // The fewest z planes, then y as even as they allow: fewer than gz blocks of the grid are
     // past the last token block. (y = 65535 with a second, nearly empty z plane launched 65534
-    // idle blocks at 65536 tokens: 622 instead of about 485 us on an H100.)
+    // idle blocks at 65536 tokens; benchmarks/NOTES.md, "Grid shape past 65535 token blocks".)
     const int64_t gz = ceil_div(blocks, LaunchConfig::kMaxGridYZ);
     const int64_t gy = ceil_div(blocks, gz);
     const dim3 grid(plan.grid_x, static_cast<unsigned>(gy), static_cast<unsigned>(gz));
