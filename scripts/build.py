@@ -2,7 +2,7 @@
 """Build kernel folders into kernel-builder-conformant `build/<variant>/` trees, without Nix.
 
 For every kernel folder (a top-level directory with a `build.toml`), or the ones named, this
-writes what kernel-builder's local install writes (shared/docs/kernel-builder.md §4–§5):
+writes what kernel-builder's local install writes (huggingface/kernels, kernel-builder):
 
     <kernel>/build/<variant>/__init__.py, *.py      the Python package from torch-ext/<name>/
     <kernel>/build/<variant>/_ops.py                 generated: binds torch.ops.<ops name>
@@ -45,12 +45,12 @@ except ModuleNotFoundError:  # Python < 3.11
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The builder identity recorded in metadata `provenance` (kernel-builder.md §4.5). Semver build
+# The builder identity recorded in metadata `provenance` (kernel-builder's metadata.json). Semver build
 # metadata says which builder produced the tree: this script, following kernel-builder 0.17.
 BUILDER_VERSION = "0.17.0+monorepo.scripts.build"
 KERNELS_MINVER = "0.14.0"
 
-# kernel-builder's default CUDA capabilities per toolkit (kernel-builder.md §2.4).
+# kernel-builder's default CUDA capabilities per toolkit (its CMake arch lists).
 DEFAULT_CUDA_ARCHS = [
     ((13, 0), ["7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "11.0", "12.0", "12.1+PTX"]),
     ((12, 8), ["7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "12.0+PTX"]),
@@ -287,7 +287,7 @@ def detect_toolchain() -> Toolchain:
         match = re.search(r"release (\d+)\.(\d+)", out)
         cuda_version = (int(match.group(1)), int(match.group(2))) if match else None
         if cuda_version is None or cuda_version[1] >= 10:
-            # The variant grammar flattens major.minor into digits (kernel-builder.md §3.2).
+            # The variant grammar flattens major.minor into digits (kernel-builder's variant names).
             raise BuildError(f"cannot encode the CUDA version of {nvcc} in a variant name")
     local_cap = None
     if nvcc and torch.cuda.is_available():
@@ -303,7 +303,7 @@ def detect_toolchain() -> Toolchain:
         torch_lib_dir=cpp_extension.library_paths()[0],
         python_include=sysconfig.get_paths()["include"],
         cxx=os.environ.get("CXX", "c++"),
-        # kernel-builder.md §4.4: C++17 for Torch < 2.12, C++20 from 2.12 on.
+        # kernel-builder's rule: C++17 for Torch < 2.12, C++20 from 2.12 on.
         cxx_std="c++20" if (major, minor) >= (2, 12) else "c++17",
         nvcc=nvcc,
         cuda_version=cuda_version,
@@ -319,7 +319,7 @@ def _cap_key(cap: str) -> tuple[int, int]:
 def cuda_archs(
     project: KernelProject, tc: Toolchain, all_archs: bool, override: list[str] | None
 ) -> list[str]:
-    """The capabilities to compile, kernel-builder style (kernel-builder.md §2.4, §4.6)."""
+    """The capabilities to compile, kernel-builder style (build.toml cuda-capabilities, intersected with the toolkit's)."""
     if override:
         return sorted(set(override), key=_cap_key)
     declared = next(
@@ -396,7 +396,7 @@ def add_op_namespace_prefix(op_name: str):
 
 
 def render_card(project: KernelProject) -> str | None:
-    """Render CARD.md as kernel-builder's `fill-card` does (kernel-builder.md §4.7)."""
+    """Render CARD.md as kernel-builder's `fill-card` does."""
     card = project.path / "CARD.md"
     if not card.is_file():
         return None
@@ -440,7 +440,7 @@ def _string_list(path: Path, variable: str) -> list[str]:
 def make_metadata(
     project: KernelProject, backend: str, ops_name: str, archs: list[str] | None
 ) -> dict:
-    """metadata.json without digest, keys in kernel-builder's order (kernel-builder.md §4.5)."""
+    """metadata.json without digest, keys in kernel-builder's order."""
     meta: dict = {"name": project.name, "id": ops_name, "version": project.version}
     meta["kernels-minver"] = KERNELS_MINVER
     meta["license"] = project.license
@@ -510,7 +510,7 @@ def write_ninja(
         include_flags += ["-isystem", str(path)]  # separate arguments: nvcc rejects "-isystem<dir>"
     defines = [
         f"-DTORCH_EXTENSION_NAME={ops_name}",
-        "-DPy_LIMITED_API=0x03090000",  # abi3, Python 3.9 (kernel-builder.md §11.1)
+        "-DPy_LIMITED_API=0x03090000",  # abi3, Python 3.9, as kernel-builder builds
         f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}",
         f"-D{backend.upper()}_KERNEL",
     ]

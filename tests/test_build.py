@@ -44,7 +44,7 @@ def test_variant_layout_matches_kernel_builder(kernel_dir: Path):
         ops_name = meta["id"]
         backend = meta["backend"]["type"]
         assert re.fullmatch(rf"_{project.python_name}_{backend}_[0-9a-f]{{7}}(_dirty)?", ops_name)
-        # The five places of kernel-builder.md §4.3 agree: .so stem, _ops.py, metadata id.
+        # The five places kernel-builder names the ops id agree: .so stem, _ops.py, metadata id.
         sos = sorted(p.name for p in variant.glob("*.so"))
         assert sos == [f"{ops_name}.abi3.so"], sos
         ops_py = (variant / "_ops.py").read_text()

@@ -2,7 +2,7 @@
 
 - Nix's source filter sees only build.toml, files listed in a `src` array and the Python files of
   torch-ext/ and tests/: an unlisted header builds locally and fails under Nix.
-- The op-registration AST check Nix runs on the output (kernel-builder.md §9).
+- The op-registration AST check Nix runs on the output (kernel-builder's torch-ops check).
 - Files kernel-builder generates are never committed.
 - Test files are named `test_<kernel>[_<area>]_<role>.py` with one role vocabulary in every kernel,
   so that `pytest tests */tests` imports each under a unique module name without packages.
