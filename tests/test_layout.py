@@ -96,7 +96,8 @@ def test_test_files_are_named_by_kernel_and_role(kernel_dir: Path):
 
 @pytest.mark.parametrize(
     "name, ok",
-    [("test_rope_ops.py", True), ("test_attention_kvcache_ops.py", True), ("test_layers.py", False),
+    [("test_rope_ops.py", True), ("test_rope_kvcache_ops.py", True), ("test_layers.py", False),
+     ("test_attention_kvcache_ops.py", False),
      ("test_rope.py", False), ("test_rope_misc.py", False), ("__init__.py", False),
      ("rope_cases.py", True), ("helpers.py", False)],
 )
