@@ -37,7 +37,7 @@ LOCK_FIELDS = ("locked", "original", "flake")  # what a copied node shares with 
 PROXY = "http://127.0.0.1:9"  # any download is refused at once
 NIX_ENV = {  # offline: flakes on, no binary cache, no flake registry
     "NIX_CONFIG": "experimental-features = nix-command flakes\nbuild-users-group =\n"
-    "sandbox = false\nsubstituters =\nflake-registry =\nwarn-dirty = false\n",
+    "sandbox = false\nsubstituters =\nflake-registry =\nwarn-dirty = false\ndownload-attempts = 1\n",
     "NO_COLOR": "1",
     **dict.fromkeys(["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"], PROXY),
 }
