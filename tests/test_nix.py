@@ -129,21 +129,20 @@ def copy(tmp_path):
     return git_copy(tmp_path, FILES)
 
 
-def edit(path: str, old: str, new: str, count: int = 1):
+def edit(path: str, old: str, new: str):
     def apply(root: Path) -> None:
         text = (root / path).read_text()
         assert old in text, f"{old!r} not in {path}"
-        (root / path).write_text(text.replace(old, new, count))
+        (root / path).write_text(text.replace(old, new, 1))
 
     return apply
 
 
 def edit_lock(fn):
     def apply(root: Path) -> None:
-        lock = json.loads((root / "activation" / "flake.lock").read_text())
+        lock = json.loads((root / LOCK).read_text())
         fn(lock["nodes"])
-        text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
-        (root / "activation" / "flake.lock").write_text(text)
+        (root / LOCK).write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
 
     return apply
 
