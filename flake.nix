@@ -3,7 +3,8 @@
 
   # Single input: nixpkgs and flake-utils are taken from kernel-builder's own
   # inputs, so flake.lock has one root input and no extra pins.
-  # The lock is written by `python scripts/nix_locks.py generate` (see nix.md §5).
+  # flake.lock is derived: `python scripts/nix_locks.py generate` writes it (nix.md §5) and
+  # `python scripts/nix_locks.py check` compares it, byte for byte, with a regeneration.
   inputs = {
     kernel-builder.url = "github:huggingface/kernels";
   };

@@ -16,19 +16,8 @@
           acc
           // builtins.mapAttrs (output: value: (acc.${output} or { }) // { ${system} = value; }) result
         ) { } systems;
-
-      defaultSystems = [
-        "aarch64-darwin"
-        "aarch64-linux"
-        "x86_64-darwin"
-        "x86_64-linux"
-      ];
     in
     {
-      lib = {
-        inherit eachSystem defaultSystems;
-        eachDefaultSystem = eachSystem defaultSystems;
-        system = builtins.listToAttrs (map (s: { name = s; value = s; }) defaultSystems);
-      };
+      lib = { inherit eachSystem; };
     };
 }

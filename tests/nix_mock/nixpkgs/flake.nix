@@ -13,8 +13,6 @@
 
       lib = {
         genAttrs = names: f: builtins.listToAttrs (map (name: { inherit name; value = f name; }) names);
-        optionalAttrs = cond: attrs: if cond then attrs else { };
-        concatStringsSep = builtins.concatStringsSep;
         escapeShellArg = s: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString s) + "'";
       };
 
