@@ -3,7 +3,7 @@
 
   # Single input: nixpkgs and flake-utils are taken from kernel-builder's own
   # inputs, so flake.lock has one root input and no extra pins.
-  # flake.lock is derived: `python scripts/nix_locks.py generate` writes it (nix.md §5) and
+  # flake.lock is derived: `python scripts/nix_locks.py generate` writes it and
   # `python scripts/nix_locks.py check` compares it, byte for byte, with a regeneration.
   inputs = {
     kernel-builder.url = "github:huggingface/kernels";

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate and check the repo's derived Nix files from one template and one pin (nix.md §4-§6).
+"""Generate and check the repo's derived Nix files from one template and one pin.
 
 Derived, never edited by hand (the root flake.nix is hand-written and finds kernel folders itself):
 
@@ -66,7 +66,7 @@ def render_lock() -> str:
         return {**node, "inputs": rerooted} if inputs else node
 
     nodes = {key: reroot(node) for key, node in up["nodes"].items() if key != up["root"]}
-    if INPUT in nodes or "root" in nodes:  # Nix would rename nodes (nix.md §5 step 4)
+    if INPUT in nodes or "root" in nodes:  # Nix would rename colliding nodes on re-rooting
         raise SystemExit(f"upstream's lock has a node {INPUT!r} or 'root': not covered")
     nodes[INPUT] = reroot(up["nodes"][up["root"]]) | {
         "locked": {key: pin[key] for key in LOCKED_KEYS},
