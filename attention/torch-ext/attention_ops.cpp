@@ -124,7 +124,7 @@ struct Names {
   const char* max_seqlen_k = "max_seqlen_k";
 };
 
-struct AttnCall {
+struct AttentionCall {
   const char* op = "";
   Names names;
   at::Tensor out, q, k, v;
@@ -144,11 +144,11 @@ struct Geometry {
   int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
 };
 
-void check_device(const AttnCall& c, const char* name, const at::Tensor& t) {
+void check_device(const AttentionCall& c, const char* name, const at::Tensor& t) {
   check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
-void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
+void check_int32(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
   check_device(c, name, t);
   TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ", dtype_name(t.scalar_type()));
   TORCH_CHECK(t.dim() == dims, c.op, ": ", name, " must have shape ", layout, ", got ", t.sizes());
@@ -160,7 +160,7 @@ void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64
   }
 }
 
-void check_vector(const AttnCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
+void check_vector(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
   check_int32(c, name, t, 1, what);
   torch_checks::check_shape(c.op, name, t, {expected}, what);
 }
@@ -170,7 +170,7 @@ void check_vector(const AttnCall& c, const char* name, const at::Tensor& t, int6
 at::Tensor lengths_of(const at::Tensor& cu) { return cu.narrow(0, 1, cu.size(0) - 1).sub(cu.narrow(0, 0, cu.size(0) - 1)).to(at::kInt); }
 
 // Index values of a CPU call (see the file header).
-void check_index_values_cpu(const AttnCall& c, const Geometry& g) {
+void check_index_values_cpu(const AttentionCall& c, const Geometry& g) {
   const Names& n = c.names;
   auto check_cu = [&](const at::Tensor& cu, const char* name, int64_t total, int64_t max_len, const char* max_name) {
     const int32_t* v = cu.const_data_ptr<int32_t>();
@@ -229,7 +229,7 @@ void check_index_values_cpu(const AttnCall& c, const Geometry& g) {
   }
 }
 
-Geometry check(AttnCall& c) {
+Geometry check(AttentionCall& c) {
   const Names& n = c.names;
   const char* op = c.op;
   Geometry g;
@@ -404,7 +404,7 @@ DType dtype_of(const at::Tensor& t) { return *to_dtype(t.scalar_type()); }
 // 16-byte chunks).
 int64_t stride(const at::Tensor& t, int64_t dim) { return t.size(dim) == 1 ? 0 : t.stride(dim); }
 
-AttnFwdParams make_params(const AttnCall& c, const Geometry& g) {
+AttnFwdParams make_params(const AttentionCall& c, const Geometry& g) {
   AttnFwdParams p;
   p.dtype = dtype_of(c.q);
   p.batch = g.batch;
@@ -478,7 +478,7 @@ AttnFwdParams make_params(const AttnCall& c, const Geometry& g) {
   return p;
 }
 
-void run_attention(AttnCall& c) {
+void run_attention(AttentionCall& c) {
   const Geometry g = check(c);
   if (c.before_launch) c.before_launch();
   if (g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || (!g.varlen_q && g.seqlen_q == 0)) return;
@@ -505,7 +505,7 @@ void run_attention(AttnCall& c) {
     // The CUDA kernels move 16-byte chunks (attention_cuda.h): a q/k/v view that is not 16-byte
     // aligned (base pointer, or a batch/row/head stride not a multiple of 16 bytes) is read
     // through a contiguous copy, and an unaligned out / lse is written through a temporary.
-    AttnCall a = c;
+    AttentionCall a = c;
     if (!aligned16(a.q)) a.q = a.q.contiguous();
     if (!aligned16(a.k) || !aligned16(a.v)) {
       a.k = a.k.contiguous();
@@ -703,7 +703,7 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
               const OptTensor& block_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
               const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
               double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits) {
-  AttnCall c;
+  AttentionCall c;
   c.op = "attn_fwd";
   c.out = out;
   c.q = q;
@@ -736,7 +736,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   constexpr const char* op = "fwd";
   check_no_dropout(op, p_dropout, return_softmax);
   TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
-  AttnCall c;
+  AttentionCall c;
   c.op = op;
   c.q = q;
   c.k = k;
@@ -766,7 +766,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
   constexpr const char* op = "varlen_fwd";
   check_no_dropout(op, p_dropout, return_softmax);
   TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ", q.sizes());
-  AttnCall c;
+  AttentionCall c;
   c.op = op;
   c.q = q;
   c.k = k;
@@ -854,7 +854,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   }
 
   // The attention over the caches (their own checks name k_cache, v_cache, cache_batch_idx, ...).
-  AttnCall c;
+  AttentionCall c;
   c.op = op;
   c.names = names;
   c.k = k_cache;
@@ -889,7 +889,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                                                   : " (cache_seqlens + new tokens)";
   }
   // Check everything (tensors of the attention call included) before anything is written.
-  AttnCall probe = c;
+  AttentionCall probe = c;
   const Geometry g = check(probe);
   at::Tensor q_attn = q;
 

@@ -277,7 +277,7 @@ void launch(const char* op, const at::Device& device, RmsNormBwdParams& params) 
 
 // ---- forward ----
 
-struct FwdArgs {
+struct RmsNormCall {
   const char* out_name = "out";                    // "input" for the in-place forms
   const char* residual_out_name = "residual_out";  // "residual" for the in-place forms
   OptTensor weight;
@@ -291,7 +291,7 @@ struct FwdArgs {
   std::optional<at::ScalarType> norm_dtype;  // nullopt: no rounding of n
 };
 
-void forward(const char* op, at::Tensor& out, const at::Tensor& input, const FwdArgs& a) {
+void forward(const char* op, at::Tensor& out, const at::Tensor& input, const RmsNormCall& a) {
   RmsNormFwdParams params;
   params.in_dtype = check_input_dtype(op, input);
   const RowShape shape = row_shape(op, input);
@@ -387,8 +387,8 @@ void forward(const char* op, at::Tensor& out, const at::Tensor& input, const Fwd
 }
 
 // LlamaRMSNorm / vLLM: n rounded to the input dtype, then multiplied by weight.
-FwdArgs llama_args(const at::Tensor& input, const OptTensor& weight, double epsilon) {
-  FwdArgs a;
+RmsNormCall llama_args(const at::Tensor& input, const OptTensor& weight, double epsilon) {
+  RmsNormCall a;
   a.weight = weight;
   a.epsilon = epsilon;
   a.norm_dtype = input.scalar_type();
@@ -396,8 +396,8 @@ FwdArgs llama_args(const at::Tensor& input, const OptTensor& weight, double epsi
 }
 
 // Gemma: (1 + weight), no rounding of n.
-FwdArgs gemma_args(const OptTensor& weight, double epsilon) {
-  FwdArgs a;
+RmsNormCall gemma_args(const OptTensor& weight, double epsilon) {
+  RmsNormCall a;
   a.weight = weight;
   a.epsilon = epsilon;
   a.weight_offset = 1.0;
@@ -405,7 +405,7 @@ FwdArgs gemma_args(const OptTensor& weight, double epsilon) {
 }
 
 // vLLM's in-place fused add: residual <- input + residual; input <- norm(residual).
-void fused_add_in_place(const char* op, at::Tensor& input, at::Tensor& residual, FwdArgs a) {
+void fused_add_in_place(const char* op, at::Tensor& input, at::Tensor& residual, RmsNormCall a) {
   a.out_name = "input";
   a.residual_out_name = "residual";
   a.residual = residual;
@@ -438,7 +438,7 @@ void gemma_fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const Opt
 
 void rms_norm_modulate(at::Tensor& out, const at::Tensor& input, const OptTensor& weight,
                        const at::Tensor& scale, const at::Tensor& shift, double epsilon) {
-  FwdArgs a;
+  RmsNormCall a;
   a.weight = weight;
   a.scale = scale;
   a.shift = shift;
@@ -450,7 +450,7 @@ void rms_norm_fwd(at::Tensor& out, const at::Tensor& input, const OptTensor& wei
                   const OptTensor& residual, const OptTensor& residual_out, const OptTensor& scale,
                   const OptTensor& shift, const OptTensor& rstd, double epsilon,
                   double weight_offset, std::optional<at::ScalarType> norm_dtype) {
-  FwdArgs a;
+  RmsNormCall a;
   a.weight = weight;
   a.residual = residual;
   a.residual_out = residual_out;

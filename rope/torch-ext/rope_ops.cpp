@@ -227,7 +227,7 @@ struct Names {
 
 // One rotation: 4-D views [B, S, H, D] of q (and k), their outputs (the inputs themselves in
 // place), 4-D tables [TB, R, TH, W] and the row source.
-struct Call {
+struct RopeCall {
   const char* op = "";
   Names names;
   at::Tensor q, q_out;
@@ -243,17 +243,17 @@ struct Call {
   bool transpose = false;
 };
 
-void check_device(const Call& c, const char* name, const at::Tensor& t) {
+void check_device(const RopeCall& c, const char* name, const at::Tensor& t) {
   torch_checks::check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
-void check_4d(const Call& c, const char* name, const at::Tensor& t, const char* layout) {
+void check_4d(const RopeCall& c, const char* name, const at::Tensor& t, const char* layout) {
   TORCH_CHECK(t.dim() == 4, c.op, ": ", name, " must have 4 dimensions ", layout, ", got shape ",
               t.sizes());
 }
 
 // A written tensor: unit stride along head_dim, no element written twice.
-void check_written(const Call& c, const char* name, const at::Tensor& t) {
+void check_written(const RopeCall& c, const char* name, const at::Tensor& t) {
   TORCH_CHECK(unit_last_stride(t), c.op, ": ", name,
               " must have stride 1 along its last dimension (head_dim), got strides ",
               t.strides());
@@ -265,7 +265,7 @@ void check_written(const Call& c, const char* name, const at::Tensor& t) {
 at::Tensor readable(const at::Tensor& t) { return unit_last_stride(t) ? t : t.contiguous(); }
 
 // The int32 vector `t` (1-D, `expected` elements) as the kernel reads it.
-void check_int32_vector(const Call& c, const char* name, const at::Tensor& t, int64_t expected,
+void check_int32_vector(const RopeCall& c, const char* name, const at::Tensor& t, int64_t expected,
                         const char* what) {
   check_device(c, name, t);
   TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ",
@@ -275,7 +275,7 @@ void check_int32_vector(const Call& c, const char* name, const at::Tensor& t, in
 }
 
 // Runs the implementation of `device`.
-void launch(const Call& c, const RopeParams& params) {
+void launch(const RopeCall& c, const RopeParams& params) {
   const at::Device device = c.q.device();
 #if defined(CPU_KERNEL)
   if (device.is_cpu()) {
@@ -318,7 +318,7 @@ RopeTensor rope_tensor(const at::Tensor& in, const at::Tensor& out) {
   return t;
 }
 
-void run(Call& c) {
+void run(RopeCall& c) {
   const Names& n = c.names;
   const char* op = c.op;
   RopeParams p;
@@ -567,7 +567,7 @@ void vllm_rotary(const char* op, const at::Tensor& positions, at::Tensor& query,
               ": cos_sin_cache must have an even number of columns rot_dim (cat(cos, sin)), "
               "> 0 and <= head_size = ",
               head_size, ", got shape ", cos_sin_cache.sizes());
-  Call c;
+  RopeCall c;
   c.op = op;
   c.names.q = c.names.q_out = "query";
   c.names.k = c.names.k_out = "key";
@@ -689,7 +689,7 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
       may_overlap(out4, sin4)) {
     return false;  // aliasing the kernel cannot honour: the fallback computes via temporaries
   }
-  Call c;
+  RopeCall c;
   c.op = "apply_rotary";
   c.names.q = "x1/x2";
   c.names.q_out = "out1/out2";
@@ -705,11 +705,11 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
 
 // A call of the general forms (rope_inplace, rope_out) with their table, row and pair options;
 // the caller sets q, k, their outputs and the names that differ.
-Call general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
+RopeCall general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
                   const OptTensor& positions, const OptTensor& seqlen_offsets,
                   const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
                   bool interleaved, bool full_table, bool transpose) {
-  Call c;
+  RopeCall c;
   c.op = op;
   c.cos = cos;
   c.sin = sin;
@@ -764,7 +764,7 @@ void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, cons
                   const OptTensor& positions, const OptTensor& seqlen_offsets,
                   const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
                   bool interleaved, bool full_table, bool transpose) {
-  Call c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
+  RopeCall c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
                         seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.names.q_out = "q";
   c.names.k_out = "k";
@@ -779,7 +779,7 @@ void rope_out(at::Tensor& q_out, const at::Tensor& q, const OptTensor& k_out, co
               const at::Tensor& cos, const at::Tensor& sin, const OptTensor& positions,
               const OptTensor& seqlen_offsets, const OptTensor& cu_seqlens, int64_t seqlen_offset,
               int64_t rot_dim, bool interleaved, bool full_table, bool transpose) {
-  Call c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
+  RopeCall c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
                         seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.q = q;
   c.q_out = q_out;
