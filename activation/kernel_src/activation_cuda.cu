@@ -56,6 +56,7 @@
 #include "activation_cuda.h"
 #include "activation_math.h"
 #include "activation_params.h"
+#include "dispatch.cuh"
 #include "pdl.cuh"
 
 namespace activation {
@@ -568,18 +569,6 @@ cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) 
                                         stream, family, space);
 }
 
-template <typename T> struct TypeTag { using type = T; };
-
-template <typename F> cudaError_t dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat16: return f(TypeTag<__half>{});
-    case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
-    case DType::kFloat64: return f(TypeTag<double>{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 template <typename F> cudaError_t dispatch_unary(UnaryAct act, F&& f) {
   switch (act) {
     case UnaryAct::kSilu: return f(SiluFn{});
@@ -783,7 +772,7 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
 // ---------------------------------------------------------------------------------------------
 cudaError_t unary_act_fwd(UnaryAct act, DType dtype, const UnaryActFwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_unary(act, [&](auto op) { return run_unary_fwd<T>(op, params, stream); });
   });
@@ -791,7 +780,7 @@ cudaError_t unary_act_fwd(UnaryAct act, DType dtype, const UnaryActFwdParams& pa
 
 cudaError_t unary_act_bwd(UnaryAct act, DType dtype, const UnaryActBwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_unary(act, [&](auto op) { return run_unary_bwd<T>(op, params, stream); });
   });
@@ -799,7 +788,7 @@ cudaError_t unary_act_bwd(UnaryAct act, DType dtype, const UnaryActBwdParams& pa
 
 cudaError_t gated_act_fwd(GatedAct act, DType dtype, const GatedActFwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_gated(act, params.scalars, [&](auto op, auto interleaved) {
       return run_gated_fwd<T, decltype(interleaved)::value>(op, params, stream);
@@ -809,7 +798,7 @@ cudaError_t gated_act_fwd(GatedAct act, DType dtype, const GatedActFwdParams& pa
 
 cudaError_t gated_act_bwd(GatedAct act, DType dtype, const GatedActBwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_gated(act, params.scalars, [&](auto op, auto interleaved) {
       return run_gated_bwd<T, decltype(interleaved)::value>(op, params, stream);

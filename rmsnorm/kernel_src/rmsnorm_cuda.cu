@@ -80,6 +80,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "rmsnorm_cuda.h"
 #include "rmsnorm_cuda_utils.cuh"
 #include "pdl.cuh"
@@ -1623,27 +1624,14 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
 
 // ---- dtype dispatch ----
 
-template <typename T> struct TypeTag { using type = T; };
-
 // Calls f(TypeTag<Tin>, TypeTag<Tw>, TypeTag<Tout>) for the 9 supported combinations: Tin
 // fp32/fp16/bf16, Tw and Tout each Tin or fp32; cudaErrorInvalidValue for any other.
 template <typename F> cudaError_t dispatch_types(DType in, DType weight, DType out, F&& f) {
-  auto with_in = [&](auto tin) -> cudaError_t {
-    auto with_weight = [&](auto tw) -> cudaError_t {
-      if (out == in) return f(tin, tw, tin);
-      if (out == DType::kFloat32) return f(tin, tw, TypeTag<float>{});
-      return cudaErrorInvalidValue;
-    };
-    if (weight == in) return with_weight(tin);
-    if (weight == DType::kFloat32) return with_weight(TypeTag<float>{});
-    return cudaErrorInvalidValue;
-  };
-  switch (in) {
-    case DType::kFloat32: return with_in(TypeTag<float>{});
-    case DType::kFloat16: return with_in(TypeTag<__half>{});
-    case DType::kBFloat16: return with_in(TypeTag<__nv_bfloat16>{});
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch::floats(in, [&](auto tin) {
+    return dispatch::same_or_float(weight, in, tin, [&](auto tw) {
+      return dispatch::same_or_float(out, in, tin, [&](auto tout) { return f(tin, tw, tout); });
+    });
+  });
 }
 
 }  // namespace

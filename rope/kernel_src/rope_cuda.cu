@@ -84,6 +84,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "pdl.cuh"
 #include "rope_cuda.h"
 #include "rope_cuda_utils.cuh"
@@ -673,21 +674,12 @@ bool table_ok(const RopeParams& p) {
   }
 }
 
-template <typename T> struct TypeTag { using type = T; };
-
-// Calls f(TypeTag<T>, TypeTag<Tt>) for the 5 supported (activation, table) dtype pairs.
+// Calls f(TypeTag<T>, TypeTag<Tt>) for the 5 supported (activation, table) dtype pairs: T
+// fp32/fp16/bf16, Tt T or fp32.
 template <typename F> cudaError_t dispatch_types(DType dtype, DType table_dtype, F&& f) {
-  auto with_t = [&](auto t) -> cudaError_t {
-    if (table_dtype == DType::kFloat32) return f(t, TypeTag<float>{});
-    if (table_dtype == dtype) return f(t, t);
-    return cudaErrorInvalidValue;
-  };
-  switch (dtype) {
-    case DType::kFloat32: return with_t(TypeTag<float>{});
-    case DType::kFloat16: return with_t(TypeTag<__half>{});
-    case DType::kBFloat16: return with_t(TypeTag<__nv_bfloat16>{});
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch::floats(dtype, [&](auto t) {
+    return dispatch::same_or_float(table_dtype, dtype, t, [&](auto tt) { return f(t, tt); });
+  });
 }
 
 template <typename T, typename Tt>
