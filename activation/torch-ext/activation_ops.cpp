@@ -10,8 +10,8 @@
 // leading dimensions that collapse into one row stride; anything else is an error, since writing
 // into a copy would lose the result. A read tensor (input, grad_out) that does not fit the 2-D
 // view is read through a contiguous copy. Written tensors must not share memory with read ones
-// (no in-place calls); for two strided views of one buffer this check is conservative and
-// rejects views whose address ranges interleave even when no element is shared.
+// (no in-place calls). The test is exact (torch_checks::may_overlap): two strided views of one
+// buffer whose elements interleave without sharing a byte (even and odd columns) are accepted.
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -72,12 +72,11 @@ void check_like(const char* op, const char* name, const at::Tensor& t, const cha
 }
 
 // The kernels do not run in place: a written tensor must not share memory with a read one
-// (torch_checks::may_overlap: exact for dense tensors, conservative for strided views of one
-// buffer).
+// (torch_checks::may_overlap: exact, also for strided views of one buffer).
 void check_no_overlap(const char* op, const char* name, const at::Tensor& written,
                       const char* read_name, const at::Tensor& read) {
-  TORCH_CHECK(!torch_checks::may_overlap(op, written, read), op, ": ", name,
-              " must not share memory with ", read_name, " (in-place calls are not supported)");
+  torch_checks::check_no_overlap(op, name, written, read_name, read,
+                                 " (in-place calls are not supported)");
 }
 
 std::vector<int64_t> halved_last_dim(const at::Tensor& t) {

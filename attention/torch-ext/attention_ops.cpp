@@ -14,7 +14,9 @@
 //   k and v; on CUDA one of 32, 64, 96, 128, 192, 256.
 // - layout: q, k, v and out need unit stride along head_dim (a stride of 1 in the last
 //   dimension); the other dimensions may have any strides (views of packed qkv tensors, the
-//   transposed [B, H, S, D] tensors of transformers). out must not overlap q, k, v or lse.
+//   transposed [B, H, S, D] tensors of transformers). A written tensor (out, lse; the caches of
+//   fwd_kvcache with new k / v, of reshape_and_cache) must not share memory with any other
+//   argument: an exact test (torch_checks::may_overlap), also for strided views of one buffer.
 // - index values (cu_seqlens, seqused_k, block_table, kv_batch_idx, leftpad_k): the shapes and
 //   dtypes are checked here for every device; the values are checked here for CPU tensors
 //   (reading them is free there), with an error naming the argument, the index and the value.
@@ -31,10 +33,12 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention_params.h"
@@ -70,11 +74,28 @@ using torch_checks::unit_last_stride;
 
 std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
 
-// Whether a and b share memory: ATen's answer for dense tensors; strided views of one buffer,
-// which ATen finds too hard (the usual case of packed qkv / kv tensors), count as disjoint.
-bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  return torch_checks::may_overlap_with("attention", a, b,
-                                        [](const at::Tensor&, const at::Tensor&) { return false; });
+using Named = std::pair<const char*, const at::Tensor*>;
+
+// Each written tensor must not share memory with any other tensor of the call, written or read
+// (torch_checks::may_overlap: exact, also for strided views of one buffer such as a packed qkv
+// tensor): "<op>: <written> must not share memory with <other>".
+void check_no_overlap(const char* op, const std::vector<Named>& written, const std::vector<Named>& read) {
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (size_t j = i + 1; j < written.size(); ++j) {
+      torch_checks::check_no_overlap(op, written[i].first, *written[i].second, written[j].first,
+                                     *written[j].second, " (both are written)");
+    }
+    for (const auto& [name, t] : read) {
+      torch_checks::check_no_overlap(op, written[i].first, *written[i].second, name, *t);
+    }
+  }
+}
+
+// The given optional tensors, by name, appended to `list`.
+void add_present(std::vector<Named>& list, std::initializer_list<std::pair<const char*, const OptTensor*>> opts) {
+  for (const auto& [name, t] : opts) {
+    if (present(*t)) list.emplace_back(name, &**t);
+  }
 }
 
 #if defined(CUDA_KERNEL)
@@ -342,10 +363,6 @@ Geometry check(AttentionCall& c) {
   // out, lse
   TORCH_CHECK(c.out.sizes() == c.q.sizes(), op, ": ", n.out, " must have the shape of ", n.q, " ", c.q.sizes(),
               ", got ", c.out.sizes());
-  for (const auto& [name, t] :
-       {std::pair<const char*, const at::Tensor*>{n.q, &c.q}, {n.k, &c.k}, {n.v, &c.v}}) {
-    TORCH_CHECK(!overlaps(c.out, *t), op, ": ", n.out, " must not share memory with ", name);
-  }
   if (present(c.lse)) {
     const at::Tensor& lse = *c.lse;
     check_device(c, n.lse, lse);
@@ -361,12 +378,6 @@ Geometry check(AttentionCall& c) {
     }
     TORCH_CHECK(unit_last_stride(lse), op, ": ", n.lse, " must have stride 1 along its last dimension, got strides ",
                 lse.strides());
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{n.q, &c.q},
-                                  {n.k, &c.k},
-                                  {n.v, &c.v},
-                                  {n.out, &c.out}}) {
-      TORCH_CHECK(!overlaps(lse, *t), op, ": ", n.lse, " must not share memory with ", name);
-    }
   }
 
   // per-sequence vectors
@@ -384,6 +395,19 @@ Geometry check(AttentionCall& c) {
     TORCH_CHECK(unit_last_stride(a), op, ": ", n.alibi_slopes,
                 " must have stride 1 along its last dimension, got strides ", a.strides());
   }
+
+  // overlap: out and lse are written, everything else is read
+  std::vector<Named> written = {{n.out, &c.out}};
+  add_present(written, {{n.lse, &c.lse}});
+  std::vector<Named> read = {{n.q, &c.q}, {n.k, &c.k}, {n.v, &c.v}};
+  add_present(read, {{n.cu_seqlens_q, &c.cu_seqlens_q},
+                     {n.cu_seqlens_k, &c.cu_seqlens_k},
+                     {n.seqused_k, &c.seqused_k},
+                     {n.block_table, &c.block_table},
+                     {n.kv_batch_idx, &c.kv_batch_idx},
+                     {n.leftpad_k, &c.leftpad_k},
+                     {n.alibi_slopes, &c.alibi_slopes}});
+  check_no_overlap(op, written, read);
 
   // scalars
   TORCH_CHECK(std::isfinite(c.softmax_scale), op, ": softmax_scale must be finite, got ", c.softmax_scale);
@@ -667,15 +691,8 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
     vc.d_outer_stride = 0;
     vc.d_inner_stride = value_cache.stride(2);
   }
-  TORCH_CHECK(!overlaps(key_cache, value_cache), op, ": key_cache and value_cache must not share memory");
-  for (const auto& [cname, cache] : {std::pair<const char*, const at::Tensor*>{"key_cache", &key_cache},
-                                     {"value_cache", &value_cache}}) {
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"key", &key},
-                                  {"value", &value},
-                                  {"slot_mapping", &slot_mapping}}) {
-      TORCH_CHECK(!overlaps(*cache, *t), op, ": ", cname, " must not share memory with ", name);
-    }
-  }
+  check_no_overlap(op, {{"key_cache", &key_cache}, {"value_cache", &value_cache}},
+                   {{"key", &key}, {"value", &value}, {"slot_mapping", &slot_mapping}});
   if (p.num_tokens == 0 || heads == 0 || head_size == 0) return;
 #if defined(CPU_KERNEL)
   if (device.is_cpu()) {
@@ -846,8 +863,6 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                   ", head_dim = ", k_cache.size(3), "], got ", t->sizes());
       TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension, got strides ",
                   t->strides());
-      TORCH_CHECK(!overlaps(*t, k_cache) && !overlaps(*t, v_cache), op, ": ", name,
-                  " must not share memory with k_cache or v_cache");
     }
     TORCH_CHECK(v->size(1) == k->size(1), op, ": v must have the shape of k ", k->sizes(), ", got ", v->sizes());
     seqlen_new = k->size(1);
@@ -892,6 +907,18 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   AttentionCall probe = c;
   const Geometry g = check(probe);
   at::Tensor q_attn = q;
+  if (new_kv) {
+    // The append writes k_cache and v_cache before the attention reads them.
+    std::vector<Named> read = {{"q", &q}, {"k", &*k}, {"v", &*v}};
+    add_present(read, {{"cache_seqlens", &cache_seqlens},
+                       {"rotary_cos", &rotary_cos},
+                       {"rotary_sin", &rotary_sin},
+                       {"cache_batch_idx", &cache_batch_idx},
+                       {"cache_leftpad", &cache_leftpad},
+                       {"block_table", &block_table},
+                       {"alibi_slopes", &alibi_slopes}});
+    check_no_overlap(op, {{"k_cache", &k_cache}, {"v_cache", &v_cache}}, read);
+  }
 
   if (new_kv) {
     attention::KvAppendParams a;

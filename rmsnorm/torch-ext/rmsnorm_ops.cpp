@@ -30,8 +30,8 @@
 // itself and residual_out may be residual itself (vLLM's in-place fused_add_rms_norm), and
 // grad_input may be grad_out or grad_residual itself ("itself": same data pointer, dtype, sizes
 // and strides). Any other sharing of memory between a written tensor and another written or read
-// tensor is an error; for two strided views of one buffer this check is conservative and rejects
-// views whose address ranges interleave even when no element is shared.
+// tensor is an error. The test is exact (torch_checks::may_overlap): two strided views of one
+// buffer whose elements interleave without sharing a byte (even and odd columns) are accepted.
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>

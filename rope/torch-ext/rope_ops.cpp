@@ -30,9 +30,8 @@
 //
 // Overlap rules: an output may be its input itself (in place: same data pointer, dtype, sizes and
 // strides); any other sharing of memory between a written tensor and another written or read
-// tensor is an error. This test is exact: ATen's for dense tensors, and for strided views of one
-// buffer (q and k of a fused qkv tensor) a search over their dimensions (strided_overlap), which
-// answers "overlap" only if it gives up after 65536 steps, far beyond real layouts.
+// tensor is an error. This test is exact (torch_checks::may_overlap), also for strided views of
+// one buffer (q and k of a fused qkv tensor).
 //
 // apply_rotary (kernels-community `rotary`): when x1 and x2 are the two halves of one tensor
 // (same shape and strides, x2 starting rot / 2 elements after x1, unit last stride), out1/out2
@@ -97,86 +96,9 @@ void check_shape_of(const char* op, const char* name, const at::Tensor& t, const
 
 // ---- overlap ----
 
-// floor(a / b) and ceil(a / b) for b > 0.
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
-
-// One dimension of a strided view, as a term c * stride (bytes) of an element's address.
-struct Term {
-  int64_t stride;
-  int64_t lo, hi;  // range of c
-};
-
-// Whether a sum of terms[i:] can lie in the open interval (lo, hi); rest_min/rest_max[i] bound
-// that sum. Terms are sorted by decreasing stride, so that for the usual layouts only one or two
-// values of each c survive the bounds. `budget` caps the work: when it runs out the answer is
-// "yes" (conservative).
-bool reachable(const std::vector<Term>& terms, const std::vector<int64_t>& rest_min,
-               const std::vector<int64_t>& rest_max, size_t i, int64_t lo, int64_t hi,
-               int64_t& budget) {
-  if (--budget < 0) {
-    return true;
-  }
-  if (i == terms.size()) {
-    return lo < 0 && 0 < hi;
-  }
-  const Term& t = terms[i];
-  const int64_t cmin = std::max(floor_div(lo - rest_max[i + 1], t.stride) + 1, t.lo);
-  const int64_t cmax = std::min(ceil_div(hi - rest_min[i + 1], t.stride) - 1, t.hi);
-  for (int64_t c = cmin; c <= cmax; ++c) {
-    if (reachable(terms, rest_min, rest_max, i + 1, lo - c * t.stride, hi - c * t.stride,
-                  budget)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Whether two strided views of one buffer share a byte: is there an element address of `a`,
-// a0 + sum i_d sa_d, and one of `b`, b0 + sum j_d sb_d, with the byte ranges of the two elements
-// intersecting, i.e. sum i_d sa_d - sum j_d sb_d in (b0 - a0 - size_a, b0 - a0 + size_b)? An
-// exact search over the dimensions (terms of equal stride merged), so q and k of a fused qkv
-// tensor, or the two halves of a tensor's last dimension, are found disjoint.
-bool strided_overlap(const at::Tensor& a, const at::Tensor& b) {
-  std::vector<Term> terms;
-  auto add = [&terms](const at::Tensor& t, int64_t sign) {
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      const int64_t stride = t.stride(d) * static_cast<int64_t>(t.element_size());
-      if (t.size(d) <= 1 || stride == 0) {
-        continue;
-      }
-      const int64_t lo = sign > 0 ? 0 : -(t.size(d) - 1);
-      const int64_t hi = sign > 0 ? t.size(d) - 1 : 0;
-      auto same = std::find_if(terms.begin(), terms.end(),
-                               [stride](const Term& x) { return x.stride == stride; });
-      if (same != terms.end()) {
-        same->lo += lo;
-        same->hi += hi;
-      } else {
-        terms.push_back({stride, lo, hi});
-      }
-    }
-  };
-  add(a, 1);
-  add(b, -1);
-  std::sort(terms.begin(), terms.end(),
-            [](const Term& x, const Term& y) { return x.stride > y.stride; });
-  std::vector<int64_t> rest_min(terms.size() + 1, 0), rest_max(terms.size() + 1, 0);
-  for (size_t i = terms.size(); i-- > 0;) {
-    rest_min[i] = rest_min[i + 1] + terms[i].lo * terms[i].stride;
-    rest_max[i] = rest_max[i + 1] + terms[i].hi * terms[i].stride;
-  }
-  const int64_t d = reinterpret_cast<intptr_t>(b.const_data_ptr()) -
-                    reinterpret_cast<intptr_t>(a.const_data_ptr());
-  int64_t budget = 1 << 16;
-  return reachable(terms, rest_min, rest_max, 0, d - static_cast<int64_t>(a.element_size()),
-                   d + static_cast<int64_t>(b.element_size()), budget);
-}
-
-// Whether `a` and `b` may share memory (exact: ATen's answer for dense tensors, strided_overlap
-// for strided views of one buffer).
+// Whether `a` and `b` share memory (exact: torch_checks::may_overlap).
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
-  return torch_checks::may_overlap_with("rope", a, b, strided_overlap);
+  return torch_checks::may_overlap("rope", a, b);
 }
 
 // Whether two elements of `t` may share memory. Dims of size > 1 sorted by stride must each
