@@ -155,6 +155,7 @@ struct AttentionCall {
   bool causal = false;
   int64_t window_left = -1, window_right = -1, num_splits = 0;
   std::function<void()> before_launch;  // runs after every check, before the kernel (zero_tensors)
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
 };
 
 // Sizes derived from the checked tensors.
@@ -499,6 +500,7 @@ AttnFwdParams make_params(const AttentionCall& c, const Geometry& g) {
     p.alibi_batch_stride = c.alibi_slopes->dim() == 2 ? c.alibi_slopes->stride(0) : 0;
   }
   p.num_splits = c.num_splits;
+  p.pdl_request = c.pdl_request;
   return p;
 }
 
@@ -719,8 +721,10 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
               const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, const OptTensor& seqused_k,
               const OptTensor& block_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
               const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-              double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits) {
+              double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits,
+              std::optional<bool> enable_pdl) {
   AttentionCall c;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.op = "attn_fwd";
   c.out = out;
   c.q = q;
@@ -748,12 +752,13 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
                             const OptTensor& alibi_slopes, double p_dropout, double softmax_scale, bool is_causal,
                             int64_t window_size_left, int64_t window_size_right, double softcap, bool return_softmax,
-                            const std::optional<at::Generator>& gen) {
+                            const std::optional<at::Generator>& gen, std::optional<bool> enable_pdl) {
   (void)gen;
   constexpr const char* op = "fwd";
   check_no_dropout(op, p_dropout, return_softmax);
   TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
   AttentionCall c;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.op = op;
   c.q = q;
   c.k = k;
@@ -778,12 +783,14 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                    const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                    double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
                                    int64_t window_size_left, int64_t window_size_right, double softcap,
-                                   bool return_softmax, const std::optional<at::Generator>& gen) {
+                                   bool return_softmax, const std::optional<at::Generator>& gen,
+                                   std::optional<bool> enable_pdl) {
   (void)gen;
   constexpr const char* op = "varlen_fwd";
   check_no_dropout(op, p_dropout, return_softmax);
   TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ", q.sizes());
   AttentionCall c;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.op = op;
   c.q = q;
   c.k = k;
@@ -821,7 +828,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                                     const OptTensor& block_table, const OptTensor& alibi_slopes,
                                     const OptTensor& out, double softmax_scale, bool is_causal,
                                     int64_t window_size_left, int64_t window_size_right, double softcap,
-                                    bool rotary_interleaved, int64_t num_splits) {
+                                    bool rotary_interleaved, int64_t num_splits, std::optional<bool> enable_pdl) {
   constexpr const char* op = "fwd_kvcache";
   TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
   const int64_t batch = q.size(0);
@@ -871,6 +878,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   // The attention over the caches (their own checks name k_cache, v_cache, cache_batch_idx, ...).
   AttentionCall c;
   c.op = op;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.names = names;
   c.k = k_cache;
   c.v = v_cache;

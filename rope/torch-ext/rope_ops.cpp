@@ -163,6 +163,7 @@ struct RopeCall {
   bool interleaved = false;
   bool full_table = false;
   bool transpose = false;
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
 };
 
 void check_device(const RopeCall& c, const char* name, const at::Tensor& t) {
@@ -244,6 +245,7 @@ void run(RopeCall& c) {
   const Names& n = c.names;
   const char* op = c.op;
   RopeParams p;
+  p.pdl_request = c.pdl_request;
 
   // q and its output.
   check_4d(c, n.q, c.q, "[B, S, Hq, D]");
@@ -477,7 +479,8 @@ at::Tensor vllm_view(const char* op, const char* name, const at::Tensor& t,
 
 void vllm_rotary(const char* op, const at::Tensor& positions, at::Tensor& query,
                  const OptTensor& key, int64_t head_size, const at::Tensor& cos_sin_cache,
-                 bool is_neox, const char* positions_name, const char* row_note) {
+                 bool is_neox, const char* positions_name, const char* row_note,
+                 pdl::Request pdl_request) {
   TORCH_CHECK(head_size > 0, op, ": head_size must be > 0, got ", head_size);
   TORCH_CHECK(positions.dim() == 1 || positions.dim() == 2, op,
               ": positions must have shape [T] or [B, S], got ", positions.sizes());
@@ -507,6 +510,7 @@ void vllm_rotary(const char* op, const at::Tensor& positions, at::Tensor& query,
   c.positions = positions.dim() == 1 ? positions.unsqueeze(0) : positions;
   c.rot_dim = rot_dim;
   c.interleaved = !is_neox;
+  c.pdl_request = pdl_request;
   run(c);
 }
 
@@ -567,7 +571,8 @@ std::optional<at::Tensor> joined_halves(const at::Tensor& first, const at::Tenso
 
 // The kernel path of apply_rotary, if the call maps onto it.
 bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& cos,
-                         const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj) {
+                         const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj,
+                         pdl::Request pdl_request) {
   if (!to_dtype(x1.scalar_type()).has_value() || sin.scalar_type() != cos.scalar_type() ||
       (cos.scalar_type() != at::kFloat && cos.scalar_type() != x1.scalar_type()) ||
       x1.dim() < 1 || x1.size(-1) < 1) {
@@ -621,6 +626,7 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
   c.sin = sin4;
   c.rot_dim = 2 * half;
   c.transpose = conj;
+  c.pdl_request = pdl_request;
   run(c);
   return true;
 }
@@ -651,15 +657,17 @@ RopeCall general_call(const char* op, const at::Tensor& cos, const at::Tensor& s
 // ---- the ops of torch_binding.h ----
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const OptTensor& key,
-                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
+                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox,
+                      std::optional<bool> enable_pdl) {
   vllm_rotary("rotary_embedding", positions, query, key, head_size, cos_sin_cache, is_neox,
-              "positions", "");
+              "positions", "", pdl::request_of(enable_pdl));
 }
 
 void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
                               const OptTensor& key, int64_t head_size,
                               const at::Tensor& cos_sin_cache, bool is_neox, int64_t rot_dim,
-                              const at::Tensor& cos_sin_cache_offsets) {
+                              const at::Tensor& cos_sin_cache_offsets,
+                              std::optional<bool> enable_pdl) {
   constexpr const char* op = "batched_rotary_embedding";
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rot_dim, op,
               ": cos_sin_cache must have shape [max_position, rot_dim = ", rot_dim, "], got ",
@@ -679,13 +687,15 @@ void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
       positions.to(at::kLong).add(offsets.to(at::kLong).reshape(positions.sizes()));
   vllm_rotary(op, rows, query, key, head_size, cos_sin_cache, is_neox,
               "positions + cos_sin_cache_offsets",
-              " (positions here are positions + cos_sin_cache_offsets)");
+              " (positions here are positions + cos_sin_cache_offsets)",
+              pdl::request_of(enable_pdl));
 }
 
 void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, const at::Tensor& sin,
                   const OptTensor& positions, const OptTensor& seqlen_offsets,
                   const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
-                  bool interleaved, bool full_table, bool transpose) {
+                  bool interleaved, bool full_table, bool transpose,
+                  std::optional<bool> enable_pdl) {
   RopeCall c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
                         seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.names.q_out = "q";
@@ -694,24 +704,28 @@ void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, cons
   if (present(k)) {
     c.k = c.k_out = *k;
   }
+  c.pdl_request = pdl::request_of(enable_pdl);
   run(c);
 }
 
 void rope_out(at::Tensor& q_out, const at::Tensor& q, const OptTensor& k_out, const OptTensor& k,
               const at::Tensor& cos, const at::Tensor& sin, const OptTensor& positions,
               const OptTensor& seqlen_offsets, const OptTensor& cu_seqlens, int64_t seqlen_offset,
-              int64_t rot_dim, bool interleaved, bool full_table, bool transpose) {
+              int64_t rot_dim, bool interleaved, bool full_table, bool transpose,
+              std::optional<bool> enable_pdl) {
   RopeCall c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
                         seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.q = q;
   c.q_out = q_out;
   c.k = k;
   c.k_out = k_out;
+  c.pdl_request = pdl::request_of(enable_pdl);
   run(c);
 }
 
 void apply_rotary(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& cos,
-                  const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj) {
+                  const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj,
+                  std::optional<bool> enable_pdl) {
   constexpr const char* op = "apply_rotary";
   const bool floating = x1.scalar_type() == at::kDouble || to_dtype(x1.scalar_type());
   TORCH_CHECK(floating, op, ": x1 must be float32, float16, bfloat16 or float64, got ",
@@ -741,7 +755,7 @@ void apply_rotary(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& 
   if (x1.numel() == 0) {
     return;
   }
-  if (apply_rotary_kernel(x1, x2, cos, sin, out1, out2, conj)) {
+  if (apply_rotary_kernel(x1, x2, cos, sin, out1, out2, conj, pdl::request_of(enable_pdl))) {
     return;
   }
   // ATen fallback: fp32 math (fp64 for float64), the kernel's formulas and evaluation order,
