@@ -49,6 +49,15 @@ def git_commit() -> str:
         return "unknown"
 
 
+def pdl_from_env(var: str):
+    """The ops' enable_pdl from the environment variable `var` (e.g. ACTIVATION_PDL): "1" -> True
+    (programmatic dependent launch for every launch), "0" -> False, unset or anything else ->
+    None (each launch's default). Only the benchmarks read such variables; the kernels take
+    enable_pdl as an argument."""
+    value = os.environ.get(var)
+    return True if value == "1" else False if value == "0" else None
+
+
 def environment(kernel_module=None) -> dict:
     """Device, software versions and provenance for a result file."""
     env = {

@@ -33,6 +33,8 @@ class Users(NamedTuple):
 USERS: dict[str, Users] = {
     # device code and launchers: listed in the [kernel.*] src of the components that include it
     "pdl.cuh": Users("kernel_src/pdl.cuh", ("activation", "attention", "rmsnorm", "rope")),
+    "pdl_request.h": Users("kernel_src/pdl_request.h", ("activation", "attention", "rmsnorm", "rope")),
+    "dispatch.cuh": Users("kernel_src/dispatch.cuh", ("activation", "attention", "rmsnorm", "rope")),
     "cuda_chunk.cuh": Users("kernel_src/cuda_chunk.cuh", ("rmsnorm", "rope")),
     "cpu_convert.h": Users("kernel_src/cpu_convert.h", ("rmsnorm", "rope")),
     # the Torch-facing layer: listed in [torch] src

@@ -13,7 +13,6 @@ tokens×n. Writes benchmarks/results/<device>.json with device, versions and com
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -92,12 +91,16 @@ def cases(quick: bool):
             yield op, t, 14336
 
 
-def run_case(kernel, op, tokens, width, dtype, compiled_cache):
+def run_case(kernel, op, tokens, width, dtype, compiled_cache, enable_pdl=None):
     gated = op in GATED_EAGER
     eager = GATED_EAGER[op] if gated else UNARY_EAGER[op]
     x = torch.randn(tokens, 2 * width if gated else width, dtype=dtype, device="cuda")
     out = torch.empty(tokens, width, dtype=dtype, device="cuda")
-    ours = getattr(kernel, op)
+    fn = getattr(kernel, op)
+
+    def ours(out, x):
+        return fn(out, x, enable_pdl=enable_pdl)
+
 
     # Verify before timing: our output against the fp32 reference rounded once.
     ours(out, x)
@@ -132,7 +135,7 @@ def run_case(kernel, op, tokens, width, dtype, compiled_cache):
             "ours": benchlib.wall_time_us(lambda: ours(out, x)),
             "compile": benchlib.wall_time_us(lambda: compiled(x)),
         }
-        # With ACTIVATION_PDL=1 our kernels use programmatic dependent launch, and in the graph
+        # With enable_pdl=True our kernels use programmatic dependent launch, and in the graph
         # above each call overlaps the previous call's tail. After a producer of x that does not
         # release its dependents (here a copy, as a GEMM would be) that overlap is gone: GPU time
         # of [producer, op] minus that of [producer] alone.
@@ -159,12 +162,14 @@ def main():
     torch._dynamo.config.cache_size_limit = 256
     dtype = getattr(torch, args.dtype)
     env = benchlib.environment(kernel)
-    env["activation_pdl"] = os.environ.get("ACTIVATION_PDL") == "1"  # see activation_cuda.cu
+    # ACTIVATION_PDL=1 / 0: the benchmark passes enable_pdl=True / False (unset: None, the default).
+    enable_pdl = benchlib.pdl_from_env("ACTIVATION_PDL")
+    env["activation_pdl"] = enable_pdl is True  # see activation_cuda.cu
     copy_gbs = benchlib.copy_bandwidth_gbs()
     print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s", flush=True)
     results, compiled_cache = [], {}
     for op, tokens, width in cases(args.quick):
-        r = run_case(kernel, op, tokens, width, dtype, compiled_cache)
+        r = run_case(kernel, op, tokens, width, dtype, compiled_cache, enable_pdl)
         r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs
         r["speedup_vs_compile"] = r["us"]["compile"] / r["us"]["ours"]
         r["speedup_vs_eager"] = r["us"]["eager"] / r["us"]["ours"]
@@ -191,7 +196,7 @@ def main():
         "method": "GPU time = median of CUDA-graph replay (triton do_bench_cudagraph); per-call "
         "time at <= 128 tokens = median of back-to-back launches (triton do_bench), launch overhead "
         "included; our kernels launch with programmatic dependent launch only when environment.activation_pdl "
-        "(ACTIVATION_PDL=1; it lets back-to-back calls in a graph overlap); us_after_producer (<= 128 tokens) is "
+        "(ACTIVATION_PDL=1: enable_pdl=True; it lets back-to-back calls in a graph overlap); us_after_producer (<= 128 tokens) is "
         "the GPU time of [copy producing x, op] minus that of the copy alone; bytes = inputs read once + outputs written once; copy ceiling = 1 GiB "
         "device-to-device copy after a clock warm-up, same run",
         "copy_gbs": copy_gbs,

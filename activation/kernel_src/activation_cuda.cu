@@ -32,7 +32,7 @@
 //   kernel body runs with one element per thread, still coalesced. Contiguous unary tensors are
 //   seen as one long row, so any shape vectorizes. Forwards of fp16/bf16 small enough for one
 //   CTA per SM take 4-byte vectors on the same condition (LaunchConfig::kNarrowVectorBytes).
-// - Programmatic dependent launch on sm_90+ only with ACTIVATION_PDL=1: a call that follows a
+// - Programmatic dependent launch on sm_90+ only with enable_pdl=True: a call that follows a
 //   kernel releasing its dependents then overlaps its launch with that kernel's tail, but after
 //   a GEMM it is slower (pdl.cuh; NOTES.md, "Programmatic dependent launch").
 // - Math: the activation_math.h formulas; fp32/fp64 with precise expf/erff/tanhf and IEEE
@@ -55,15 +55,12 @@
 #include "activation_cuda.h"
 #include "activation_math.h"
 #include "activation_params.h"
+#include "dispatch.cuh"
 #include "pdl.cuh"
 
 namespace activation {
 namespace cuda {
 namespace {
-
-// An activation call is one kernel, launched with programmatic dependent launch only when
-// ACTIVATION_PDL=1 (pdl.cuh says when that pays).
-constexpr char kActivationPdlEnv[] = "ACTIVATION_PDL";
 
 // ---------------------------------------------------------------------------------------------
 // Launch configuration: the only place where the launch heuristics live.
@@ -545,8 +542,11 @@ bool stride_ok(int64_t stride, int64_t rows, int vec) { return rows == 1 || stri
 
 // Block shape: 128 threads, as wide as the row's items need (a power of two) and as tall as
 // that leaves; grid: enough blocks across for the row, and down for the rows up to the y limit.
+// An activation call is one kernel, launched with programmatic dependent launch only when the
+// caller asks for it (pdl::Request::kOn; pdl.cuh says when that pays).
 template <auto kKernel, int kItems, typename F>
-cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) {
+cudaError_t launch(const F& family, const RowSpace& space, pdl::Request pdl_request,
+                   cudaStream_t stream) {
   const int64_t items = space.vecs + space.tail;  // per row, > 0
   unsigned tx = LaunchConfig::kThreads;
   while (tx > 1 && static_cast<int64_t>(tx / 2) * kItems >= items) tx /= 2;
@@ -557,20 +557,8 @@ cudaError_t launch(const F& family, const RowSpace& space, cudaStream_t stream) 
   if (blocks_x > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(blocks_x),
                   static_cast<unsigned>(std::min<int64_t>(blocks_y, LaunchConfig::kMaxGridY)));
-  return pdl::launch<kActivationPdlEnv>(pdl::ByDefault::kPlain, kKernel, grid, dim3(tx, ty), 0,
-                                        stream, family, space);
-}
-
-template <typename T> struct TypeTag { using type = T; };
-
-template <typename F> cudaError_t dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat16: return f(TypeTag<__half>{});
-    case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
-    case DType::kFloat64: return f(TypeTag<double>{});
-    default: return cudaErrorInvalidValue;
-  }
+  return pdl::launch(pdl_request, pdl::ByDefault::kPlain, kKernel, grid, dim3(tx, ty), 0, stream,
+                     family, space);
 }
 
 template <typename F> cudaError_t dispatch_unary(UnaryAct act, F&& f) {
@@ -679,20 +667,20 @@ cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t
       constexpr int kNarrow = kNarrowWidth<T>;
       const RowSpace narrow = make_space(rows, n, kNarrow);
       if (narrow_fits(rows * (narrow.vecs + narrow.tail))) {
-        return launch<unary_act_fwd_kernel<kNarrow, 1, T, Op>, 1>(f, narrow, stream);
+        return launch<unary_act_fwd_kernel<kNarrow, 1, T, Op>, 1>(f, narrow, p.pdl_request, stream);
       }
     }
     const RowSpace space = make_space(rows, n, V);
     if constexpr (kItems != LaunchConfig::kUnaryFwdItemsOneWave) {
       if (rows * (space.vecs + space.tail) <= resident_threads()) {
         constexpr int kOne = LaunchConfig::kUnaryFwdItemsOneWave;
-        return launch<unary_act_fwd_kernel<V, kOne, T, Op>, kOne>(f, space, stream);
+        return launch<unary_act_fwd_kernel<V, kOne, T, Op>, kOne>(f, space, p.pdl_request, stream);
       }
     }
-    return launch<unary_act_fwd_kernel<V, kItems, T, Op>, kItems>(f, space, stream);
+    return launch<unary_act_fwd_kernel<V, kItems, T, Op>, kItems>(f, space, p.pdl_request, stream);
   }
   return launch<unary_act_fwd_kernel<1, kItems, T, Op>, kItems>(
-      f, make_space(rows, n, 1), stream);
+      f, make_space(rows, n, 1), p.pdl_request, stream);
 }
 
 template <typename T, typename Op>
@@ -713,10 +701,10 @@ cudaError_t run_unary_bwd(const Op& op, const UnaryActBwdParams& p, cudaStream_t
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride}, rows,
                      V)) {
     return launch<unary_act_bwd_kernel<V, 1, T, Op>, 1>(
-        f, make_space(rows, n, V), stream);
+        f, make_space(rows, n, V), p.pdl_request, stream);
   }
   return launch<unary_act_bwd_kernel<1, 1, T, Op>, 1>(
-      f, make_space(rows, n, 1), stream);
+      f, make_space(rows, n, 1), p.pdl_request, stream);
 }
 
 // Split layout: the second half of a row starts at d, so d must keep it aligned as well.
@@ -739,14 +727,15 @@ cudaError_t run_gated_fwd(const Op& op, const GatedActFwdParams& p, cudaStream_t
       constexpr int kNarrow = kNarrowWidth<T>;
       const RowSpace narrow = make_space(p.rows, p.d, kNarrow);
       if (narrow_fits(p.rows * (narrow.vecs + narrow.tail))) {
-        return launch<gated_act_fwd_kernel<kNarrow, 1, T, Op, kInterleaved>, 1>(f, narrow, stream);
+        return launch<gated_act_fwd_kernel<kNarrow, 1, T, Op, kInterleaved>, 1>(
+            f, narrow, p.pdl_request, stream);
       }
     }
     return launch<gated_act_fwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
-        f, make_space(p.rows, p.d, V), stream);
+        f, make_space(p.rows, p.d, V), p.pdl_request, stream);
   }
   return launch<gated_act_fwd_kernel<1, 1, T, Op, kInterleaved>, 1>(
-      f, make_space(p.rows, p.d, 1), stream);
+      f, make_space(p.rows, p.d, 1), p.pdl_request, stream);
 }
 
 template <typename T, bool kInterleaved, typename Op>
@@ -762,10 +751,10 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride},
                      p.rows, V)) {
     return launch<gated_act_bwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
-        f, make_space(p.rows, p.d, V), stream);
+        f, make_space(p.rows, p.d, V), p.pdl_request, stream);
   }
   return launch<gated_act_bwd_kernel<1, 1, T, Op, kInterleaved>, 1>(
-      f, make_space(p.rows, p.d, 1), stream);
+      f, make_space(p.rows, p.d, 1), p.pdl_request, stream);
 }
 
 }  // namespace
@@ -776,7 +765,7 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
 // ---------------------------------------------------------------------------------------------
 cudaError_t unary_act_fwd(UnaryAct act, DType dtype, const UnaryActFwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_unary(act, [&](auto op) { return run_unary_fwd<T>(op, params, stream); });
   });
@@ -784,7 +773,7 @@ cudaError_t unary_act_fwd(UnaryAct act, DType dtype, const UnaryActFwdParams& pa
 
 cudaError_t unary_act_bwd(UnaryAct act, DType dtype, const UnaryActBwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_unary(act, [&](auto op) { return run_unary_bwd<T>(op, params, stream); });
   });
@@ -792,7 +781,7 @@ cudaError_t unary_act_bwd(UnaryAct act, DType dtype, const UnaryActBwdParams& pa
 
 cudaError_t gated_act_fwd(GatedAct act, DType dtype, const GatedActFwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_gated(act, params.scalars, [&](auto op, auto interleaved) {
       return run_gated_fwd<T, decltype(interleaved)::value>(op, params, stream);
@@ -802,7 +791,7 @@ cudaError_t gated_act_fwd(GatedAct act, DType dtype, const GatedActFwdParams& pa
 
 cudaError_t gated_act_bwd(GatedAct act, DType dtype, const GatedActBwdParams& params,
                           cudaStream_t stream) {
-  return dispatch_dtype(dtype, [&](auto type_tag) {
+  return dispatch::floats_and_double(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     return dispatch_gated(act, params.scalars, [&](auto op, auto interleaved) {
       return run_gated_bwd<T, decltype(interleaved)::value>(op, params, stream);

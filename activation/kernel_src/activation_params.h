@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "pdl_request.h"
+
 namespace activation {
 
 // Element type of every tensor of one call (all tensors of a call share it).
@@ -45,6 +47,7 @@ struct UnaryActFwdParams {
   int64_t n;
   int64_t out_row_stride;
   int64_t input_row_stride;
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 struct UnaryActBwdParams {
@@ -56,6 +59,7 @@ struct UnaryActBwdParams {
   int64_t grad_input_row_stride;
   int64_t grad_out_row_stride;
   int64_t input_row_stride;
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 struct GatedActFwdParams {
@@ -66,6 +70,7 @@ struct GatedActFwdParams {
   int64_t out_row_stride;
   int64_t input_row_stride;
   GatedActScalars scalars;
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 struct GatedActBwdParams {
@@ -78,6 +83,7 @@ struct GatedActBwdParams {
   int64_t grad_out_row_stride;
   int64_t input_row_stride;
   GatedActScalars scalars;
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 }  // namespace activation

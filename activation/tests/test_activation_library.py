@@ -100,3 +100,29 @@ def test_fake_kernels_validate(kernel, device):
             kernel.ops.silu_and_mul_bwd_functional(torch.empty(4, 3, device=device), torch.empty(4, 8, device=device))
         y = kernel.silu_and_mul(torch.empty(4, 10, device=device))
         assert y.shape == (4, 5)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("enable_pdl", [None, True, False], ids=str)
+def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
+    """enable_pdl is an argument of every op (schema `bool? enable_pdl=None`), of the allocating
+    ops and of the Python functions; it changes how the CUDA kernel is launched, never the result
+    (the CPU ignores it)."""
+    x = make_input((3, 2, 18), torch.float32, device)
+    out = torch.empty(3, 2, 9, device=device)
+    torch.library.opcheck(kernel.ops.silu_and_mul.default, (out, x, enable_pdl))
+    torch.library.opcheck(kernel.ops.fatrelu_and_mul.default, (out, x, 0.5, enable_pdl))
+    grad_out = make_input((3, 2, 9), torch.float32, device, scale=1.0, seed=1)
+    torch.library.opcheck(kernel.ops.silu_and_mul_bwd.default, (torch.empty_like(x), grad_out, x, enable_pdl))
+    xg = x.clone().requires_grad_()
+    torch.library.opcheck(kernel.ops.silu_and_mul_functional.default, (xg, enable_pdl))
+    torch.library.opcheck(kernel.ops.silu_and_mul_bwd_functional.default, (grad_out, x, enable_pdl))
+
+    expected = kernel.silu_and_mul(x)
+    assert torch.equal(kernel.silu_and_mul(x, enable_pdl=enable_pdl), expected)
+    assert torch.equal(kernel.silu_and_mul(torch.empty_like(expected), x, enable_pdl=enable_pdl), expected)
+    assert torch.equal(kernel.gelu(x, enable_pdl=enable_pdl), kernel.gelu(x))
+    y = kernel.silu_and_mul(xg, enable_pdl=enable_pdl)
+    (g,) = torch.autograd.grad(y, xg, grad_out)
+    (g0,) = torch.autograd.grad(kernel.silu_and_mul(xg), xg, grad_out)
+    assert torch.equal(g, g0)

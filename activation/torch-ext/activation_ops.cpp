@@ -10,8 +10,8 @@
 // leading dimensions that collapse into one row stride; anything else is an error, since writing
 // into a copy would lose the result. A read tensor (input, grad_out) that does not fit the 2-D
 // view is read through a contiguous copy. Written tensors must not share memory with read ones
-// (no in-place calls); for two strided views of one buffer this check is conservative and
-// rejects views whose address ranges interleave even when no element is shared.
+// (no in-place calls). The test is exact (torch_checks::may_overlap): two strided views of one
+// buffer whose elements interleave without sharing a byte (even and odd columns) are accepted.
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -72,12 +72,11 @@ void check_like(const char* op, const char* name, const at::Tensor& t, const cha
 }
 
 // The kernels do not run in place: a written tensor must not share memory with a read one
-// (torch_checks::may_overlap: exact for dense tensors, conservative for strided views of one
-// buffer).
+// (torch_checks::may_overlap: exact, also for strided views of one buffer).
 void check_no_overlap(const char* op, const char* name, const at::Tensor& written,
                       const char* read_name, const at::Tensor& read) {
-  TORCH_CHECK(!torch_checks::may_overlap(op, written, read), op, ": ", name,
-              " must not share memory with ", read_name, " (in-place calls are not supported)");
+  torch_checks::check_no_overlap(op, name, written, read_name, read,
+                                 " (in-place calls are not supported)");
 }
 
 std::vector<int64_t> halved_last_dim(const at::Tensor& t) {
@@ -149,7 +148,8 @@ void launch(const char* op, const at::Device& device, Act act, DType dtype, cons
 
 // ---- the four op families ----
 
-void unary_fwd(const char* op, UnaryAct act, at::Tensor& out, const at::Tensor& input) {
+void unary_fwd(const char* op, UnaryAct act, at::Tensor& out, const at::Tensor& input,
+               pdl::Request pdl_request) {
   const DType dtype = check_dtype(op, "input", input);
   check_like(op, "out", out, "input", input);
   check_shape(op, "out", out, input.sizes(), "the input shape");
@@ -167,11 +167,12 @@ void unary_fwd(const char* op, UnaryAct act, at::Tensor& out, const at::Tensor& 
   params.n = n;
   params.out_row_stride = out_stride;
   params.input_row_stride = read_row_stride(in);
+  params.pdl_request = pdl_request;
   launch(op, input.device(), act, dtype, params);
 }
 
 void unary_bwd(const char* op, UnaryAct act, at::Tensor& grad_input, const at::Tensor& grad_out,
-               const at::Tensor& input) {
+               const at::Tensor& input, pdl::Request pdl_request) {
   const DType dtype = check_dtype(op, "input", input);
   check_like(op, "grad_out", grad_out, "input", input);
   check_like(op, "grad_input", grad_input, "input", input);
@@ -195,11 +196,12 @@ void unary_bwd(const char* op, UnaryAct act, at::Tensor& grad_input, const at::T
   params.grad_input_row_stride = grad_input_stride;
   params.grad_out_row_stride = read_row_stride(go);
   params.input_row_stride = read_row_stride(in);
+  params.pdl_request = pdl_request;
   launch(op, input.device(), act, dtype, params);
 }
 
 void gated_fwd(const char* op, GatedAct act, at::Tensor& out, const at::Tensor& input,
-               const GatedActScalars& scalars) {
+               const GatedActScalars& scalars, pdl::Request pdl_request) {
   const DType dtype = check_dtype(op, "input", input);
   check_like(op, "out", out, "input", input);
   const int64_t d = gated_half_width(op, input);
@@ -219,11 +221,12 @@ void gated_fwd(const char* op, GatedAct act, at::Tensor& out, const at::Tensor& 
   params.out_row_stride = out_stride;
   params.input_row_stride = read_row_stride(in);
   params.scalars = scalars;
+  params.pdl_request = pdl_request;
   launch(op, input.device(), act, dtype, params);
 }
 
 void gated_bwd(const char* op, GatedAct act, at::Tensor& grad_input, const at::Tensor& grad_out,
-               const at::Tensor& input, const GatedActScalars& scalars) {
+               const at::Tensor& input, const GatedActScalars& scalars, pdl::Request pdl_request) {
   const DType dtype = check_dtype(op, "input", input);
   check_like(op, "grad_out", grad_out, "input", input);
   check_like(op, "grad_input", grad_input, "input", input);
@@ -249,6 +252,7 @@ void gated_bwd(const char* op, GatedAct act, at::Tensor& grad_input, const at::T
   params.grad_out_row_stride = read_row_stride(go);
   params.input_row_stride = read_row_stride(in);
   params.scalars = scalars;
+  params.pdl_request = pdl_request;
   launch(op, input.device(), act, dtype, params);
 }
 
@@ -271,22 +275,25 @@ GatedActScalars swigluoai_scalars(double alpha, double limit) {
 
 // Gated ops without scalar parameters: `name` and `name_bwd`.
 #define ACTIVATION_GATED_OP(name, act)                                                  \
-  void name(at::Tensor& out, const at::Tensor& input) {                                 \
-    gated_fwd(#name, GatedAct::act, out, input, GatedActScalars{});                     \
+  void name(at::Tensor& out, const at::Tensor& input, std::optional<bool> enable_pdl) {  \
+    gated_fwd(#name, GatedAct::act, out, input, GatedActScalars{},                      \
+              pdl::request_of(enable_pdl));                                             \
   }                                                                                     \
   void name##_bwd(at::Tensor& grad_input, const at::Tensor& grad_out,                   \
-                  const at::Tensor& input) {                                            \
-    gated_bwd(#name "_bwd", GatedAct::act, grad_input, grad_out, input, GatedActScalars{}); \
+                  const at::Tensor& input, std::optional<bool> enable_pdl) {            \
+    gated_bwd(#name "_bwd", GatedAct::act, grad_input, grad_out, input,                 \
+              GatedActScalars{}, pdl::request_of(enable_pdl));                          \
   }
 
 // Unary ops: `name` and `name_bwd`.
 #define ACTIVATION_UNARY_OP(name, act)                                                  \
-  void name(at::Tensor& out, const at::Tensor& input) {                                 \
-    unary_fwd(#name, UnaryAct::act, out, input);                                        \
+  void name(at::Tensor& out, const at::Tensor& input, std::optional<bool> enable_pdl) {  \
+    unary_fwd(#name, UnaryAct::act, out, input, pdl::request_of(enable_pdl));           \
   }                                                                                     \
   void name##_bwd(at::Tensor& grad_input, const at::Tensor& grad_out,                   \
-                  const at::Tensor& input) {                                            \
-    unary_bwd(#name "_bwd", UnaryAct::act, grad_input, grad_out, input);                \
+                  const at::Tensor& input, std::optional<bool> enable_pdl) {            \
+    unary_bwd(#name "_bwd", UnaryAct::act, grad_input, grad_out, input,                 \
+              pdl::request_of(enable_pdl));                                             \
   }
 
 ACTIVATION_GATED_OP(silu_and_mul, kSiluAndMul)
@@ -301,23 +308,28 @@ ACTIVATION_UNARY_OP(gelu_fast, kGeluFast)
 ACTIVATION_UNARY_OP(gelu_new, kGeluNew)
 ACTIVATION_UNARY_OP(gelu_quick, kGeluQuick)
 
-void fatrelu_and_mul(at::Tensor& out, const at::Tensor& input, double threshold) {
-  gated_fwd("fatrelu_and_mul", GatedAct::kFatreluAndMul, out, input, fatrelu_scalars(threshold));
+void fatrelu_and_mul(at::Tensor& out, const at::Tensor& input, double threshold,
+                     std::optional<bool> enable_pdl) {
+  gated_fwd("fatrelu_and_mul", GatedAct::kFatreluAndMul, out, input, fatrelu_scalars(threshold),
+            pdl::request_of(enable_pdl));
 }
 
 void fatrelu_and_mul_bwd(at::Tensor& grad_input, const at::Tensor& grad_out,
-                         const at::Tensor& input, double threshold) {
+                         const at::Tensor& input, double threshold,
+                         std::optional<bool> enable_pdl) {
   gated_bwd("fatrelu_and_mul_bwd", GatedAct::kFatreluAndMul, grad_input, grad_out, input,
-            fatrelu_scalars(threshold));
+            fatrelu_scalars(threshold), pdl::request_of(enable_pdl));
 }
 
-void swigluoai_and_mul(at::Tensor& out, const at::Tensor& input, double alpha, double limit) {
+void swigluoai_and_mul(at::Tensor& out, const at::Tensor& input, double alpha, double limit,
+                       std::optional<bool> enable_pdl) {
   gated_fwd("swigluoai_and_mul", GatedAct::kSwigluOaiAndMul, out, input,
-            swigluoai_scalars(alpha, limit));
+            swigluoai_scalars(alpha, limit), pdl::request_of(enable_pdl));
 }
 
 void swigluoai_and_mul_bwd(at::Tensor& grad_input, const at::Tensor& grad_out,
-                           const at::Tensor& input, double alpha, double limit) {
+                           const at::Tensor& input, double alpha, double limit,
+                           std::optional<bool> enable_pdl) {
   gated_bwd("swigluoai_and_mul_bwd", GatedAct::kSwigluOaiAndMul, grad_input, grad_out, input,
-            swigluoai_scalars(alpha, limit));
+            swigluoai_scalars(alpha, limit), pdl::request_of(enable_pdl));
 }

@@ -1,8 +1,9 @@
 // torch_binding.cpp: op schemas and device implementations of the activation kernel.
 //
 // Schemas follow kernels-community/activation v1 (out-param, `Tensor! out` is mutated, returns
-// nothing); each forward op `<name>` has a backward `<name>_bwd(Tensor! grad_input,
-// Tensor grad_out, Tensor input, <same scalars>) -> ()`. Launchers: torch_binding.h.
+// nothing) plus `bool? enable_pdl=None`; each forward op `<name>` has a backward
+// `<name>_bwd(Tensor! grad_input, Tensor grad_out, Tensor input, <same scalars>, bool?
+// enable_pdl=None) -> ()`. Launchers: torch_binding.h.
 #include <torch/library.h>
 
 #include "registration.h"
@@ -16,12 +17,15 @@
 #error "activation: compile with -DCPU_KERNEL or -DCUDA_KERNEL"
 #endif
 
-// Defines `name(Tensor! out, Tensor input<scalars>) -> ()` and
-// `name_bwd(Tensor! grad_input, Tensor grad_out, Tensor input<scalars>) -> ()`, with impls.
+// Defines `name(Tensor! out, Tensor input<scalars>, bool? enable_pdl=None) -> ()` and
+// `name_bwd(Tensor! grad_input, Tensor grad_out, Tensor input<scalars>, bool? enable_pdl=None)
+// -> ()`, with impls. enable_pdl: programmatic dependent launch on CUDA (None: the kernel's
+// default, off; True: on where the device supports it; False: off; ignored on CPU).
 #define ACTIVATION_OP_PAIR(name, scalars)                                                  \
-  ops.def(#name "(Tensor! out, Tensor input" scalars ") -> ()");                          \
+  ops.def(#name "(Tensor! out, Tensor input" scalars ", bool? enable_pdl=None) -> ()");   \
   ACTIVATION_IMPL(name);                                                                   \
-  ops.def(#name "_bwd(Tensor! grad_input, Tensor grad_out, Tensor input" scalars ") -> ()"); \
+  ops.def(#name "_bwd(Tensor! grad_input, Tensor grad_out, Tensor input" scalars           \
+                ", bool? enable_pdl=None) -> ()");                                         \
   ACTIVATION_IMPL(name##_bwd)
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {

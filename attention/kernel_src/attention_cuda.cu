@@ -132,8 +132,6 @@ namespace attention {
 namespace cuda {
 namespace {
 
-constexpr char kAttentionPdlEnv[] = "ATTENTION_PDL";
-
 using detail::Chunk16;
 using detail::FastDivU32;
 using detail::cp_async_16;
@@ -2055,7 +2053,8 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
 // 17.1 us, B8 55.1 vs 55.4), and clusters of plan.cluster CTAs along grid x when the splits
 // merge in a cluster. (pdl::launch takes no cluster attribute; this is the one launch that needs
 // both.)
-cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, cudaStream_t stream) {
+cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, pdl::Request pdl_request,
+                       cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(plan.kernel.threads);
@@ -2063,7 +2062,7 @@ cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, cudaStr
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
-  if (pdl::enabled<kAttentionPdlEnv>(pdl::ByDefault::kPdl)) {
+  if (pdl::enabled(pdl_request, pdl::ByDefault::kPdl)) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
@@ -2137,7 +2136,7 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
     args.tile_group_div = FastDivU32::make(args.tile_group);
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(plan.heads_grid),
                     static_cast<unsigned>(chunk));
-    err = launch_fwd(plan, grid, args, stream);
+    err = launch_fwd(plan, grid, args, p.pdl_request, stream);
     if (err != cudaSuccess) return err;
   }
   if (plan.num_splits == 1 || plan.cluster > 1) return cudaSuccess;
@@ -2165,10 +2164,10 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = sizeof(CombineSmem);
   constexpr auto kPdl = pdl::ByDefault::kPdl;  // the combine follows the split kernel
   return p.dtype == DType::kBFloat16
-             ? pdl::launch<kAttentionPdlEnv>(kPdl, attn_fwd_combine_kernel<__nv_bfloat16>, grid,
-                                             block, kSmem, stream, c)
-             : pdl::launch<kAttentionPdlEnv>(kPdl, attn_fwd_combine_kernel<__half>, grid, block,
-                                             kSmem, stream, c);
+             ? pdl::launch(p.pdl_request, kPdl, attn_fwd_combine_kernel<__nv_bfloat16>, grid,
+                           block, kSmem, stream, c)
+             : pdl::launch(p.pdl_request, kPdl, attn_fwd_combine_kernel<__half>, grid, block,
+                           kSmem, stream, c);
 }
 
 }  // namespace cuda

@@ -49,6 +49,8 @@
 
 #include <cstdint>
 
+#include "pdl_request.h"
+
 namespace attention {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
@@ -95,6 +97,8 @@ struct AttnFwdParams {
   int64_t num_splits = 1;                 // see above; 0: backend's choice
   float* out_accum = nullptr;
   float* lse_accum = nullptr;
+
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h; CUDA only)
 };
 
 }  // namespace attention

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "dispatch.cuh"
+
 namespace attention {
 namespace cuda {
 namespace {
@@ -250,18 +252,10 @@ cudaError_t kv_append(const KvAppendParams& p, cudaStream_t stream) {
       (p.block_table != nullptr && p.page_block_size <= 0)) {
     return cudaErrorInvalidValue;
   }
-  switch (p.dtype) {
-    case DType::kFloat32:
-      launch_append_tables<float>(p, stream);
-      break;
-    case DType::kFloat16:
-      launch_append_tables<__half>(p, stream);
-      break;
-    case DType::kBFloat16:
-      launch_append_tables<__nv_bfloat16>(p, stream);
-      break;
-  }
-  return cudaGetLastError();
+  return dispatch::floats(p.dtype, [&](auto t) {
+    launch_append_tables<typename decltype(t)::type>(p, stream);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace cuda

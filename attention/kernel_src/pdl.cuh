@@ -13,20 +13,21 @@
 // (H100, CUDA graphs: silu_and_mul and rms_norm at 1-128 tokens; the attention decode kernel
 // gained from PDL even there). So each launch says whether it uses PDL by default (ByDefault):
 // the kernels that follow another kernel of the same op do, an op's first kernel only where that
-// was measured to pay. <KERNEL>_PDL=1 turns PDL on for every launch (for callers whose preceding
-// kernel releases its dependents), <KERNEL>_PDL=0 off. Everything here has internal linkage, so
-// the copies in different kernel libraries never clash.
+// was measured to pay. The caller's Request (pdl_request.h: the ops' enable_pdl, carried by the
+// params) overrides that: kOn turns PDL on for every launch (for callers whose preceding kernel
+// releases its dependents), kOff off. Nothing here reads the environment. Everything with code
+// has internal linkage, so the copies in different kernel libraries never clash.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
-namespace {
+#include "pdl_request.h"
+
 namespace pdl {
+namespace {
 
 // Device side. Both are no-ops for a grid launched without PDL and are not compiled for targets
 // older than sm_90. The wait must come before the kernel's first global memory access: the grid
@@ -78,21 +79,16 @@ __device__ __forceinline__ void wait_and_release_after_params(uint64_t ready, co
 #endif
 }
 
-// Host side. Whether a launch uses PDL when kEnvVar is unset.
+// Host side. Whether a launch uses PDL under Request::kDefault.
 enum class ByDefault { kPlain, kPdl };
 
-// PDL is used on devices of compute capability 9.0 and up for the launches that ask for it by
-// default; the environment variable kEnvVar (read once per process) set to "1" turns it on for
-// every launch, "0" off. The capability is cached per device. kEnvVar is a `constexpr char[]` of
-// the kernel library, e.g. "RMSNORM_PDL".
-template <const char* kEnvVar> bool enabled(ByDefault by_default) {
-  // 0: never, 1: as each launch asks (unset or any other value), 2: always.
-  static const int mode = [] {
-    const char* value = std::getenv(kEnvVar);
-    if (value == nullptr) return 1;
-    return std::strcmp(value, "0") == 0 ? 0 : std::strcmp(value, "1") == 0 ? 2 : 1;
-  }();
-  if (mode == 0 || (mode == 1 && by_default == ByDefault::kPlain)) return false;
+// Whether a launch uses PDL: on devices of compute capability 9.0 and up, for the launches that
+// ask for it by default (Request::kDefault) or for every launch (kOn); never with kOff. The
+// capability is cached per device (no device query per call once known: graph-capture safe).
+inline bool enabled(Request request, ByDefault by_default) {
+  if (request == Request::kOff || (request != Request::kOn && by_default == ByDefault::kPlain)) {
+    return false;
+  }
   constexpr int kMaxDevices = 64;
   static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
   int device = 0;
@@ -107,26 +103,48 @@ template <const char* kEnvVar> bool enabled(ByDefault by_default) {
   return major >= 9;
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...) with PDL when
-// enabled<kEnvVar>(by_default), and returns the launch error, if any.
-template <const char* kEnvVar, typename... Params, typename... Args>
-cudaError_t launch(ByDefault by_default, void (*kernel)(Params...), dim3 grid, dim3 block,
-                   size_t smem, cudaStream_t stream, Args&&... args) {
+// Clusters of `x` CTAs along grid x (thread block clusters, sm_90+); 1: no cluster attribute.
+struct Cluster {
+  unsigned x = 1;
+};
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs, with PDL
+// when enabled(request, by_default), and returns the launch error, if any.
+template <typename... Params, typename... Args>
+cudaError_t launch(Request request, ByDefault by_default, Cluster cluster, void (*kernel)(Params...),
+                   dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  if (enabled<kEnvVar>(by_default)) {
-    config.attrs = attrs;
-    config.numAttrs = 1;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (enabled(request, by_default)) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
   }
+  if (cluster.x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster.x;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  config.attrs = n > 0 ? attrs : nullptr;
+  config.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-}  // namespace pdl
+// The same without clusters.
+template <typename... Params, typename... Args>
+cudaError_t launch(Request request, ByDefault by_default, void (*kernel)(Params...), dim3 grid,
+                   dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  return launch(request, by_default, Cluster{}, kernel, grid, block, smem, stream,
+                std::forward<Args>(args)...);
+}
+
 }  // namespace
+}  // namespace pdl

@@ -198,3 +198,42 @@ def test_dropout_and_backward_raise(kernel, device):
         kernel.flash_attn_func(q, k, v)
     with pytest.raises(NotImplementedError, match="backward"):
         kernel.flash_attn_interface._flash_attn_backward()
+
+
+def _packed(device, b=2, s=8, h=4, d=32, heads_extra=0):
+    """q, k, v as [B, S, H, D] views of one packed [B, S, (3 H + heads_extra) D] buffer."""
+    dtype = dtypes_for(device)[-1]
+    buf = randn((b, s, (3 * h + heads_extra) * d), dtype, device, seed=4)
+    q, k, v = (buf[..., i * h * d : (i + 1) * h * d].view(b, s, h, d) for i in range(3))
+    return buf, q, k, v
+
+
+def _fwd(kernel, q, k, v, out):
+    return kernel.ops.fwd(q, k, v, out, None, 0.0, q.shape[-1] ** -0.5, False, -1, -1, 0.0, False, None)
+
+
+@pytest.mark.kernels_ci
+def test_strided_out_overlapping_input_is_refused(kernel, device):
+    # out is a strided view of the packed qkv buffer that meets v: ATen finds them "too hard".
+    b, s, h, d = 2, 8, 4, 32
+    buf, q, k, v = _packed(device, b, s, h, d, heads_extra=h)
+    out = buf[..., 3 * h * d - d // 2 : 4 * h * d - d // 2].view(b, s, h, d)  # half a head into v
+    with expect_raises("fwd: out must not share memory with v"):
+        _fwd(kernel, q, k, v, out)
+    with expect_raises("fwd: out must not share memory with k"):
+        _fwd(kernel, q, k, v, buf[..., h * d : 2 * h * d].view(b, s, h, d))
+
+
+@pytest.mark.kernels_ci
+def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
+    # out on the fourth quarter of a packed [q | k | v | out] buffer: interleaved address ranges, no
+    # element shared. The result equals the call on separate tensors.
+    b, s, h, d = 2, 8, 4, 32
+    buf, q, k, v = _packed(device, b, s, h, d, heads_extra=h)
+    out = buf[..., 3 * h * d :].view(b, s, h, d)
+    qkv0 = buf[..., : 3 * h * d].clone()
+    expected, _ = _fwd(kernel, q.clone(), k.clone(), v.clone(), None)
+    got, _ = _fwd(kernel, q, k, v, out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(buf[..., : 3 * h * d], qkv0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

@@ -200,3 +200,33 @@ def test_no_recompile_across_lengths(kernel, device):
                 assert torch.equal(a, w)
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert frames == 1, f"expected one compiled graph for all lengths, got {frames}"
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("enable_pdl", [None, True, False], ids=str)
+def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
+    """enable_pdl is the last argument of the forward ops (schema `bool? enable_pdl=None`), of
+    attn_func and of the flash-attn functions; it changes how the CUDA kernels are launched, never
+    the result (the CPU ignores it)."""
+    ops = kernel.ops
+    dtype = dtypes_for(device)[-1]
+    b, s, h, hk, d = 2, 7, 4, 2, 32
+    q, k, v = randn((b, s, h, d), dtype, device, 1), randn((b, s, hk, d), dtype, device, 2), randn((b, s, hk, d), dtype, device, 3)
+    _opcheck(ops.attn_fwd.default, (torch.empty_like(q), q, k, v, torch.empty((b, h, s), device=device), None, None,
+                                    None, None, None, None, None, 0, 0, 0.2, 0.0, True, -1, -1, 0, enable_pdl))
+    _opcheck(ops.fwd.default, (q, k, v, None, None, 0.0, 0.2, True, -1, -1, 0.0, False, None, enable_pdl))
+    cu = cu_seqlens([5, 9], device)
+    qv, kv = q.flatten(0, 1), k.flatten(0, 1)
+    _opcheck(ops.varlen_fwd.default, (qv, kv, kv, None, cu, cu, None, None, None, None, 9, 9, 0.0, 0.2, False, True,
+                                      -1, -1, 0.0, False, None, enable_pdl))
+    kc, vc = randn((b, 16, hk, d), dtype, device, 4), randn((b, 16, hk, d), dtype, device, 5)
+    seqlens = torch.tensor([3, 9], dtype=torch.int32, device=device)
+    _opcheck(ops.fwd_kvcache.default, (q[:, :2], kc, vc, k[:, :2], v[:, :2], seqlens, None, None, None, None, None,
+                                       None, None, 0.2, True, -1, -1, 0.0, True, 0, enable_pdl))
+    _opcheck(ops.attn_func.default, (q, k, v, None, None, None, None, None, None, None, 0, 0, 0.2, 0.0, True, -1, -1,
+                                     0, enable_pdl))
+
+    expected = kernel.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(kernel.flash_attn_func(q, k, v, causal=True, enable_pdl=enable_pdl), expected)
+    out = kernel.flash_attn_with_kvcache(q[:, :1], kc, vc, cache_seqlens=seqlens, enable_pdl=enable_pdl)
+    assert torch.equal(out, kernel.flash_attn_with_kvcache(q[:, :1], kc, vc, cache_seqlens=seqlens))

@@ -14,7 +14,9 @@
 //   k and v; on CUDA one of 32, 64, 96, 128, 192, 256.
 // - layout: q, k, v and out need unit stride along head_dim (a stride of 1 in the last
 //   dimension); the other dimensions may have any strides (views of packed qkv tensors, the
-//   transposed [B, H, S, D] tensors of transformers). out must not overlap q, k, v or lse.
+//   transposed [B, H, S, D] tensors of transformers). A written tensor (out, lse; the caches of
+//   fwd_kvcache with new k / v, of reshape_and_cache) must not share memory with any other
+//   argument: an exact test (torch_checks::may_overlap), also for strided views of one buffer.
 // - index values (cu_seqlens, seqused_k, block_table, kv_batch_idx, leftpad_k): the shapes and
 //   dtypes are checked here for every device; the values are checked here for CPU tensors
 //   (reading them is free there), with an error naming the argument, the index and the value.
@@ -31,10 +33,12 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention_params.h"
@@ -70,11 +74,28 @@ using torch_checks::unit_last_stride;
 
 std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
 
-// Whether a and b share memory: ATen's answer for dense tensors; strided views of one buffer,
-// which ATen finds too hard (the usual case of packed qkv / kv tensors), count as disjoint.
-bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  return torch_checks::may_overlap_with("attention", a, b,
-                                        [](const at::Tensor&, const at::Tensor&) { return false; });
+using Named = std::pair<const char*, const at::Tensor*>;
+
+// Each written tensor must not share memory with any other tensor of the call, written or read
+// (torch_checks::may_overlap: exact, also for strided views of one buffer such as a packed qkv
+// tensor): "<op>: <written> must not share memory with <other>".
+void check_no_overlap(const char* op, const std::vector<Named>& written, const std::vector<Named>& read) {
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (size_t j = i + 1; j < written.size(); ++j) {
+      torch_checks::check_no_overlap(op, written[i].first, *written[i].second, written[j].first,
+                                     *written[j].second, " (both are written)");
+    }
+    for (const auto& [name, t] : read) {
+      torch_checks::check_no_overlap(op, written[i].first, *written[i].second, name, *t);
+    }
+  }
+}
+
+// The given optional tensors, by name, appended to `list`.
+void add_present(std::vector<Named>& list, std::initializer_list<std::pair<const char*, const OptTensor*>> opts) {
+  for (const auto& [name, t] : opts) {
+    if (present(*t)) list.emplace_back(name, &**t);
+  }
 }
 
 #if defined(CUDA_KERNEL)
@@ -124,7 +145,7 @@ struct Names {
   const char* max_seqlen_k = "max_seqlen_k";
 };
 
-struct AttnCall {
+struct AttentionCall {
   const char* op = "";
   Names names;
   at::Tensor out, q, k, v;
@@ -134,6 +155,7 @@ struct AttnCall {
   bool causal = false;
   int64_t window_left = -1, window_right = -1, num_splits = 0;
   std::function<void()> before_launch;  // runs after every check, before the kernel (zero_tensors)
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
 };
 
 // Sizes derived from the checked tensors.
@@ -144,11 +166,11 @@ struct Geometry {
   int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
 };
 
-void check_device(const AttnCall& c, const char* name, const at::Tensor& t) {
+void check_device(const AttentionCall& c, const char* name, const at::Tensor& t) {
   check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
-void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
+void check_int32(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
   check_device(c, name, t);
   TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ", dtype_name(t.scalar_type()));
   TORCH_CHECK(t.dim() == dims, c.op, ": ", name, " must have shape ", layout, ", got ", t.sizes());
@@ -160,7 +182,7 @@ void check_int32(const AttnCall& c, const char* name, const at::Tensor& t, int64
   }
 }
 
-void check_vector(const AttnCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
+void check_vector(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
   check_int32(c, name, t, 1, what);
   torch_checks::check_shape(c.op, name, t, {expected}, what);
 }
@@ -170,7 +192,7 @@ void check_vector(const AttnCall& c, const char* name, const at::Tensor& t, int6
 at::Tensor lengths_of(const at::Tensor& cu) { return cu.narrow(0, 1, cu.size(0) - 1).sub(cu.narrow(0, 0, cu.size(0) - 1)).to(at::kInt); }
 
 // Index values of a CPU call (see the file header).
-void check_index_values_cpu(const AttnCall& c, const Geometry& g) {
+void check_index_values_cpu(const AttentionCall& c, const Geometry& g) {
   const Names& n = c.names;
   auto check_cu = [&](const at::Tensor& cu, const char* name, int64_t total, int64_t max_len, const char* max_name) {
     const int32_t* v = cu.const_data_ptr<int32_t>();
@@ -229,7 +251,7 @@ void check_index_values_cpu(const AttnCall& c, const Geometry& g) {
   }
 }
 
-Geometry check(AttnCall& c) {
+Geometry check(AttentionCall& c) {
   const Names& n = c.names;
   const char* op = c.op;
   Geometry g;
@@ -342,10 +364,6 @@ Geometry check(AttnCall& c) {
   // out, lse
   TORCH_CHECK(c.out.sizes() == c.q.sizes(), op, ": ", n.out, " must have the shape of ", n.q, " ", c.q.sizes(),
               ", got ", c.out.sizes());
-  for (const auto& [name, t] :
-       {std::pair<const char*, const at::Tensor*>{n.q, &c.q}, {n.k, &c.k}, {n.v, &c.v}}) {
-    TORCH_CHECK(!overlaps(c.out, *t), op, ": ", n.out, " must not share memory with ", name);
-  }
   if (present(c.lse)) {
     const at::Tensor& lse = *c.lse;
     check_device(c, n.lse, lse);
@@ -361,12 +379,6 @@ Geometry check(AttnCall& c) {
     }
     TORCH_CHECK(unit_last_stride(lse), op, ": ", n.lse, " must have stride 1 along its last dimension, got strides ",
                 lse.strides());
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{n.q, &c.q},
-                                  {n.k, &c.k},
-                                  {n.v, &c.v},
-                                  {n.out, &c.out}}) {
-      TORCH_CHECK(!overlaps(lse, *t), op, ": ", n.lse, " must not share memory with ", name);
-    }
   }
 
   // per-sequence vectors
@@ -384,6 +396,19 @@ Geometry check(AttnCall& c) {
     TORCH_CHECK(unit_last_stride(a), op, ": ", n.alibi_slopes,
                 " must have stride 1 along its last dimension, got strides ", a.strides());
   }
+
+  // overlap: out and lse are written, everything else is read
+  std::vector<Named> written = {{n.out, &c.out}};
+  add_present(written, {{n.lse, &c.lse}});
+  std::vector<Named> read = {{n.q, &c.q}, {n.k, &c.k}, {n.v, &c.v}};
+  add_present(read, {{n.cu_seqlens_q, &c.cu_seqlens_q},
+                     {n.cu_seqlens_k, &c.cu_seqlens_k},
+                     {n.seqused_k, &c.seqused_k},
+                     {n.block_table, &c.block_table},
+                     {n.kv_batch_idx, &c.kv_batch_idx},
+                     {n.leftpad_k, &c.leftpad_k},
+                     {n.alibi_slopes, &c.alibi_slopes}});
+  check_no_overlap(op, written, read);
 
   // scalars
   TORCH_CHECK(std::isfinite(c.softmax_scale), op, ": softmax_scale must be finite, got ", c.softmax_scale);
@@ -404,7 +429,7 @@ DType dtype_of(const at::Tensor& t) { return *to_dtype(t.scalar_type()); }
 // 16-byte chunks).
 int64_t stride(const at::Tensor& t, int64_t dim) { return t.size(dim) == 1 ? 0 : t.stride(dim); }
 
-AttnFwdParams make_params(const AttnCall& c, const Geometry& g) {
+AttnFwdParams make_params(const AttentionCall& c, const Geometry& g) {
   AttnFwdParams p;
   p.dtype = dtype_of(c.q);
   p.batch = g.batch;
@@ -475,10 +500,11 @@ AttnFwdParams make_params(const AttnCall& c, const Geometry& g) {
     p.alibi_batch_stride = c.alibi_slopes->dim() == 2 ? c.alibi_slopes->stride(0) : 0;
   }
   p.num_splits = c.num_splits;
+  p.pdl_request = c.pdl_request;
   return p;
 }
 
-void run_attention(AttnCall& c) {
+void run_attention(AttentionCall& c) {
   const Geometry g = check(c);
   if (c.before_launch) c.before_launch();
   if (g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || (!g.varlen_q && g.seqlen_q == 0)) return;
@@ -505,7 +531,7 @@ void run_attention(AttnCall& c) {
     // The CUDA kernels move 16-byte chunks (attention_cuda.h): a q/k/v view that is not 16-byte
     // aligned (base pointer, or a batch/row/head stride not a multiple of 16 bytes) is read
     // through a contiguous copy, and an unaligned out / lse is written through a temporary.
-    AttnCall a = c;
+    AttentionCall a = c;
     if (!aligned16(a.q)) a.q = a.q.contiguous();
     if (!aligned16(a.k) || !aligned16(a.v)) {
       a.k = a.k.contiguous();
@@ -667,15 +693,8 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
     vc.d_outer_stride = 0;
     vc.d_inner_stride = value_cache.stride(2);
   }
-  TORCH_CHECK(!overlaps(key_cache, value_cache), op, ": key_cache and value_cache must not share memory");
-  for (const auto& [cname, cache] : {std::pair<const char*, const at::Tensor*>{"key_cache", &key_cache},
-                                     {"value_cache", &value_cache}}) {
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"key", &key},
-                                  {"value", &value},
-                                  {"slot_mapping", &slot_mapping}}) {
-      TORCH_CHECK(!overlaps(*cache, *t), op, ": ", cname, " must not share memory with ", name);
-    }
-  }
+  check_no_overlap(op, {{"key_cache", &key_cache}, {"value_cache", &value_cache}},
+                   {{"key", &key}, {"value", &value}, {"slot_mapping", &slot_mapping}});
   if (p.num_tokens == 0 || heads == 0 || head_size == 0) return;
 #if defined(CPU_KERNEL)
   if (device.is_cpu()) {
@@ -702,8 +721,10 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
               const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, const OptTensor& seqused_k,
               const OptTensor& block_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
               const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-              double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits) {
-  AttnCall c;
+              double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits,
+              std::optional<bool> enable_pdl) {
+  AttentionCall c;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.op = "attn_fwd";
   c.out = out;
   c.q = q;
@@ -731,12 +752,13 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
                             const OptTensor& alibi_slopes, double p_dropout, double softmax_scale, bool is_causal,
                             int64_t window_size_left, int64_t window_size_right, double softcap, bool return_softmax,
-                            const std::optional<at::Generator>& gen) {
+                            const std::optional<at::Generator>& gen, std::optional<bool> enable_pdl) {
   (void)gen;
   constexpr const char* op = "fwd";
   check_no_dropout(op, p_dropout, return_softmax);
   TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
-  AttnCall c;
+  AttentionCall c;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.op = op;
   c.q = q;
   c.k = k;
@@ -761,12 +783,14 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                    const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                    double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
                                    int64_t window_size_left, int64_t window_size_right, double softcap,
-                                   bool return_softmax, const std::optional<at::Generator>& gen) {
+                                   bool return_softmax, const std::optional<at::Generator>& gen,
+                                   std::optional<bool> enable_pdl) {
   (void)gen;
   constexpr const char* op = "varlen_fwd";
   check_no_dropout(op, p_dropout, return_softmax);
   TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ", q.sizes());
-  AttnCall c;
+  AttentionCall c;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.op = op;
   c.q = q;
   c.k = k;
@@ -804,7 +828,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                                     const OptTensor& block_table, const OptTensor& alibi_slopes,
                                     const OptTensor& out, double softmax_scale, bool is_causal,
                                     int64_t window_size_left, int64_t window_size_right, double softcap,
-                                    bool rotary_interleaved, int64_t num_splits) {
+                                    bool rotary_interleaved, int64_t num_splits, std::optional<bool> enable_pdl) {
   constexpr const char* op = "fwd_kvcache";
   TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
   const int64_t batch = q.size(0);
@@ -846,16 +870,15 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                   ", head_dim = ", k_cache.size(3), "], got ", t->sizes());
       TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension, got strides ",
                   t->strides());
-      TORCH_CHECK(!overlaps(*t, k_cache) && !overlaps(*t, v_cache), op, ": ", name,
-                  " must not share memory with k_cache or v_cache");
     }
     TORCH_CHECK(v->size(1) == k->size(1), op, ": v must have the shape of k ", k->sizes(), ", got ", v->sizes());
     seqlen_new = k->size(1);
   }
 
   // The attention over the caches (their own checks name k_cache, v_cache, cache_batch_idx, ...).
-  AttnCall c;
+  AttentionCall c;
   c.op = op;
+  c.pdl_request = pdl::request_of(enable_pdl);
   c.names = names;
   c.k = k_cache;
   c.v = v_cache;
@@ -889,9 +912,21 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                                                   : " (cache_seqlens + new tokens)";
   }
   // Check everything (tensors of the attention call included) before anything is written.
-  AttnCall probe = c;
+  AttentionCall probe = c;
   const Geometry g = check(probe);
   at::Tensor q_attn = q;
+  if (new_kv) {
+    // The append writes k_cache and v_cache before the attention reads them.
+    std::vector<Named> read = {{"q", &q}, {"k", &*k}, {"v", &*v}};
+    add_present(read, {{"cache_seqlens", &cache_seqlens},
+                       {"rotary_cos", &rotary_cos},
+                       {"rotary_sin", &rotary_sin},
+                       {"cache_batch_idx", &cache_batch_idx},
+                       {"cache_leftpad", &cache_leftpad},
+                       {"block_table", &block_table},
+                       {"alibi_slopes", &alibi_slopes}});
+    check_no_overlap(op, {{"k_cache", &k_cache}, {"v_cache", &v_cache}}, read);
+  }
 
   if (new_kv) {
     attention::KvAppendParams a;

@@ -6,6 +6,8 @@
 // softmax_lse) (a tuple, not flash-attn's Tensor[]: a list return cannot be functionalized next
 // to mutated arguments, so it would not trace); reshape_and_cache(_flash) are vLLM's KV-cache writers. Launchers:
 // torch_binding.h; semantics: kernel_src/attention_params.h and kernel_src/cache_params.h.
+// The four forward ops end in `bool? enable_pdl=None`: programmatic dependent launch on CUDA
+// (None: the kernels' default, on for both; False: off; ignored on CPU; pdl_request.h).
 #include <torch/library.h>
 
 #include "registration.h"
@@ -24,28 +26,29 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "attn_fwd(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor(b!)? lse, Tensor? cu_seqlens_q, "
       "Tensor? cu_seqlens_k, Tensor? seqused_k, Tensor? block_table, Tensor? kv_batch_idx, "
       "Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-      "float softcap, bool causal, int window_left, int window_right, int num_splits) -> ()");
+      "float softcap, bool causal, int window_left, int window_right, int num_splits, "
+      "bool? enable_pdl=None) -> ()");
   ATTN_IMPL(attn_fwd);
 
   // flash-attn 2 C++ API (flash_api.cpp), forward only.
   ops.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor? alibi_slopes, float p_dropout, "
       "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float softcap, "
-      "bool return_softmax, Generator? gen) -> (Tensor, Tensor)");
+      "bool return_softmax, Generator? gen, bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(fwd);
   ops.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, int max_seqlen_q, "
       "int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, bool is_causal, "
-      "int window_size_left, int window_size_right, float softcap, bool return_softmax, Generator? gen) "
-      "-> (Tensor, Tensor)");
+      "int window_size_left, int window_size_right, float softcap, bool return_softmax, Generator? gen, "
+      "bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(varlen_fwd);
   ops.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
       "Tensor? cache_seqlens, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_batch_idx, "
       "Tensor? cache_leftpad, Tensor? block_table, Tensor? alibi_slopes, Tensor(c!)? out, "
       "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float softcap, "
-      "bool rotary_interleaved, int num_splits) -> (Tensor, Tensor)");
+      "bool rotary_interleaved, int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(fwd_kvcache);
 
   // vLLM KV-cache writers (csrc/cache_kernels.cu names and argument order).

@@ -35,7 +35,8 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
               const std::optional<at::Tensor>& leftpad_k,      // [B] int32
               const std::optional<at::Tensor>& alibi_slopes,   // [Hq] or [B, Hq] float32
               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, double softcap,
-              bool causal, int64_t window_left, int64_t window_right, int64_t num_splits);
+              bool causal, int64_t window_left, int64_t window_right, int64_t num_splits,
+              std::optional<bool> enable_pdl);
 
 // flash-attn's mha_fwd: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]. Returns (out, softmax_lse
 // [B, Hq, Sq]) (out is `out` when given). p_dropout > 0 and return_softmax raise
@@ -45,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
                             const std::optional<at::Tensor>& alibi_slopes, double p_dropout,
                             double softmax_scale, bool is_causal, int64_t window_size_left,
                             int64_t window_size_right, double softcap, bool return_softmax,
-                            const std::optional<at::Generator>& gen);
+                            const std::optional<at::Generator>& gen, std::optional<bool> enable_pdl);
 
 // flash-attn's mha_varlen_fwd: q [total_q, Hq, D], k/v [total_k, Hkv, D] (or a paged cache with
 // block_table: key lengths from seqused_k, else from cu_seqlens_k). Returns (out, softmax_lse
@@ -61,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                    int64_t max_seqlen_k, double p_dropout, double softmax_scale,
                                    bool zero_tensors, bool is_causal, int64_t window_size_left,
                                    int64_t window_size_right, double softcap, bool return_softmax,
-                                   const std::optional<at::Generator>& gen);
+                                   const std::optional<at::Generator>& gen, std::optional<bool> enable_pdl);
 
 // flash-attn's mha_fwd_kvcache: q [B, Sq, Hq, D]; k_cache/v_cache [B_cache, S_cache, Hkv, D] or
 // paged [num_blocks, block_size, Hkv, D] with block_table [B, max_blocks]. New k/v [B, S_new,
@@ -79,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
                                     const std::optional<at::Tensor>& alibi_slopes,
                                     const std::optional<at::Tensor>& out, double softmax_scale, bool is_causal,
                                     int64_t window_size_left, int64_t window_size_right, double softcap,
-                                    bool rotary_interleaved, int64_t num_splits);
+                                    bool rotary_interleaved, int64_t num_splits, std::optional<bool> enable_pdl);
 
 // vLLM reshape_and_cache: key/value [T, H, D] (T >= slot_mapping.size(0)); key_cache
 // [num_blocks, H, D / x, block_size, x], value_cache [num_blocks, H, D, block_size]; token t goes

@@ -25,10 +25,12 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace torch_checks {
 namespace {
@@ -148,22 +150,100 @@ inline at::Tensor readable(const at::Tensor& t) {
 inline int64_t read_row_stride(const at::Tensor& t) { return collapsed_row_stride(t).value(); }
 
 // ---- memory overlap ----
+//
+// One policy for every op: a written tensor must not share a byte with another argument (unless
+// the op allows the exact in-place form, same_view above). may_overlap answers exactly: ATen's
+// answer for dense tensors, and for strided views of one buffer (q, k and v of a packed qkv
+// tensor, the even and odd columns of a matrix, a transposed or expanded view), which ATen finds
+// "too hard", a search for two elements whose bytes intersect. The search is bounded: after
+// kOverlapSearchSteps steps it answers "overlap", the safe side (an error, never a wrong
+// result); real layouts take a few steps per dimension.
 
-// [first, last] byte addresses spanned by a non-empty tensor (strides are never negative).
-inline std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
-  int64_t last = 0;
-  for (int64_t i = 0; i < t.dim(); ++i) {
-    last += (t.size(i) - 1) * t.stride(i);
+namespace detail {
+
+// floor(a / b) and ceil(a / b) for b > 0.
+inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+// One dimension of the difference of two element addresses: c * stride bytes, c in [lo, hi].
+struct Term {
+  int64_t stride;  // > 0
+  int64_t lo, hi;
+};
+
+// Whether some choice of c for terms[i:] puts sum c * stride in the open interval (lo, hi).
+// rest_min / rest_max[i] bound that sum; the terms are sorted by decreasing stride, so for
+// nested layouts the bounds leave one or two values of each c. Each step spends one of
+// `budget`; when it runs out the answer is "yes".
+inline bool reachable(const std::vector<Term>& terms, const std::vector<int64_t>& rest_min,
+                      const std::vector<int64_t>& rest_max, size_t i, int64_t lo, int64_t hi,
+                      int64_t& budget) {
+  if (--budget < 0) {
+    return true;
   }
-  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size()) - 1};
+  if (i == terms.size()) {
+    return lo < 0 && 0 < hi;
+  }
+  const Term& t = terms[i];
+  const int64_t cmin = std::max(floor_div(lo - rest_max[i + 1], t.stride) + 1, t.lo);
+  const int64_t cmax = std::min(ceil_div(hi - rest_min[i + 1], t.stride) - 1, t.hi);
+  for (int64_t c = cmin; c <= cmax; ++c) {
+    if (reachable(terms, rest_min, rest_max, i + 1, lo - c * t.stride, hi - c * t.stride,
+                  budget)) {
+      return true;
+    }
+  }
+  return false;
 }
 
-// Whether `a` and `b` may share memory: ATen's exact answer for dense tensors; for strided views of
-// one buffer, which ATen finds "too hard", the answer of `strided(a, b)`.
-template <typename Strided>
-inline bool may_overlap_with(const char* op, const at::Tensor& a, const at::Tensor& b,
-                             const Strided& strided) {
+constexpr int64_t kOverlapSearchSteps = int64_t(1) << 16;
+
+// Whether two non-empty views of one buffer share a byte: is there an element of `a` at
+// a0 + sum_d i_d sa_d and one of `b` at b0 + sum_d j_d sb_d (bytes) whose byte ranges intersect,
+// i.e. sum i_d sa_d - sum j_d sb_d in (b0 - a0 - size_a, b0 - a0 + size_b)? Dimensions of size 1
+// or stride 0 add nothing; dimensions of equal stride merge into one term (i - j ranges over
+// every integer between its bounds). Strides are never negative in ATen.
+inline bool strided_overlap(const at::Tensor& a, const at::Tensor& b) {
+  std::vector<Term> terms;
+  const auto add = [&terms](const at::Tensor& t, bool minus) {
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t stride = t.stride(d) * static_cast<int64_t>(t.element_size());
+      if (t.size(d) <= 1 || stride == 0) {
+        continue;
+      }
+      const int64_t lo = minus ? -(t.size(d) - 1) : 0;
+      const int64_t hi = minus ? 0 : t.size(d) - 1;
+      const auto same = std::find_if(terms.begin(), terms.end(),
+                                     [stride](const Term& x) { return x.stride == stride; });
+      if (same != terms.end()) {
+        same->lo += lo;
+        same->hi += hi;
+      } else {
+        terms.push_back({stride, lo, hi});
+      }
+    }
+  };
+  add(a, false);
+  add(b, true);
+  std::sort(terms.begin(), terms.end(),
+            [](const Term& x, const Term& y) { return x.stride > y.stride; });
+  std::vector<int64_t> rest_min(terms.size() + 1, 0), rest_max(terms.size() + 1, 0);
+  for (size_t i = terms.size(); i-- > 0;) {
+    rest_min[i] = rest_min[i + 1] + terms[i].lo * terms[i].stride;
+    rest_max[i] = rest_max[i + 1] + terms[i].hi * terms[i].stride;
+  }
+  const int64_t d = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.const_data_ptr()) -
+                                         reinterpret_cast<uintptr_t>(a.const_data_ptr()));
+  int64_t budget = kOverlapSearchSteps;
+  return reachable(terms, rest_min, rest_max, 0, d - static_cast<int64_t>(a.element_size()),
+                   d + static_cast<int64_t>(b.element_size()), budget);
+}
+
+}  // namespace detail
+
+// Whether `a` and `b` share memory (exact, see above; `op` names the caller in the error for
+// an overlap status this header does not know).
+inline bool may_overlap(const char* op, const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) {
     return false;
   }
@@ -174,24 +254,20 @@ inline bool may_overlap_with(const char* op, const at::Tensor& a, const at::Tens
     case at::MemOverlapStatus::No:
       return false;
     case at::MemOverlapStatus::TooHard:
-      return strided(a, b);
+      return detail::strided_overlap(a, b);
     default:
       TORCH_CHECK(false, op, ": unexpected memory overlap status");
   }
   return true;
 }
 
-// Whether the address spans of two views of one buffer intersect.
-inline bool spans_intersect(const at::Tensor& a, const at::Tensor& b) {
-  const auto sa = byte_span(a);
-  const auto sb = byte_span(b);
-  return sa.first <= sb.second && sb.first <= sa.second;
-}
-
-// may_overlap_with, conservative for strided views of one buffer: any intersection of their
-// address spans counts, even when their elements interleave without sharing a byte.
-inline bool may_overlap(const char* op, const at::Tensor& a, const at::Tensor& b) {
-  return may_overlap_with(op, a, b, spans_intersect);
+// `written` must not share memory with `other`: "<op>: <name> must not share memory with
+// <other_name><note>".
+inline void check_no_overlap(const char* op, const char* name, const at::Tensor& written,
+                             const char* other_name, const at::Tensor& other,
+                             const char* note = "") {
+  TORCH_CHECK(!may_overlap(op, written, other), op, ": ", name, " must not share memory with ",
+              other_name, note);
 }
 
 }  // namespace

@@ -67,7 +67,7 @@
 //   outputs stored with .cs (evict-first); rmsnorm_cuda_utils.cuh.
 // - Programmatic dependent launch on sm_90+ (pdl.cuh, shared with the other kernels): the
 //   backward's reduce kernel is launched with PDL after the backward kernel; the first kernel of a
-//   call only with RMSNORM_PDL=1 (0: none). Each kernel waits for its predecessor before its first
+//   call only with enable_pdl=True (False: none). Each kernel waits for its predecessor before its first
 //   global access and then releases its dependents, so a decode-sized launch after a kernel that
 //   releases its dependents overlaps its launch latency with that kernel's tail.
 // - Launch heuristics live in LaunchConfig, FwdPlan, BwdShape and BwdPartition only.
@@ -80,6 +80,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "rmsnorm_cuda.h"
 #include "rmsnorm_cuda_utils.cuh"
 #include "pdl.cuh"
@@ -103,9 +104,6 @@ using detail::load_chunk;
 using detail::prefetch_l2;
 using detail::round_norm;
 using detail::store_chunk;
-
-// RMSNORM_PDL=0 in the environment turns programmatic dependent launch off (pdl.cuh).
-constexpr char kRmsNormPdlEnv[] = "RMSNORM_PDL";
 
 // ---------------------------------------------------------------------------------------------
 // Launch configuration: the only place where the launch heuristics live.
@@ -1291,14 +1289,14 @@ double dram_bytes_per_us_per_sm(int sms) {
 }
 
 // PDL on sm_90+ by default only for the backward's reduce, which follows the backward kernel
-// (after a GEMM a PDL rms_norm launch was slower; benchmarks/NOTES.md, "Smaller findings");
-// RMSNORM_PDL=1 for every launch, 0 for none (pdl.cuh).
+// (after a GEMM a PDL rms_norm launch was slower; benchmarks/NOTES.md, "Smaller findings"); the
+// params' pdl_request (enable_pdl) kOn for every launch, kOff for none (pdl.cuh).
 template <typename Kernel, typename Args>
-cudaError_t launch(pdl::ByDefault by_default, Kernel kernel, int64_t grid, int threads,
-                   size_t smem, cudaStream_t stream, const Args& args) {
-  return pdl::launch<kRmsNormPdlEnv>(by_default, kernel,
-                                     dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
-                                     dim3(static_cast<unsigned>(threads)), smem, stream, args);
+cudaError_t launch(pdl::Request pdl_request, pdl::ByDefault by_default, Kernel kernel, int64_t grid,
+                   int threads, size_t smem, cudaStream_t stream, const Args& args) {
+  return pdl::launch(pdl_request, by_default, kernel,
+                     dim3(static_cast<unsigned>(grid < kMaxGrid ? grid : kMaxGrid)),
+                     dim3(static_cast<unsigned>(threads)), smem, stream, args);
 }
 
 bool aligned16(const void* p) {
@@ -1353,30 +1351,34 @@ template <auto kKernel> void prefer_fwd_carveout() {
 // kFwdChunksManyRows vectors per thread: no other instance is built). Those many-row instances
 // run with the shared memory carveout of LaunchConfig::kFwdCarveoutPercent.
 template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
-cudaError_t launch_fwd_register(const FwdArgs& args, int threads, cudaStream_t stream) {
+cudaError_t launch_fwd_register(const FwdArgs& args, int threads, pdl::Request pdl_request,
+                                cudaStream_t stream) {
   constexpr auto kKernel = rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks>;
   if constexpr (kChunks >= LaunchConfig::kFwdChunksManyRows) {
     if constexpr (kVec > 1) {
       if (args.prefetch_rows > 0) {
         constexpr auto kPrefetching = rms_norm_fwd_kernel<Tin, Tw, Tout, kVec, kChunks, true>;
         prefer_fwd_carveout<kPrefetching>();
-        return launch(pdl::ByDefault::kPlain, kPrefetching, args.row_blocks, threads, 0, stream,
-                      args);
+        return launch(pdl_request, pdl::ByDefault::kPlain, kPrefetching, args.row_blocks, threads,
+                      0, stream, args);
       }
     }
     prefer_fwd_carveout<kKernel>();
   }
-  return launch(pdl::ByDefault::kPlain, kKernel, args.row_blocks, threads, 0, stream, args);
+  return launch(pdl_request, pdl::ByDefault::kPlain, kKernel, args.row_blocks, threads, 0, stream,
+                args);
 }
 
 template <typename Tin, typename Tw, typename Tout, int kVec, int kChunks>
-cudaError_t launch_fwd_rows(const FwdArgs& args, int threads, cudaStream_t stream) {
-  return launch(pdl::ByDefault::kPlain, rms_norm_fwd_row_kernel<Tin, Tw, Tout, kVec, kChunks>,
-                args.rows, threads, 0, stream, args);
+cudaError_t launch_fwd_rows(const FwdArgs& args, int threads, pdl::Request pdl_request,
+                            cudaStream_t stream) {
+  return launch(pdl_request, pdl::ByDefault::kPlain,
+                rms_norm_fwd_row_kernel<Tin, Tw, Tout, kVec, kChunks>, args.rows, threads, 0,
+                stream, args);
 }
 
 template <typename Tin, typename Tw, typename Tout, int kVec>
-cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
+cudaError_t launch_fwd(FwdArgs args, int sms, pdl::Request pdl_request, cudaStream_t stream) {
   args.chunks = args.hidden / kVec;
   // 8 vectors per thread for wide rows: not with a residual, nor with an fp16 weight (LaunchConfig).
   const bool wide_rows_ok = args.residual == nullptr && !std::is_same<Tw, __half>::value;
@@ -1392,17 +1394,20 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
                                    (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
                : 0;
   if (plan.two_pass) {
-    return launch(pdl::ByDefault::kPlain, rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>,
-                  args.rows, threads, 0, stream, args);
+    return launch(pdl_request, pdl::ByDefault::kPlain,
+                  rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0, stream,
+                  args);
   }
   // The row kernel: vector path, not modulated (the general kernel takes the other forms).
   const bool row_kernel = kVec > 1 && plan.row_kernel && args.scale == nullptr;
   auto launch_k = [&](auto chunks_tag) {
     constexpr int kChunks = decltype(chunks_tag)::value;
     if constexpr (kVec > 1) {
-      if (row_kernel) return launch_fwd_rows<Tin, Tw, Tout, kVec, kChunks>(args, threads, stream);
+      if (row_kernel) {
+        return launch_fwd_rows<Tin, Tw, Tout, kVec, kChunks>(args, threads, pdl_request, stream);
+      }
     }
-    return launch_fwd_register<Tin, Tw, Tout, kVec, kChunks>(args, threads, stream);
+    return launch_fwd_register<Tin, Tw, Tout, kVec, kChunks>(args, threads, pdl_request, stream);
   };
   switch (plan.chunks_per_thread) {
     case 1: return launch_k(std::integral_constant<int, 1>{});
@@ -1415,6 +1420,7 @@ cudaError_t launch_fwd(FwdArgs args, int sms, cudaStream_t stream) {
 
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t run_fwd(const RmsNormFwdParams& p, cudaStream_t stream) {
+  const pdl::Request pdl_request = p.pdl_request;
   if (p.rows < 0) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   bool round_ok = false;
@@ -1464,22 +1470,23 @@ cudaError_t run_fwd(const RmsNormFwdParams& p, cudaStream_t stream) {
                      rows_aligned(p.residual_out_stride, sizeof(Tin), p.rows))) &&
                    (p.scale == nullptr || (rows_aligned(p.scale_stride, sizeof(Tin), batch) &&
                                            rows_aligned(p.shift_stride, sizeof(Tin), batch)));
-  return vec ? launch_fwd<Tin, Tw, Tout, V>(args, sms, stream)
-             : launch_fwd<Tin, Tw, Tout, 1>(args, sms, stream);
+  return vec ? launch_fwd<Tin, Tw, Tout, V>(args, sms, pdl_request, stream)
+             : launch_fwd<Tin, Tw, Tout, 1>(args, sms, pdl_request, stream);
 }
 
 // ---- backward ----
 
 template <typename Tin, typename Tw, typename Tout, int kVec, int kMode>
-cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t stream) {
+cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, pdl::Request pdl_request,
+                            cudaStream_t stream) {
   constexpr int kChunks = BwdShape<Tin, Tw, Tout, kVec, kMode>::kChunks;
   args.chunks = args.hidden / kVec;
   const int group = group_for(ceil_div(args.chunks, kChunks));
   if (group > LaunchConfig::kBwdMaxGroup) {
     args.group = LaunchConfig::kBwdWideThreads;
     args.slots = 1;
-    return launch(pdl::ByDefault::kPlain, rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>,
-                  args.partials, LaunchConfig::kBwdWideThreads, 0, stream, args);
+    return launch(pdl_request, pdl::ByDefault::kPlain,
+                  rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials, LaunchConfig::kBwdWideThreads, 0, stream, args);
   }
   args.group = group;
   args.slots = group < LaunchConfig::kBwdCtaThreads ? LaunchConfig::kBwdCtaThreads / group : 1;
@@ -1491,23 +1498,27 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, cudaStream_t strea
   static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
   const size_t smem =
       sizeof(float) * static_cast<size_t>(args.slots) * static_cast<size_t>(args.hidden);
-  return launch(pdl::ByDefault::kPlain, rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>,
-                args.partials, group * args.slots, smem, stream, args);
+  return launch(pdl_request, pdl::ByDefault::kPlain,
+                rms_norm_bwd_kernel<Tin, Tw, Tout, kVec, kChunks, kMode>, args.partials,
+                group * args.slots, smem, stream, args);
 }
 
 template <typename Tin, typename Tw, typename Tout, int kVec>
-cudaError_t launch_bwd(const BwdArgs& args, double dram_per_sm, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdArgs& args, double dram_per_sm, pdl::Request pdl_request,
+                       cudaStream_t stream) {
   if (args.scale == nullptr) {
-    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdPlain>(args, dram_per_sm, stream);
+    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdPlain>(args, dram_per_sm, pdl_request, stream);
   }
   if (args.ws_scale == nullptr && args.ws_shift == nullptr) {
-    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModulated>(args, dram_per_sm, stream);
+    return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModulated>(args, dram_per_sm, pdl_request,
+                                                               stream);
   }
-  return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModGrads>(args, dram_per_sm, stream);
+  return launch_bwd_mode<Tin, Tw, Tout, kVec, kBwdModGrads>(args, dram_per_sm, pdl_request, stream);
 }
 
 template <typename Tin, typename Tw, typename Tout>
 cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
+  const pdl::Request pdl_request = p.pdl_request;
   if (p.rows < 0) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   bool round_ok = false;
@@ -1572,8 +1583,8 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
                     rows_aligned(p.grad_residual_stride, sizeof(Tin), p.rows)) &&
                    (p.scale == nullptr || rows_aligned(p.scale_stride, sizeof(Tin), part.batch));
   const double dram_per_sm = dram_bytes_per_us_per_sm(sms);
-  cudaError_t err = vec ? launch_bwd<Tin, Tw, Tout, V>(args, dram_per_sm, stream)
-                        : launch_bwd<Tin, Tw, Tout, 1>(args, dram_per_sm, stream);
+  cudaError_t err = vec ? launch_bwd<Tin, Tw, Tout, V>(args, dram_per_sm, pdl_request, stream)
+                        : launch_bwd<Tin, Tw, Tout, 1>(args, dram_per_sm, pdl_request, stream);
   if (err != cudaSuccess || reductions == 0) return err;
 
   ReduceArgs r{};
@@ -1595,33 +1606,20 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
                        (p.grad_shift != nullptr ? part.batch : 0);
   r.blocks = jobs * r.col_blocks;
   r.job_of_block = FastDivU64::make(static_cast<uint64_t>(r.col_blocks));
-  return launch(pdl::ByDefault::kPdl, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks,
+  return launch(pdl_request, pdl::ByDefault::kPdl, rms_norm_bwd_reduce_kernel<Tin, Tw>, r.blocks,
                 LaunchConfig::kReduceThreads, 0, stream, r);
 }
 
 // ---- dtype dispatch ----
 
-template <typename T> struct TypeTag { using type = T; };
-
 // Calls f(TypeTag<Tin>, TypeTag<Tw>, TypeTag<Tout>) for the 9 supported combinations: Tin
 // fp32/fp16/bf16, Tw and Tout each Tin or fp32; cudaErrorInvalidValue for any other.
 template <typename F> cudaError_t dispatch_types(DType in, DType weight, DType out, F&& f) {
-  auto with_in = [&](auto tin) -> cudaError_t {
-    auto with_weight = [&](auto tw) -> cudaError_t {
-      if (out == in) return f(tin, tw, tin);
-      if (out == DType::kFloat32) return f(tin, tw, TypeTag<float>{});
-      return cudaErrorInvalidValue;
-    };
-    if (weight == in) return with_weight(tin);
-    if (weight == DType::kFloat32) return with_weight(TypeTag<float>{});
-    return cudaErrorInvalidValue;
-  };
-  switch (in) {
-    case DType::kFloat32: return with_in(TypeTag<float>{});
-    case DType::kFloat16: return with_in(TypeTag<__half>{});
-    case DType::kBFloat16: return with_in(TypeTag<__nv_bfloat16>{});
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch::floats(in, [&](auto tin) {
+    return dispatch::same_or_float(weight, in, tin, [&](auto tw) {
+      return dispatch::same_or_float(out, in, tin, [&](auto tout) { return f(tin, tw, tout); });
+    });
+  });
 }
 
 }  // namespace

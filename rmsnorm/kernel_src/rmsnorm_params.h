@@ -27,6 +27,8 @@
 
 #include <cstdint>
 
+#include "pdl_request.h"
+
 namespace rmsnorm {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
@@ -68,6 +70,8 @@ struct RmsNormFwdParams {
   float eps = 1e-6f;
   bool round_norm = false;
   DType norm_dtype = DType::kFloat32;
+
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 struct RmsNormBwdParams {
@@ -106,6 +110,8 @@ struct RmsNormBwdParams {
   float eps = 1e-6f;
   bool round_norm = false;
   DType norm_dtype = DType::kFloat32;
+
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 }  // namespace rmsnorm

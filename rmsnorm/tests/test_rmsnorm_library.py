@@ -200,3 +200,36 @@ def test_compile_out_param_and_in_place_ops(kernel, device, dtype):
     assert torch.equal(yc, ye)
     for a, b in zip(args_c, args_e):
         assert torch.equal(a, b)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("enable_pdl", [None, True, False], ids=str)
+def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
+    """enable_pdl is the last argument of every op (schema `bool? enable_pdl=None`), of the
+    allocating ops and of the Python functions; it changes how the CUDA kernels are launched,
+    never the result (the CPU ignores it)."""
+    ops = kernel.ops
+    x = make_input((3, 2, 9), F32, device)
+    r = make_input(x.shape, F32, device, seed=3)
+    w = make_weight("same", 9, F32, device)
+    _opcheck(ops.rms_norm.default, (torch.empty_like(x), x, w, EPS, enable_pdl))
+    _opcheck(ops.gemma_rms_norm.default, (torch.empty_like(x), x, w, EPS, enable_pdl))
+    _opcheck(ops.fused_add_rms_norm.default, (x.clone(), r.clone(), w, EPS, enable_pdl))
+    _opcheck(ops.gemma_fused_add_rms_norm.default, (x.clone(), r.clone(), w, EPS, enable_pdl))
+    scale, shift = make_input((3, 9), F32, device, seed=4), make_input((3, 9), F32, device, seed=5)
+    _opcheck(ops.rms_norm_modulate.default, (torch.empty_like(x), x, w, scale, shift, EPS, enable_pdl))
+    _opcheck(ops.rms_norm_fwd.default, (torch.empty_like(x), x, w, None, None, None, None, None, EPS, 0.0, None, enable_pdl))
+    _opcheck(ops.rms_norm_bwd.default, (torch.empty_like(x), torch.empty_like(w), None, None, r, x, w, None, None, EPS,
+                                        0.0, None, enable_pdl))
+    _opcheck(ops.rms_norm_functional.default, (x, w, None, None, EPS, 0.0, None, F32, enable_pdl))
+    _opcheck(ops.add_rms_norm_functional.default, (x, r, w, EPS, 0.0, None, F32, enable_pdl))
+    _opcheck(ops.rms_norm_bwd_functional.default, (r, x, w, None, None, EPS, 0.0, None, True, False, False, enable_pdl))
+
+    assert torch.equal(kernel.rmsnorm(x, w, EPS, enable_pdl=enable_pdl), kernel.rmsnorm(x, w, EPS))
+    out = kernel.rms_norm(torch.empty_like(x), x, w, EPS, enable_pdl=enable_pdl)
+    assert torch.equal(out, kernel.rms_norm(torch.empty_like(x), x, w, EPS))
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = kernel.rms_norm_func(xg, wg, EPS, enable_pdl=enable_pdl)
+    grads = torch.autograd.grad(y, [xg, wg], r)
+    grads0 = torch.autograd.grad(kernel.rms_norm_func(xg, wg, EPS), [xg, wg], r)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads0))

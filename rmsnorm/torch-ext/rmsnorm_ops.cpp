@@ -30,8 +30,8 @@
 // itself and residual_out may be residual itself (vLLM's in-place fused_add_rms_norm), and
 // grad_input may be grad_out or grad_residual itself ("itself": same data pointer, dtype, sizes
 // and strides). Any other sharing of memory between a written tensor and another written or read
-// tensor is an error; for two strided views of one buffer this check is conservative and rejects
-// views whose address ranges interleave even when no element is shared.
+// tensor is an error. The test is exact (torch_checks::may_overlap): two strided views of one
+// buffer whose elements interleave without sharing a byte (even and odd columns) are accepted.
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -277,7 +277,7 @@ void launch(const char* op, const at::Device& device, RmsNormBwdParams& params) 
 
 // ---- forward ----
 
-struct FwdArgs {
+struct RmsNormCall {
   const char* out_name = "out";                    // "input" for the in-place forms
   const char* residual_out_name = "residual_out";  // "residual" for the in-place forms
   OptTensor weight;
@@ -289,9 +289,10 @@ struct FwdArgs {
   double epsilon = 0.0;
   double weight_offset = 0.0;
   std::optional<at::ScalarType> norm_dtype;  // nullopt: no rounding of n
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
 };
 
-void forward(const char* op, at::Tensor& out, const at::Tensor& input, const FwdArgs& a) {
+void forward(const char* op, at::Tensor& out, const at::Tensor& input, const RmsNormCall& a) {
   RmsNormFwdParams params;
   params.in_dtype = check_input_dtype(op, input);
   const RowShape shape = row_shape(op, input);
@@ -383,12 +384,15 @@ void forward(const char* op, at::Tensor& out, const at::Tensor& input, const Fwd
   if (present(a.rstd)) {
     params.rstd = a.rstd->mutable_data_ptr<float>();
   }
+  params.pdl_request = a.pdl_request;
   launch(op, input.device(), params);
 }
 
 // LlamaRMSNorm / vLLM: n rounded to the input dtype, then multiplied by weight.
-FwdArgs llama_args(const at::Tensor& input, const OptTensor& weight, double epsilon) {
-  FwdArgs a;
+RmsNormCall llama_args(const at::Tensor& input, const OptTensor& weight, double epsilon,
+                       std::optional<bool> enable_pdl) {
+  RmsNormCall a;
+  a.pdl_request = pdl::request_of(enable_pdl);
   a.weight = weight;
   a.epsilon = epsilon;
   a.norm_dtype = input.scalar_type();
@@ -396,8 +400,9 @@ FwdArgs llama_args(const at::Tensor& input, const OptTensor& weight, double epsi
 }
 
 // Gemma: (1 + weight), no rounding of n.
-FwdArgs gemma_args(const OptTensor& weight, double epsilon) {
-  FwdArgs a;
+RmsNormCall gemma_args(const OptTensor& weight, double epsilon, std::optional<bool> enable_pdl) {
+  RmsNormCall a;
+  a.pdl_request = pdl::request_of(enable_pdl);
   a.weight = weight;
   a.epsilon = epsilon;
   a.weight_offset = 1.0;
@@ -405,7 +410,7 @@ FwdArgs gemma_args(const OptTensor& weight, double epsilon) {
 }
 
 // vLLM's in-place fused add: residual <- input + residual; input <- norm(residual).
-void fused_add_in_place(const char* op, at::Tensor& input, at::Tensor& residual, FwdArgs a) {
+void fused_add_in_place(const char* op, at::Tensor& input, at::Tensor& residual, RmsNormCall a) {
   a.out_name = "input";
   a.residual_out_name = "residual";
   a.residual = residual;
@@ -417,28 +422,33 @@ void fused_add_in_place(const char* op, at::Tensor& input, at::Tensor& residual,
 
 // ---- the ops of torch_binding.h ----
 
-void rms_norm(at::Tensor& out, const at::Tensor& input, const OptTensor& weight, double epsilon) {
-  forward("rms_norm", out, input, llama_args(input, weight, epsilon));
+void rms_norm(at::Tensor& out, const at::Tensor& input, const OptTensor& weight, double epsilon,
+              std::optional<bool> enable_pdl) {
+  forward("rms_norm", out, input, llama_args(input, weight, epsilon, enable_pdl));
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const OptTensor& weight,
-                        double epsilon) {
-  fused_add_in_place("fused_add_rms_norm", input, residual, llama_args(input, weight, epsilon));
+                        double epsilon, std::optional<bool> enable_pdl) {
+  fused_add_in_place("fused_add_rms_norm", input, residual,
+                     llama_args(input, weight, epsilon, enable_pdl));
 }
 
 void gemma_rms_norm(at::Tensor& out, const at::Tensor& input, const OptTensor& weight,
-                    double epsilon) {
-  forward("gemma_rms_norm", out, input, gemma_args(weight, epsilon));
+                    double epsilon, std::optional<bool> enable_pdl) {
+  forward("gemma_rms_norm", out, input, gemma_args(weight, epsilon, enable_pdl));
 }
 
 void gemma_fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const OptTensor& weight,
-                              double epsilon) {
-  fused_add_in_place("gemma_fused_add_rms_norm", input, residual, gemma_args(weight, epsilon));
+                              double epsilon, std::optional<bool> enable_pdl) {
+  fused_add_in_place("gemma_fused_add_rms_norm", input, residual,
+                     gemma_args(weight, epsilon, enable_pdl));
 }
 
 void rms_norm_modulate(at::Tensor& out, const at::Tensor& input, const OptTensor& weight,
-                       const at::Tensor& scale, const at::Tensor& shift, double epsilon) {
-  FwdArgs a;
+                       const at::Tensor& scale, const at::Tensor& shift, double epsilon,
+                       std::optional<bool> enable_pdl) {
+  RmsNormCall a;
+  a.pdl_request = pdl::request_of(enable_pdl);
   a.weight = weight;
   a.scale = scale;
   a.shift = shift;
@@ -449,8 +459,10 @@ void rms_norm_modulate(at::Tensor& out, const at::Tensor& input, const OptTensor
 void rms_norm_fwd(at::Tensor& out, const at::Tensor& input, const OptTensor& weight,
                   const OptTensor& residual, const OptTensor& residual_out, const OptTensor& scale,
                   const OptTensor& shift, const OptTensor& rstd, double epsilon,
-                  double weight_offset, std::optional<at::ScalarType> norm_dtype) {
-  FwdArgs a;
+                  double weight_offset, std::optional<at::ScalarType> norm_dtype,
+                  std::optional<bool> enable_pdl) {
+  RmsNormCall a;
+  a.pdl_request = pdl::request_of(enable_pdl);
   a.weight = weight;
   a.residual = residual;
   a.residual_out = residual_out;
@@ -467,9 +479,11 @@ void rms_norm_bwd(at::Tensor& grad_input, const OptTensor& grad_weight, const Op
                   const OptTensor& grad_shift, const at::Tensor& grad_out,
                   const at::Tensor& input, const OptTensor& weight,
                   const OptTensor& grad_residual, const OptTensor& scale, double epsilon,
-                  double weight_offset, std::optional<at::ScalarType> norm_dtype) {
+                  double weight_offset, std::optional<at::ScalarType> norm_dtype,
+                  std::optional<bool> enable_pdl) {
   constexpr const char* op = "rms_norm_bwd";
   RmsNormBwdParams params;
+  params.pdl_request = pdl::request_of(enable_pdl);
   params.in_dtype = check_input_dtype(op, input);
   const RowShape shape = row_shape(op, input);
   params.eps = check_epsilon(op, epsilon);

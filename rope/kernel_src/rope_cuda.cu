@@ -65,8 +65,8 @@
 //   table rows; tables and indices go through the read-only path; stores are evict-first
 //   (st.global.cs). Accesses: rope_cuda_utils.cuh.
 // - The transpose is a uniform branch around the math only (both forms compiled in).
-// - Programmatic dependent launch on sm_90+ (pdl.cuh) only with ROPE_PDL=1 (for a token chunk
-//   after the first by default; 0: none): the kernel waits for its predecessor before its first
+// - Programmatic dependent launch on sm_90+ (pdl.cuh) only with enable_pdl=True (for a token
+//   chunk after the first by default; False: none): the kernel waits for its predecessor before its first
 //   global access and releases its dependents, so a decode-sized launch after a kernel that
 //   releases its dependents overlaps its launch latency with that kernel's tail.
 // - Registers (ptxas -v, sm_90a, nvcc 13.0; benchmarks/NOTES.md): 38-40 for the vector instances
@@ -84,6 +84,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "pdl.cuh"
 #include "rope_cuda.h"
 #include "rope_cuda_utils.cuh"
@@ -92,8 +93,6 @@
 namespace rope {
 namespace cuda {
 namespace {
-
-constexpr char kRopePdlEnv[] = "ROPE_PDL";
 
 using detail::Chunk;
 using detail::FastDivU64;
@@ -562,7 +561,8 @@ bool plan_launch(int64_t heads, int units, int64_t tokens, Plan* plan) {
 }
 
 template <typename T, typename Tt, PairLayout kLayout, TableKind kKind, int kVec>
-cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream) {
+cudaError_t launch_rope(RopeArgs args, int64_t pass_through, pdl::Request pdl_request,
+                        cudaStream_t stream) {
   args.rot_units = args.half_rot / kVec;
   args.units = args.rot_units +
                (args.q.copy || args.k.copy ? static_cast<int>(pass_through / kVec) : 0);
@@ -585,8 +585,9 @@ cudaError_t launch_rope(RopeArgs args, int64_t pass_through, cudaStream_t stream
     args.token_block_base = base;
     // A launch after the first follows the previous token chunk's kernel.
     const pdl::ByDefault pdl_default = base == 0 ? pdl::ByDefault::kPlain : pdl::ByDefault::kPdl;
-    const cudaError_t err = pdl::launch<kRopePdlEnv>(
-        pdl_default, rope_kernel<T, Tt, kLayout, kKind, kVec>, grid, plan.block, 0, stream, args);
+    const cudaError_t err =
+        pdl::launch(pdl_request, pdl_default, rope_kernel<T, Tt, kLayout, kKind, kVec>, grid,
+                    plan.block, 0, stream, args);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -597,9 +598,9 @@ cudaError_t run(const RopeParams& p, const RopeArgs& args, cudaStream_t stream) 
   constexpr int V = LaunchConfig::kVectorBytes / static_cast<int>(sizeof(T));
   const int64_t pass_through = p.head_dim - p.rot_dim;
   if (vector_path_ok<T, Tt>(p, args.q.copy || args.k.copy)) {
-    return launch_rope<T, Tt, kLayout, kKind, V>(args, pass_through, stream);
+    return launch_rope<T, Tt, kLayout, kKind, V>(args, pass_through, p.pdl_request, stream);
   }
-  return launch_rope<T, Tt, kLayout, kKind, 1>(args, pass_through, stream);
+  return launch_rope<T, Tt, kLayout, kKind, 1>(args, pass_through, p.pdl_request, stream);
 }
 
 TensorArgs tensor_args(const RopeParams& p, const RopeTensor& x) {
@@ -673,21 +674,12 @@ bool table_ok(const RopeParams& p) {
   }
 }
 
-template <typename T> struct TypeTag { using type = T; };
-
-// Calls f(TypeTag<T>, TypeTag<Tt>) for the 5 supported (activation, table) dtype pairs.
+// Calls f(TypeTag<T>, TypeTag<Tt>) for the 5 supported (activation, table) dtype pairs: T
+// fp32/fp16/bf16, Tt T or fp32.
 template <typename F> cudaError_t dispatch_types(DType dtype, DType table_dtype, F&& f) {
-  auto with_t = [&](auto t) -> cudaError_t {
-    if (table_dtype == DType::kFloat32) return f(t, TypeTag<float>{});
-    if (table_dtype == dtype) return f(t, t);
-    return cudaErrorInvalidValue;
-  };
-  switch (dtype) {
-    case DType::kFloat32: return with_t(TypeTag<float>{});
-    case DType::kFloat16: return with_t(TypeTag<__half>{});
-    case DType::kBFloat16: return with_t(TypeTag<__nv_bfloat16>{});
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch::floats(dtype, [&](auto t) {
+    return dispatch::same_or_float(table_dtype, dtype, t, [&](auto tt) { return f(t, tt); });
+  });
 }
 
 template <typename T, typename Tt>

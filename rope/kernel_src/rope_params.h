@@ -55,6 +55,8 @@
 
 #include <cstdint>
 
+#include "pdl_request.h"
+
 namespace rope {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
@@ -101,6 +103,8 @@ struct RopeParams {
   const int32_t* seqlen_offsets = nullptr;  // [batch] (kSequence) or [num_seqs] (kVarlen), or null
   const int32_t* cu_seqlens = nullptr;      // kVarlen: [num_seqs + 1]
   int64_t num_seqs = 0;
+
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h)
 };
 
 }  // namespace rope

@@ -344,3 +344,32 @@ def test_bad_inputs_under_tracing(kernel, device):
         for arg, call in calls:
             with _raises(arg):
                 call()
+
+
+@pytest.mark.kernels_ci
+def test_strided_out_overlapping_input_is_refused(kernel, device):
+    # q and q_out are head slices of one [B, S, 2 * HQ, D] buffer: strided views ATen finds "too hard".
+    _, _, cos, sin, rot = _general(device)
+    buf = make_input((2, 5, 2 * HQ, D), BF16, device)
+    flags = (None, None, None, 0, rot, False, False, False)
+    with _raises("q_out must not share memory with q"):
+        kernel.ops.rope_out(buf[:, :, 1 : HQ + 1], buf[:, :, :HQ], None, None, cos, sin, *flags)
+    with _raises("k_out must not share memory with q"):
+        kernel.ops.rope_out(torch.empty_like(buf[:, :, :HQ]), buf[:, :, :HQ], buf[:, :, HQ - 1 : HQ + 1],
+                            buf[:, :, HQ + 1 : HQ + 3].clone(), cos, sin, *flags)
+
+
+@pytest.mark.kernels_ci
+def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
+    # q on the first HQ heads of each token, q_out on the last HQ: interleaved address ranges,
+    # no element shared. The result equals the call on separate tensors.
+    _, _, cos, sin, rot = _general(device)
+    buf = make_input((2, 5, 2 * HQ, D), BF16, device)
+    q, q_out = buf[:, :, :HQ], buf[:, :, HQ:]
+    q0 = q.clone()
+    expected = torch.empty_like(q0)
+    flags = (None, None, None, 0, rot, False, False, False)
+    kernel.ops.rope_out(expected, q0, None, None, cos, sin, *flags)
+    kernel.ops.rope_out(q_out, q, None, None, cos, sin, *flags)
+    assert torch.equal(q, q0)
+    torch.testing.assert_close(q_out, expected, rtol=0, atol=0)

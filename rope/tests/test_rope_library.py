@@ -229,3 +229,35 @@ def test_compile_in_place_ops(kernel, device, dtype):
         assert torch.equal(a, b)
     for a, b in zip(args_c, args_e):
         assert torch.equal(a, b)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("enable_pdl", [None, True, False], ids=str)
+def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
+    """enable_pdl is the last argument of every op (schema `bool? enable_pdl=None`), of
+    rope_functional and of the Python functions; it changes how the CUDA kernel is launched,
+    never the result (the CPU ignores it)."""
+    ops = kernel.ops
+    d, t = 16, 5
+    cache = make_cos_sin_cache(32, 12, F32, device)
+    positions = make_positions((t,), 32, torch.int64, device)
+    _, q, k = _fused(t, d, F32, device)
+    _opcheck(ops.rotary_embedding.default, (positions, q, k, d, cache, True, enable_pdl))
+    _opcheck(ops.batched_rotary_embedding.default, (positions, q, k, d, cache, True, 12, positions * 0, enable_pdl))
+    qg, kg, cos, sin, tail = _general_args(device, F32, "sequence")
+    flags = (False, False, False, enable_pdl)
+    _opcheck(ops.rope_inplace.default, (qg.clone(), kg.clone(), cos, sin, *tail, *flags))
+    _opcheck(ops.rope_out.default, (torch.empty_like(qg), qg, torch.empty_like(kg), kg, cos, sin, *tail, *flags))
+    _opcheck(ops.rope_functional.default, (qg, kg, cos, sin, *tail, *flags))
+    x = make_input((2, 3, 8), F32, device)
+    o = torch.empty_like(x)
+    _opcheck(ops.apply_rotary.default, (x[..., :4], x[..., 4:], cos[0, :3, 0, :4], sin[0, :3, 0, :4], o[..., :4],
+                                        o[..., 4:], False, enable_pdl))
+
+    qa, qb = q.clone(), q.clone()
+    kernel.rotary_embedding(positions, qa, None, d, cache, True, enable_pdl=enable_pdl)
+    kernel.rotary_embedding(positions, qb, None, d, cache, True)
+    assert torch.equal(qa, qb)
+    x4 = make_input((2, 3, 2, d), F32, device)
+    c2, s2 = make_cos_sin(8, 6, F32, device)
+    assert torch.equal(kernel.apply_rotary_emb(x4, c2, s2, enable_pdl=enable_pdl), kernel.apply_rotary_emb(x4, c2, s2))

@@ -30,9 +30,8 @@
 //
 // Overlap rules: an output may be its input itself (in place: same data pointer, dtype, sizes and
 // strides); any other sharing of memory between a written tensor and another written or read
-// tensor is an error. This test is exact: ATen's for dense tensors, and for strided views of one
-// buffer (q and k of a fused qkv tensor) a search over their dimensions (strided_overlap), which
-// answers "overlap" only if it gives up after 65536 steps, far beyond real layouts.
+// tensor is an error. This test is exact (torch_checks::may_overlap), also for strided views of
+// one buffer (q and k of a fused qkv tensor).
 //
 // apply_rotary (kernels-community `rotary`): when x1 and x2 are the two halves of one tensor
 // (same shape and strides, x2 starting rot / 2 elements after x1, unit last stride), out1/out2
@@ -97,86 +96,9 @@ void check_shape_of(const char* op, const char* name, const at::Tensor& t, const
 
 // ---- overlap ----
 
-// floor(a / b) and ceil(a / b) for b > 0.
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
-
-// One dimension of a strided view, as a term c * stride (bytes) of an element's address.
-struct Term {
-  int64_t stride;
-  int64_t lo, hi;  // range of c
-};
-
-// Whether a sum of terms[i:] can lie in the open interval (lo, hi); rest_min/rest_max[i] bound
-// that sum. Terms are sorted by decreasing stride, so that for the usual layouts only one or two
-// values of each c survive the bounds. `budget` caps the work: when it runs out the answer is
-// "yes" (conservative).
-bool reachable(const std::vector<Term>& terms, const std::vector<int64_t>& rest_min,
-               const std::vector<int64_t>& rest_max, size_t i, int64_t lo, int64_t hi,
-               int64_t& budget) {
-  if (--budget < 0) {
-    return true;
-  }
-  if (i == terms.size()) {
-    return lo < 0 && 0 < hi;
-  }
-  const Term& t = terms[i];
-  const int64_t cmin = std::max(floor_div(lo - rest_max[i + 1], t.stride) + 1, t.lo);
-  const int64_t cmax = std::min(ceil_div(hi - rest_min[i + 1], t.stride) - 1, t.hi);
-  for (int64_t c = cmin; c <= cmax; ++c) {
-    if (reachable(terms, rest_min, rest_max, i + 1, lo - c * t.stride, hi - c * t.stride,
-                  budget)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Whether two strided views of one buffer share a byte: is there an element address of `a`,
-// a0 + sum i_d sa_d, and one of `b`, b0 + sum j_d sb_d, with the byte ranges of the two elements
-// intersecting, i.e. sum i_d sa_d - sum j_d sb_d in (b0 - a0 - size_a, b0 - a0 + size_b)? An
-// exact search over the dimensions (terms of equal stride merged), so q and k of a fused qkv
-// tensor, or the two halves of a tensor's last dimension, are found disjoint.
-bool strided_overlap(const at::Tensor& a, const at::Tensor& b) {
-  std::vector<Term> terms;
-  auto add = [&terms](const at::Tensor& t, int64_t sign) {
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      const int64_t stride = t.stride(d) * static_cast<int64_t>(t.element_size());
-      if (t.size(d) <= 1 || stride == 0) {
-        continue;
-      }
-      const int64_t lo = sign > 0 ? 0 : -(t.size(d) - 1);
-      const int64_t hi = sign > 0 ? t.size(d) - 1 : 0;
-      auto same = std::find_if(terms.begin(), terms.end(),
-                               [stride](const Term& x) { return x.stride == stride; });
-      if (same != terms.end()) {
-        same->lo += lo;
-        same->hi += hi;
-      } else {
-        terms.push_back({stride, lo, hi});
-      }
-    }
-  };
-  add(a, 1);
-  add(b, -1);
-  std::sort(terms.begin(), terms.end(),
-            [](const Term& x, const Term& y) { return x.stride > y.stride; });
-  std::vector<int64_t> rest_min(terms.size() + 1, 0), rest_max(terms.size() + 1, 0);
-  for (size_t i = terms.size(); i-- > 0;) {
-    rest_min[i] = rest_min[i + 1] + terms[i].lo * terms[i].stride;
-    rest_max[i] = rest_max[i + 1] + terms[i].hi * terms[i].stride;
-  }
-  const int64_t d = reinterpret_cast<intptr_t>(b.const_data_ptr()) -
-                    reinterpret_cast<intptr_t>(a.const_data_ptr());
-  int64_t budget = 1 << 16;
-  return reachable(terms, rest_min, rest_max, 0, d - static_cast<int64_t>(a.element_size()),
-                   d + static_cast<int64_t>(b.element_size()), budget);
-}
-
-// Whether `a` and `b` may share memory (exact: ATen's answer for dense tensors, strided_overlap
-// for strided views of one buffer).
+// Whether `a` and `b` share memory (exact: torch_checks::may_overlap).
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
-  return torch_checks::may_overlap_with("rope", a, b, strided_overlap);
+  return torch_checks::may_overlap("rope", a, b);
 }
 
 // Whether two elements of `t` may share memory. Dims of size > 1 sorted by stride must each
@@ -227,7 +149,7 @@ struct Names {
 
 // One rotation: 4-D views [B, S, H, D] of q (and k), their outputs (the inputs themselves in
 // place), 4-D tables [TB, R, TH, W] and the row source.
-struct Call {
+struct RopeCall {
   const char* op = "";
   Names names;
   at::Tensor q, q_out;
@@ -241,19 +163,20 @@ struct Call {
   bool interleaved = false;
   bool full_table = false;
   bool transpose = false;
+  pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
 };
 
-void check_device(const Call& c, const char* name, const at::Tensor& t) {
+void check_device(const RopeCall& c, const char* name, const at::Tensor& t) {
   torch_checks::check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
-void check_4d(const Call& c, const char* name, const at::Tensor& t, const char* layout) {
+void check_4d(const RopeCall& c, const char* name, const at::Tensor& t, const char* layout) {
   TORCH_CHECK(t.dim() == 4, c.op, ": ", name, " must have 4 dimensions ", layout, ", got shape ",
               t.sizes());
 }
 
 // A written tensor: unit stride along head_dim, no element written twice.
-void check_written(const Call& c, const char* name, const at::Tensor& t) {
+void check_written(const RopeCall& c, const char* name, const at::Tensor& t) {
   TORCH_CHECK(unit_last_stride(t), c.op, ": ", name,
               " must have stride 1 along its last dimension (head_dim), got strides ",
               t.strides());
@@ -265,7 +188,7 @@ void check_written(const Call& c, const char* name, const at::Tensor& t) {
 at::Tensor readable(const at::Tensor& t) { return unit_last_stride(t) ? t : t.contiguous(); }
 
 // The int32 vector `t` (1-D, `expected` elements) as the kernel reads it.
-void check_int32_vector(const Call& c, const char* name, const at::Tensor& t, int64_t expected,
+void check_int32_vector(const RopeCall& c, const char* name, const at::Tensor& t, int64_t expected,
                         const char* what) {
   check_device(c, name, t);
   TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ",
@@ -275,7 +198,7 @@ void check_int32_vector(const Call& c, const char* name, const at::Tensor& t, in
 }
 
 // Runs the implementation of `device`.
-void launch(const Call& c, const RopeParams& params) {
+void launch(const RopeCall& c, const RopeParams& params) {
   const at::Device device = c.q.device();
 #if defined(CPU_KERNEL)
   if (device.is_cpu()) {
@@ -318,10 +241,11 @@ RopeTensor rope_tensor(const at::Tensor& in, const at::Tensor& out) {
   return t;
 }
 
-void run(Call& c) {
+void run(RopeCall& c) {
   const Names& n = c.names;
   const char* op = c.op;
   RopeParams p;
+  p.pdl_request = c.pdl_request;
 
   // q and its output.
   check_4d(c, n.q, c.q, "[B, S, Hq, D]");
@@ -555,7 +479,8 @@ at::Tensor vllm_view(const char* op, const char* name, const at::Tensor& t,
 
 void vllm_rotary(const char* op, const at::Tensor& positions, at::Tensor& query,
                  const OptTensor& key, int64_t head_size, const at::Tensor& cos_sin_cache,
-                 bool is_neox, const char* positions_name, const char* row_note) {
+                 bool is_neox, const char* positions_name, const char* row_note,
+                 pdl::Request pdl_request) {
   TORCH_CHECK(head_size > 0, op, ": head_size must be > 0, got ", head_size);
   TORCH_CHECK(positions.dim() == 1 || positions.dim() == 2, op,
               ": positions must have shape [T] or [B, S], got ", positions.sizes());
@@ -567,7 +492,7 @@ void vllm_rotary(const char* op, const at::Tensor& positions, at::Tensor& query,
               ": cos_sin_cache must have an even number of columns rot_dim (cat(cos, sin)), "
               "> 0 and <= head_size = ",
               head_size, ", got shape ", cos_sin_cache.sizes());
-  Call c;
+  RopeCall c;
   c.op = op;
   c.names.q = c.names.q_out = "query";
   c.names.k = c.names.k_out = "key";
@@ -585,6 +510,7 @@ void vllm_rotary(const char* op, const at::Tensor& positions, at::Tensor& query,
   c.positions = positions.dim() == 1 ? positions.unsqueeze(0) : positions;
   c.rot_dim = rot_dim;
   c.interleaved = !is_neox;
+  c.pdl_request = pdl_request;
   run(c);
 }
 
@@ -645,7 +571,8 @@ std::optional<at::Tensor> joined_halves(const at::Tensor& first, const at::Tenso
 
 // The kernel path of apply_rotary, if the call maps onto it.
 bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& cos,
-                         const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj) {
+                         const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj,
+                         pdl::Request pdl_request) {
   if (!to_dtype(x1.scalar_type()).has_value() || sin.scalar_type() != cos.scalar_type() ||
       (cos.scalar_type() != at::kFloat && cos.scalar_type() != x1.scalar_type()) ||
       x1.dim() < 1 || x1.size(-1) < 1) {
@@ -689,7 +616,7 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
       may_overlap(out4, sin4)) {
     return false;  // aliasing the kernel cannot honour: the fallback computes via temporaries
   }
-  Call c;
+  RopeCall c;
   c.op = "apply_rotary";
   c.names.q = "x1/x2";
   c.names.q_out = "out1/out2";
@@ -699,17 +626,18 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
   c.sin = sin4;
   c.rot_dim = 2 * half;
   c.transpose = conj;
+  c.pdl_request = pdl_request;
   run(c);
   return true;
 }
 
 // A call of the general forms (rope_inplace, rope_out) with their table, row and pair options;
 // the caller sets q, k, their outputs and the names that differ.
-Call general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
+RopeCall general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
                   const OptTensor& positions, const OptTensor& seqlen_offsets,
                   const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
                   bool interleaved, bool full_table, bool transpose) {
-  Call c;
+  RopeCall c;
   c.op = op;
   c.cos = cos;
   c.sin = sin;
@@ -729,15 +657,17 @@ Call general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
 // ---- the ops of torch_binding.h ----
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const OptTensor& key,
-                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
+                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox,
+                      std::optional<bool> enable_pdl) {
   vllm_rotary("rotary_embedding", positions, query, key, head_size, cos_sin_cache, is_neox,
-              "positions", "");
+              "positions", "", pdl::request_of(enable_pdl));
 }
 
 void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
                               const OptTensor& key, int64_t head_size,
                               const at::Tensor& cos_sin_cache, bool is_neox, int64_t rot_dim,
-                              const at::Tensor& cos_sin_cache_offsets) {
+                              const at::Tensor& cos_sin_cache_offsets,
+                              std::optional<bool> enable_pdl) {
   constexpr const char* op = "batched_rotary_embedding";
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rot_dim, op,
               ": cos_sin_cache must have shape [max_position, rot_dim = ", rot_dim, "], got ",
@@ -757,14 +687,16 @@ void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
       positions.to(at::kLong).add(offsets.to(at::kLong).reshape(positions.sizes()));
   vllm_rotary(op, rows, query, key, head_size, cos_sin_cache, is_neox,
               "positions + cos_sin_cache_offsets",
-              " (positions here are positions + cos_sin_cache_offsets)");
+              " (positions here are positions + cos_sin_cache_offsets)",
+              pdl::request_of(enable_pdl));
 }
 
 void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, const at::Tensor& sin,
                   const OptTensor& positions, const OptTensor& seqlen_offsets,
                   const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
-                  bool interleaved, bool full_table, bool transpose) {
-  Call c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
+                  bool interleaved, bool full_table, bool transpose,
+                  std::optional<bool> enable_pdl) {
+  RopeCall c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
                         seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.names.q_out = "q";
   c.names.k_out = "k";
@@ -772,24 +704,28 @@ void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, cons
   if (present(k)) {
     c.k = c.k_out = *k;
   }
+  c.pdl_request = pdl::request_of(enable_pdl);
   run(c);
 }
 
 void rope_out(at::Tensor& q_out, const at::Tensor& q, const OptTensor& k_out, const OptTensor& k,
               const at::Tensor& cos, const at::Tensor& sin, const OptTensor& positions,
               const OptTensor& seqlen_offsets, const OptTensor& cu_seqlens, int64_t seqlen_offset,
-              int64_t rot_dim, bool interleaved, bool full_table, bool transpose) {
-  Call c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
+              int64_t rot_dim, bool interleaved, bool full_table, bool transpose,
+              std::optional<bool> enable_pdl) {
+  RopeCall c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
                         seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.q = q;
   c.q_out = q_out;
   c.k = k;
   c.k_out = k_out;
+  c.pdl_request = pdl::request_of(enable_pdl);
   run(c);
 }
 
 void apply_rotary(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& cos,
-                  const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj) {
+                  const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj,
+                  std::optional<bool> enable_pdl) {
   constexpr const char* op = "apply_rotary";
   const bool floating = x1.scalar_type() == at::kDouble || to_dtype(x1.scalar_type());
   TORCH_CHECK(floating, op, ": x1 must be float32, float16, bfloat16 or float64, got ",
@@ -819,7 +755,7 @@ void apply_rotary(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& 
   if (x1.numel() == 0) {
     return;
   }
-  if (apply_rotary_kernel(x1, x2, cos, sin, out1, out2, conj)) {
+  if (apply_rotary_kernel(x1, x2, cos, sin, out1, out2, conj, pdl::request_of(enable_pdl))) {
     return;
   }
   // ATen fallback: fp32 math (fp64 for float64), the kernel's formulas and evaluation order,

@@ -1,7 +1,10 @@
 """Fake kernels, allocating custom ops and autograd for the C++ activation ops (private).
 
-The C++ library defines out-param ops, `<op>(Tensor! out, Tensor input[, scalars]) -> ()`, and
-their backward, `<op>_bwd(Tensor! grad_input, Tensor grad_out, Tensor input[, scalars]) -> ()`.
+The C++ library defines out-param ops, `<op>(Tensor! out, Tensor input[, scalars], bool?
+enable_pdl=None) -> ()`, and their backward, `<op>_bwd(Tensor! grad_input, Tensor grad_out, Tensor
+input[, scalars], bool? enable_pdl=None) -> ()`. `enable_pdl` (programmatic dependent launch on
+CUDA: None the kernel's default, True on, False off) is passed along like the scalars; the
+allocating ops below take it too, as their last argument.
 This module adds, for each of the 12 activations:
 
 * a fake kernel for `<op>` and `<op>_bwd`, so that torch.compile can trace the out-param calls;
@@ -58,9 +61,9 @@ _SPECS = (
     _OpSpec("gelu_quick", gated=False),
 )
 
-#: Allocating, differentiable forward of each activation: FORWARD[name](input, *scalars).
+#: Allocating, differentiable forward of each activation: FORWARD[name](input, *scalars, enable_pdl).
 FORWARD: Dict[str, Callable[..., torch.Tensor]] = {}
-#: Allocating backward of each activation: BACKWARD[name](grad_out, input, *scalars).
+#: Allocating backward of each activation: BACKWARD[name](grad_out, input, *scalars, enable_pdl).
 BACKWARD: Dict[str, Callable[..., torch.Tensor]] = {}
 
 
@@ -164,7 +167,7 @@ def _register(spec: _OpSpec) -> None:
         add_op_namespace_prefix(f"{name}_functional"),
         forward,
         mutates_args=(),
-        schema=f"(Tensor input{spec.scalars}) -> Tensor",
+        schema=f"(Tensor input{spec.scalars}, bool? enable_pdl=None) -> Tensor",
     )
     torch.library.register_fake(add_op_namespace_prefix(f"{name}_functional"), forward_fake)
 
@@ -172,11 +175,11 @@ def _register(spec: _OpSpec) -> None:
         add_op_namespace_prefix(f"{bwd_name}_functional"),
         backward,
         mutates_args=(),
-        schema=f"(Tensor grad_out, Tensor input{spec.scalars}) -> Tensor",
+        schema=f"(Tensor grad_out, Tensor input{spec.scalars}, bool? enable_pdl=None) -> Tensor",
     )
     torch.library.register_fake(add_op_namespace_prefix(f"{bwd_name}_functional"), backward_fake)
 
-    num_scalars = spec.num_scalars
+    num_scalars = spec.num_scalars + 1  # and enable_pdl
 
     def setup_context(ctx, inputs, output) -> None:
         ctx.save_for_backward(inputs[0])
@@ -184,7 +187,8 @@ def _register(spec: _OpSpec) -> None:
 
     def autograd_backward(ctx, grad_out: torch.Tensor):
         (x,) = ctx.saved_tensors
-        # The scalars are hyperparameters, not differentiable inputs.
+        # The scalars and enable_pdl are hyperparameters, not differentiable inputs; the backward
+        # launches with the forward's enable_pdl.
         return (backward_op(grad_out, x, *ctx.scalars),) + (None,) * num_scalars
 
     torch.library.register_autograd(

@@ -230,6 +230,7 @@ def lse_like(q: torch.Tensor, varlen: bool) -> torch.Tensor:
 def _attn_fwd_fake(
     out, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
     max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits,
+    enable_pdl=None,
 ):
     check_attention(
         "attn_fwd", q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
@@ -239,7 +240,7 @@ def _attn_fwd_fake(
 
 @torch.library.register_fake(add_op_namespace_prefix("fwd"))
 def _fwd_fake(q, k, v, out, alibi_slopes, p_dropout, softmax_scale, is_causal, window_size_left, window_size_right,
-              softcap, return_softmax, gen):
+              softcap, return_softmax, gen, enable_pdl=None):
     check_attention("fwd", q, k, v, out, alibi_slopes=alibi_slopes)
     return out if out is not None else output_like(q), lse_like(q, False)
 
@@ -247,7 +248,7 @@ def _fwd_fake(q, k, v, out, alibi_slopes, p_dropout, softmax_scale, is_causal, w
 @torch.library.register_fake(add_op_namespace_prefix("varlen_fwd"))
 def _varlen_fwd_fake(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table, alibi_slopes,
                      max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, zero_tensors, is_causal, window_size_left,
-                     window_size_right, softcap, return_softmax, gen):
+                     window_size_right, softcap, return_softmax, gen, enable_pdl=None):
     check_attention(
         "varlen_fwd", q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, None, leftpad_k, alibi_slopes,
     )
@@ -261,7 +262,7 @@ KVCACHE_NAMES = {"k": "k_cache", "v": "v_cache", "seqused_k": "cache_seqlens", "
 @torch.library.register_fake(add_op_namespace_prefix("fwd_kvcache"))
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, cache_batch_idx,
                       cache_leftpad, block_table, alibi_slopes, out, softmax_scale, is_causal, window_size_left,
-                      window_size_right, softcap, rotary_interleaved, num_splits):
+                      window_size_right, softcap, rotary_interleaved, num_splits, enable_pdl=None):
     check_attention(
         "fwd_kvcache", q, k_cache, v_cache, out, None, None, cache_seqlens, block_table, cache_batch_idx,
         cache_leftpad, alibi_slopes, names=KVCACHE_NAMES,
@@ -306,15 +307,16 @@ def _reshape_and_cache_flash_fake(key, value, key_cache, value_cache, slot_mappi
     schema="(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
     "Tensor? block_table, Tensor? kv_batch_idx, Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, "
     "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
-    "int num_splits) -> (Tensor, Tensor)",
+    "int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)",
 )
 def _attn_func(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
-               max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits):
+               max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits,
+               enable_pdl=None):
     out = output_like(q)
     lse = lse_like(q, cu_seqlens_q is not None)
     ops.attn_fwd(
         out, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
-        max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits,
+        max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits, enable_pdl,
     )
     return out, lse
 
@@ -322,7 +324,7 @@ def _attn_func(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_b
 @torch.library.register_fake(add_op_namespace_prefix("attn_func"))
 def _attn_func_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
                     alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left,
-                    window_right, num_splits):
+                    window_right, num_splits, enable_pdl=None):
     check_attention(
         "attn_func", q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
         alibi_slopes,
@@ -355,7 +357,7 @@ def _attn_backward_unsupported_fake(grad_out, q, k, v):
 def _backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
     dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v)
-    return (dq, dk, dv) + (None,) * 15
+    return (dq, dk, dv) + (None,) * 16
 
 
 def _setup_context(ctx, inputs, output):
@@ -386,6 +388,7 @@ def attention(
     window_size=(-1, -1),
     num_splits: int = 0,
     dropout_p: float = 0.0,
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, softmax_lse) of the general forward, differentiable in the sense that a backward
     through it raises NotImplementedError (training fails loudly, inference works)."""
@@ -399,7 +402,7 @@ def attention(
     return _attn_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
         as_int(max_seqlen_q), as_int(max_seqlen_k), scale, float(softcap or 0.0), bool(causal), left, right,
-        int(num_splits),
+        int(num_splits), enable_pdl,
     )
 
 

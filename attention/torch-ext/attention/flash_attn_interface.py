@@ -15,6 +15,9 @@ Conventions (flash-attn's):
   (flash-attn's ``S_dmask``, which needs dropout) are not available (None).
 - ``dropout_p > 0`` raises NotImplementedError, and so does a backward through any of these
   functions (the forward works with gradients enabled, so ``torch.no_grad`` is not required).
+- Beyond flash-attn: the public functions take ``enable_pdl: Optional[bool] = None``
+  (programmatic dependent launch on CUDA sm_90+; None: the kernels' default, on; False: off;
+  ignored on CPU).
 """
 
 from typing import Optional, Tuple, Union
@@ -51,12 +54,14 @@ def flash_attn_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    enable_pdl: Optional[bool] = None,
 ):
     """flash-attn ``flash_attn_func``: q ``[B, S_q, H, D]``, k / v ``[B, S_k, H_kv, D]`` ->
     out ``[B, S_q, H, D]`` (or ``(out, softmax_lse, None)``)."""
     out, lse = _custom_ops.attention(
         "flash_attn_func", q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap,
         causal=causal, window_size=window_size, dropout_p=dropout_p,
+        enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -77,6 +82,7 @@ def flash_attn_varlen_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    enable_pdl: Optional[bool] = None,
     block_table: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
 ):
@@ -97,6 +103,7 @@ def flash_attn_varlen_func(
         op, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
         block_table=block_table, alibi_slopes=alibi_slopes, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         softmax_scale=softmax_scale, softcap=softcap, causal=causal, window_size=window_size, dropout_p=dropout_p,
+        enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -119,6 +126,7 @@ def flash_attn_qkvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    enable_pdl: Optional[bool] = None,
 ):
     """flash-attn ``flash_attn_qkvpacked_func``: qkv ``[B, S, 3, H, D]`` (views, no copy)."""
     op = "flash_attn_qkvpacked_func"
@@ -126,6 +134,7 @@ def flash_attn_qkvpacked_func(
     out, lse = _custom_ops.attention(
         op, q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap, causal=causal,
         window_size=window_size, dropout_p=dropout_p,
+        enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -141,6 +150,7 @@ def flash_attn_kvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    enable_pdl: Optional[bool] = None,
 ):
     """flash-attn ``flash_attn_kvpacked_func``: q ``[B, S_q, H, D]``, kv ``[B, S_k, 2, H_kv, D]``."""
     op = "flash_attn_kvpacked_func"
@@ -148,6 +158,7 @@ def flash_attn_kvpacked_func(
     out, lse = _custom_ops.attention(
         op, q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap, causal=causal,
         window_size=window_size, dropout_p=dropout_p,
+        enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -164,6 +175,7 @@ def flash_attn_varlen_qkvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    enable_pdl: Optional[bool] = None,
 ):
     """flash-attn ``flash_attn_varlen_qkvpacked_func``: qkv ``[total, 3, H, D]``."""
     op = "flash_attn_varlen_qkvpacked_func"
@@ -172,6 +184,7 @@ def flash_attn_varlen_qkvpacked_func(
         op, q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, alibi_slopes=alibi_slopes,
         max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, softmax_scale=softmax_scale, softcap=softcap,
         causal=causal, window_size=window_size, dropout_p=dropout_p,
+        enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -191,6 +204,7 @@ def flash_attn_varlen_kvpacked_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    enable_pdl: Optional[bool] = None,
 ):
     """flash-attn ``flash_attn_varlen_kvpacked_func``: q ``[total_q, H, D]``, kv ``[total_k, 2,
     H_kv, D]``."""
@@ -200,6 +214,7 @@ def flash_attn_varlen_kvpacked_func(
         op, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, softcap=softcap,
         causal=causal, window_size=window_size, dropout_p=dropout_p,
+        enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -224,6 +239,7 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[torch.Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    enable_pdl: Optional[bool] = None,
 ):
     """flash-attn ``flash_attn_with_kvcache`` (inference: not differentiable).
 
@@ -245,7 +261,7 @@ def flash_attn_with_kvcache(
     out, lse = ops.fwd_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
         block_table, alibi_slopes, None, scale, bool(causal), left, right, float(softcap or 0.0),
-        bool(rotary_interleaved), int(num_splits),
+        bool(rotary_interleaved), int(num_splits), enable_pdl,
     )
     return (out, lse) if return_softmax_lse else out
 

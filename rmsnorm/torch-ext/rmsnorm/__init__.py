@@ -21,6 +21,11 @@ Inputs are ``[..., hidden]`` tensors of float32, float16 or bfloat16 (any leadin
 none included; rows may be strided views). ``weight`` is ``[hidden]`` in the input dtype or
 float32, or None (no weight). ``eps`` must be positive; it is rounded to float32. Outputs have
 the input dtype unless stated otherwise. Double backward is not supported.
+
+Every function takes ``enable_pdl: Optional[bool] = None``: programmatic dependent launch on CUDA
+(sm_90+). None keeps each launch's measured default (an op's first kernel plain, since after a
+GEMM a PDL launch was slower; the backward's reduce kernel with PDL), True turns it on for every
+launch (for a call that follows a kernel that releases its dependents), False off. Ignored on CPU.
 """
 
 from typing import List, Optional, Tuple
@@ -55,7 +60,9 @@ __all__ = [
 # ---- vLLM: out-param and in-place, not differentiable ----
 
 
-def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float) -> torch.Tensor:
+def rms_norm(
+    out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     """vLLM ``rms_norm``: writes ``out = round_out(round_in(n) * weight)`` and returns ``out``.
 
     The casting of transformers' LlamaRMSNorm: the normalized value is rounded to the input dtype
@@ -63,33 +70,33 @@ def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tens
     (float32 with a float32 weight reproduces LlamaRMSNorm's promotion), and unit stride along
     its last dimension. ``weight`` None means no weight. Not seen by autograd.
     """
-    ops.rms_norm(out, input, weight, float(epsilon))
+    ops.rms_norm(out, input, weight, float(epsilon), enable_pdl)
     return out
 
 
 def fused_add_rms_norm(
-    input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float
+    input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
 ) -> None:
     """vLLM ``fused_add_rms_norm``, in place: ``residual <- input + residual`` (rounded to the
     input dtype), then ``input <- rms_norm(residual)`` with ``rms_norm``'s casting. Both tensors
     are updated; they must have the same shape and dtype. Not seen by autograd."""
-    ops.fused_add_rms_norm(input, residual, weight, float(epsilon))
+    ops.fused_add_rms_norm(input, residual, weight, float(epsilon), enable_pdl)
 
 
 def gemma_rms_norm(
-    out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float
+    out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
 ) -> torch.Tensor:
     """Gemma RMSNorm: writes ``out = round_out(n * (1 + weight))``, fp32 throughout (one
     rounding, as transformers' GemmaRMSNorm), and returns ``out``. Not seen by autograd."""
-    ops.gemma_rms_norm(out, input, weight, float(epsilon))
+    ops.gemma_rms_norm(out, input, weight, float(epsilon), enable_pdl)
     return out
 
 
 def gemma_fused_add_rms_norm(
-    input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float
+    input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
 ) -> None:
     """In place: ``residual <- input + residual``, ``input <- gemma_rms_norm(residual)``."""
-    ops.gemma_fused_add_rms_norm(input, residual, weight, float(epsilon))
+    ops.gemma_fused_add_rms_norm(input, residual, weight, float(epsilon), enable_pdl)
 
 
 # ---- flashinfer / sgl-kernel ----
@@ -105,15 +112,15 @@ def rmsnorm(
     """flashinfer ``rmsnorm``: ``round(n * weight)``, fp32 throughout, one rounding.
 
     With ``out`` given, writes it (input dtype or float32) and returns it, outside autograd;
-    otherwise returns a new tensor of the input dtype, differentiable. ``enable_pdl`` (programmatic
-    dependent launch) is accepted for compatibility and ignored. The flashinfer / sgl forms accept
+    otherwise returns a new tensor of the input dtype, differentiable. ``enable_pdl`` as everywhere
+    (see the module docstring). The flashinfer / sgl forms accept
     a weight of any float dtype of the kernel (a half weight of the other half dtype is widened to
     float32, exactly).
     """
     w = _custom_ops.kernel_weight(input, weight)
     if out is None:
-        return _custom_ops.norm(input, w, eps)
-    ops.rms_norm_fwd(out, input, w, None, None, None, None, None, float(eps), 0.0, None)
+        return _custom_ops.norm(input, w, eps, enable_pdl=enable_pdl)
+    ops.rms_norm_fwd(out, input, w, None, None, None, None, None, float(eps), 0.0, None, enable_pdl)
     return out
 
 
@@ -126,9 +133,9 @@ def fused_add_rmsnorm(
 ) -> None:
     """flashinfer ``fused_add_rmsnorm``, in place: ``residual <- input + residual`` (rounded to
     the input dtype), ``input <- round(rms_norm(residual) * weight)`` with one rounding.
-    ``enable_pdl`` is ignored. Not seen by autograd (use ``add_rms_norm`` for training)."""
+    Not seen by autograd (use ``add_rms_norm`` for training)."""
     w = _custom_ops.kernel_weight(input, weight)
-    ops.rms_norm_fwd(input, input, w, residual, residual, None, None, None, float(eps), 0.0, None)
+    ops.rms_norm_fwd(input, input, w, residual, residual, None, None, None, float(eps), 0.0, None, enable_pdl)
 
 
 def gemma_rmsnorm(
@@ -143,8 +150,8 @@ def gemma_rmsnorm(
     ``out`` and ``enable_pdl`` as in ``rmsnorm``; differentiable when ``out`` is None.
     """
     if out is None:
-        return _custom_ops.gemma_norm(input, weight, eps)
-    ops.gemma_rms_norm(out, input, _custom_ops.kernel_weight(input, weight), float(eps))
+        return _custom_ops.gemma_norm(input, weight, eps, enable_pdl)
+    ops.gemma_rms_norm(out, input, _custom_ops.kernel_weight(input, weight), float(eps), enable_pdl)
     return out
 
 
@@ -156,15 +163,20 @@ def gemma_fused_add_rmsnorm(
     enable_pdl: Optional[bool] = None,
 ) -> None:
     """flashinfer ``gemma_fused_add_rmsnorm``, in place: ``residual <- input + residual``,
-    ``input <- gemma_rmsnorm(residual)``. ``enable_pdl`` is ignored. Not seen by autograd."""
-    ops.gemma_fused_add_rms_norm(input, residual, _custom_ops.kernel_weight(input, weight), float(eps))
+    ``input <- gemma_rmsnorm(residual)``. Not seen by autograd."""
+    ops.gemma_fused_add_rms_norm(input, residual, _custom_ops.kernel_weight(input, weight), float(eps), enable_pdl)
 
 
 # ---- differentiable functional forms ----
 
 
 def rms_norm_func(
-    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *, gemma: bool = False
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    *,
+    gemma: bool = False,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Differentiable RMSNorm with transformers' casting (grads for ``x`` and ``weight``).
 
@@ -176,8 +188,8 @@ def rms_norm_func(
     op (fullgraph, dynamic token counts).
     """
     if gemma:
-        return _custom_ops.gemma_norm(x, weight, eps)
-    return _custom_ops.llama_norm(x, weight, eps)
+        return _custom_ops.gemma_norm(x, weight, eps, enable_pdl)
+    return _custom_ops.llama_norm(x, weight, eps, enable_pdl)
 
 
 def add_rms_norm(
@@ -187,6 +199,7 @@ def add_rms_norm(
     eps: float = 1e-6,
     *,
     gemma: bool = False,
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Differentiable, out-of-place fused residual add: returns ``(out, residual_out)``.
 
@@ -197,8 +210,10 @@ def add_rms_norm(
     """
     w = _custom_ops.kernel_weight(x, weight)
     if gemma:
-        return _custom_ops.add_norm(x, residual, w, eps, weight_offset=1.0)
-    return _custom_ops.add_norm(x, residual, w, eps, norm_dtype=x.dtype, out_dtype=_custom_ops.promoted_dtype(x, weight))
+        return _custom_ops.add_norm(x, residual, w, eps, weight_offset=1.0, enable_pdl=enable_pdl)
+    return _custom_ops.add_norm(
+        x, residual, w, eps, norm_dtype=x.dtype, out_dtype=_custom_ops.promoted_dtype(x, weight), enable_pdl=enable_pdl
+    )
 
 
 def rms_norm_modulate(
@@ -207,6 +222,8 @@ def rms_norm_modulate(
     scale: torch.Tensor,
     shift: torch.Tensor,
     eps: float = 1e-6,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Differentiable adaptive (modulated) RMSNorm of diffusion transformers.
 
@@ -216,13 +233,15 @@ def rms_norm_modulate(
     be None. Gradients flow to ``x``, ``weight``, ``scale`` and ``shift``. The result has the
     dtype of ``x``.
     """
-    return _custom_ops.modulated_norm(x, weight, scale, shift, eps)
+    return _custom_ops.modulated_norm(x, weight, scale, shift, eps, enable_pdl)
 
 
 # ---- kernels-community/rmsnorm v1 ----
 
 
-def apply_rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float, return_rstd: bool = False):
+def apply_rms_norm(
+    input: torch.Tensor, weight: torch.Tensor, eps: float, return_rstd: bool = False, *, enable_pdl: Optional[bool] = None
+):
     """kernels-community/rmsnorm ``apply_rms_norm``: the LlamaRMSNorm forward, not differentiable.
 
     Returns the output tensor, as kernels-community's function does (its op returns
@@ -233,7 +252,7 @@ def apply_rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float, return
     w = _custom_ops.kernel_weight(input, weight)
     out = torch.empty(input.shape, dtype=_custom_ops.promoted_dtype(input, weight), device=input.device)
     rstd = torch.empty(input.shape[:-1], dtype=torch.float32, device=input.device) if return_rstd else None
-    ops.rms_norm_fwd(out, input, w, None, None, None, None, rstd, float(eps), 0.0, input.dtype)
+    ops.rms_norm_fwd(out, input, w, None, None, None, None, rstd, float(eps), 0.0, input.dtype, enable_pdl)
     return [out, rstd] if return_rstd else out
 
 
@@ -246,6 +265,8 @@ def apply_rms_norm_backward(
     eps: float,
     input_requires_grad: bool = True,
     weight_requires_grad: bool = True,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> List[Optional[torch.Tensor]]:
     """kernels-community/rmsnorm ``apply_rms_norm_backward``: ``[grad_input, grad_weight]`` of
     ``apply_rms_norm``, None for a gradient not asked for.
@@ -258,7 +279,9 @@ def apply_rms_norm_backward(
     grad_input = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     want_weight = weight_requires_grad and weight is not None
     grad_weight = torch.empty(w.shape, dtype=w.dtype, device=w.device) if want_weight else None
-    ops.rms_norm_bwd(grad_input, grad_weight, None, None, grad_output, input, w, None, None, float(eps), 0.0, input.dtype)
+    ops.rms_norm_bwd(
+        grad_input, grad_weight, None, None, grad_output, input, w, None, None, float(eps), 0.0, input.dtype, enable_pdl
+    )
     if grad_weight is not None and grad_weight.dtype != weight.dtype:
         grad_weight = grad_weight.to(weight.dtype)
     return [grad_input if input_requires_grad else None, grad_weight]

@@ -233,38 +233,41 @@ def _check_bwd(
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm"))
-def _rms_norm_fake(out, input, weight, epsilon):
+def _rms_norm_fake(out, input, weight, epsilon, enable_pdl=None):
     _check_fwd("rms_norm", out, input, weight, None, None, None, None, None, epsilon, input.dtype)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("gemma_rms_norm"))
-def _gemma_rms_norm_fake(out, input, weight, epsilon):
+def _gemma_rms_norm_fake(out, input, weight, epsilon, enable_pdl=None):
     _check_fwd("gemma_rms_norm", out, input, weight, None, None, None, None, None, epsilon, None)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm"))
-def _fused_add_rms_norm_fake(input, residual, weight, epsilon):
+def _fused_add_rms_norm_fake(input, residual, weight, epsilon, enable_pdl=None):
     _check_fwd("fused_add_rms_norm", input, input, weight, residual, residual, None, None, None, epsilon, input.dtype)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("gemma_fused_add_rms_norm"))
-def _gemma_fused_add_rms_norm_fake(input, residual, weight, epsilon):
+def _gemma_fused_add_rms_norm_fake(input, residual, weight, epsilon, enable_pdl=None):
     _check_fwd("gemma_fused_add_rms_norm", input, input, weight, residual, residual, None, None, None, epsilon, None)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_modulate"))
-def _rms_norm_modulate_fake(out, input, weight, scale, shift, epsilon):
+def _rms_norm_modulate_fake(out, input, weight, scale, shift, epsilon, enable_pdl=None):
     _check_fwd("rms_norm_modulate", out, input, weight, None, None, scale, shift, None, epsilon, None)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_fwd"))
-def _rms_norm_fwd_fake(out, input, weight, residual, residual_out, scale, shift, rstd, epsilon, weight_offset, norm_dtype):
+def _rms_norm_fwd_fake(
+    out, input, weight, residual, residual_out, scale, shift, rstd, epsilon, weight_offset, norm_dtype, enable_pdl=None
+):
     _check_fwd("rms_norm_fwd", out, input, weight, residual, residual_out, scale, shift, rstd, epsilon, norm_dtype, weight_offset)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_bwd"))
 def _rms_norm_bwd_fake(
-    grad_input, grad_weight, grad_scale, grad_shift, grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype
+    grad_input, grad_weight, grad_scale, grad_shift, grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype,
+    enable_pdl=None,
 ):
     _check_bwd(
         "rms_norm_bwd", grad_input, grad_weight, grad_scale, grad_shift, grad_out, input, weight, grad_residual, scale,
@@ -279,21 +282,23 @@ def _rms_norm_bwd_fake(
     add_op_namespace_prefix("rms_norm_functional"),
     mutates_args=(),
     schema="(Tensor input, Tensor? weight, Tensor? scale, Tensor? shift, float epsilon, float weight_offset, "
-    "ScalarType? norm_dtype, ScalarType out_dtype) -> Tensor",
+    "ScalarType? norm_dtype, ScalarType out_dtype, bool? enable_pdl=None) -> Tensor",
 )
-def _rms_norm_functional(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype):
-    return _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype)
+def _rms_norm_functional(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
+    return _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl)
 
 
-def _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype):
+def _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
     """The body of rms_norm_functional, also called directly by `norm` in eager inference."""
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
-    ops.rms_norm_fwd(out, input, weight, None, None, scale, shift, None, epsilon, weight_offset, norm_dtype)
+    ops.rms_norm_fwd(out, input, weight, None, None, scale, shift, None, epsilon, weight_offset, norm_dtype, enable_pdl)
     return out
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_functional"))
-def _rms_norm_functional_fake(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype):
+def _rms_norm_functional_fake(
+    input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
+):
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     _check_fwd("rms_norm_functional", out, input, weight, None, None, scale, shift, None, epsilon, norm_dtype, weight_offset)
     return out
@@ -303,17 +308,19 @@ def _rms_norm_functional_fake(input, weight, scale, shift, epsilon, weight_offse
     add_op_namespace_prefix("add_rms_norm_functional"),
     mutates_args=(),
     schema="(Tensor input, Tensor residual, Tensor? weight, float epsilon, float weight_offset, "
-    "ScalarType? norm_dtype, ScalarType out_dtype) -> (Tensor, Tensor)",
+    "ScalarType? norm_dtype, ScalarType out_dtype, bool? enable_pdl=None) -> (Tensor, Tensor)",
 )
-def _add_rms_norm_functional(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype):
-    return _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype)
+def _add_rms_norm_functional(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
+    return _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl)
 
 
-def _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype):
+def _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
     """The body of add_rms_norm_functional, also called directly by `add_norm` in eager inference."""
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
-    ops.rms_norm_fwd(out, input, weight, residual, residual_out, None, None, None, epsilon, weight_offset, norm_dtype)
+    ops.rms_norm_fwd(
+        out, input, weight, residual, residual_out, None, None, None, epsilon, weight_offset, norm_dtype, enable_pdl
+    )
     return out, residual_out
 
 
@@ -327,7 +334,9 @@ def _custom_op_needed(*tensors: Optional[torch.Tensor]) -> bool:
 
 
 @torch.library.register_fake(add_op_namespace_prefix("add_rms_norm_functional"))
-def _add_rms_norm_functional_fake(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype):
+def _add_rms_norm_functional_fake(
+    input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
+):
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     _check_fwd(
@@ -351,20 +360,24 @@ def _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad):
     add_op_namespace_prefix("rms_norm_bwd_functional"),
     mutates_args=(),
     schema="(Tensor grad_out, Tensor input, Tensor? weight, Tensor? grad_residual, Tensor? scale, float epsilon, "
-    "float weight_offset, ScalarType? norm_dtype, bool weight_grad, bool scale_grad, bool shift_grad) "
-    "-> (Tensor, Tensor?, Tensor?, Tensor?)",
+    "float weight_offset, ScalarType? norm_dtype, bool weight_grad, bool scale_grad, bool shift_grad, "
+    "bool? enable_pdl=None) -> (Tensor, Tensor?, Tensor?, Tensor?)",
 )
 def _rms_norm_bwd_functional(
-    grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, weight_grad, scale_grad, shift_grad
+    grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, weight_grad, scale_grad, shift_grad,
+    enable_pdl=None,
 ):
     grads = _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad)
-    ops.rms_norm_bwd(*grads, grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype)
+    ops.rms_norm_bwd(
+        *grads, grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, enable_pdl
+    )
     return grads
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_bwd_functional"))
 def _rms_norm_bwd_functional_fake(
-    grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, weight_grad, scale_grad, shift_grad
+    grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, weight_grad, scale_grad, shift_grad,
+    enable_pdl=None,
 ):
     op = "rms_norm_bwd_functional"
     torch._check(not weight_grad or weight is not None, lambda: f"{op}: weight_grad needs weight")
@@ -378,9 +391,10 @@ def _rms_norm_bwd_functional_fake(
 
 
 def _norm_setup_context(ctx, inputs, output) -> None:
-    input, weight, scale, shift, epsilon, weight_offset, norm_dtype, _ = inputs
+    input, weight, scale, shift, epsilon, weight_offset, norm_dtype, _, enable_pdl = inputs
     ctx.save_for_backward(input, weight, scale)
     ctx.options = (epsilon, weight_offset, norm_dtype)
+    ctx.enable_pdl = enable_pdl  # the backward launches as the forward did
     ctx.shift_shape = None if shift is None else shift.shape
 
 
@@ -388,11 +402,11 @@ def _norm_backward(ctx, grad_out):
     input, weight, scale = ctx.saved_tensors
     need_input, need_weight, need_scale, need_shift = ctx.needs_input_grad[:4]
     grad_input, grad_weight, grad_scale, grad_shift = _rms_norm_bwd_functional(
-        grad_out, input, weight, None, scale, *ctx.options, need_weight, need_scale, need_shift
+        grad_out, input, weight, None, scale, *ctx.options, need_weight, need_scale, need_shift, ctx.enable_pdl
     )
     if grad_shift is not None:
         grad_shift = grad_shift.reshape(ctx.shift_shape)
-    return (grad_input if need_input else None), grad_weight, grad_scale, grad_shift, None, None, None, None
+    return (grad_input if need_input else None), grad_weight, grad_scale, grad_shift, None, None, None, None, None
 
 
 torch.library.register_autograd(
@@ -401,10 +415,11 @@ torch.library.register_autograd(
 
 
 def _add_norm_setup_context(ctx, inputs, output) -> None:
-    _, _, weight, epsilon, weight_offset, norm_dtype, _ = inputs
+    _, _, weight, epsilon, weight_offset, norm_dtype, _, enable_pdl = inputs
     # The backward normalizes the rounded sum r = residual_out again (rstd is recomputed).
     ctx.save_for_backward(output[1], weight)
     ctx.options = (epsilon, weight_offset, norm_dtype)
+    ctx.enable_pdl = enable_pdl
 
 
 def _add_norm_backward(ctx, grad_out, grad_residual_out):
@@ -413,10 +428,10 @@ def _add_norm_backward(ctx, grad_out, grad_residual_out):
     if grad_out is None:  # only residual_out reached the loss
         grad_out = torch.zeros_like(residual_out)
     grad_r, grad_weight, _, _ = _rms_norm_bwd_functional(
-        grad_out, residual_out, weight, grad_residual_out, None, *ctx.options, need_weight, False, False
+        grad_out, residual_out, weight, grad_residual_out, None, *ctx.options, need_weight, False, False, ctx.enable_pdl
     )
     # d(x + residual)/dx = d(x + residual)/dresidual = 1: both receive the gradient of r.
-    return (grad_r if need_input else None), (grad_r if need_residual else None), grad_weight, None, None, None, None
+    return (grad_r if need_input else None), (grad_r if need_residual else None), grad_weight, None, None, None, None, None
 
 
 torch.library.register_autograd(
@@ -456,11 +471,13 @@ def norm(
     out_dtype: Optional[torch.dtype] = None,
     scale: Optional[torch.Tensor] = None,
     shift: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Differentiable `rms_norm_fwd` with every option (weight already in a kernel dtype)."""
     impl = _rms_norm_functional if _custom_op_needed(x, weight, scale, shift) else _norm_allocating
     return impl(
-        x, weight, scale, shift, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype
+        x, weight, scale, shift, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype,
+        enable_pdl,
     )
 
 
@@ -473,22 +490,30 @@ def add_norm(
     weight_offset: float = 0.0,
     norm_dtype: Optional[torch.dtype] = None,
     out_dtype: Optional[torch.dtype] = None,
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Differentiable fused residual add + norm: ``(norm(r), r)``, ``r = round(x + residual)``."""
     impl = _add_rms_norm_functional if _custom_op_needed(x, residual, weight) else _add_norm_allocating
     return impl(
-        x, residual, weight, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype
+        x, residual, weight, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype,
+        enable_pdl,
     )
 
 
-def llama_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def llama_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     """transformers LlamaRMSNorm: ``weight * round_x(x * rstd)`` in dtype promote(x, weight)."""
-    return norm(x, kernel_weight(x, weight), eps, norm_dtype=x.dtype, out_dtype=promoted_dtype(x, weight))
+    return norm(
+        x, kernel_weight(x, weight), eps, norm_dtype=x.dtype, out_dtype=promoted_dtype(x, weight), enable_pdl=enable_pdl
+    )
 
 
-def gemma_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def gemma_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     """transformers GemmaRMSNorm: ``round_x(x * rstd * (1 + weight))``, fp32 throughout."""
-    return norm(x, kernel_weight(x, weight), eps, weight_offset=1.0)
+    return norm(x, kernel_weight(x, weight), eps, weight_offset=1.0, enable_pdl=enable_pdl)
 
 
 def diffusers_norm(
@@ -517,7 +542,8 @@ def diffusers_norm(
 
 
 def modulated_norm(
-    x: torch.Tensor, weight: Optional[torch.Tensor], scale: torch.Tensor, shift: torch.Tensor, eps: float
+    x: torch.Tensor, weight: Optional[torch.Tensor], scale: torch.Tensor, shift: torch.Tensor, eps: float,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """``round_x(x * rstd * weight * (1 + scale) + shift)``, fp32 throughout."""
-    return norm(x, kernel_weight(x, weight), eps, scale=scale, shift=shift)
+    return norm(x, kernel_weight(x, weight), eps, scale=scale, shift=shift, enable_pdl=enable_pdl)

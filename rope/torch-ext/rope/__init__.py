@@ -25,6 +25,12 @@ table dtypes are converted to float32 by the Python functions). Gradients flow t
 activations through the kernel (its transpose) and to cos / sin, when they require grad,
 through a plain PyTorch formula. Double backward is not supported. The in-place and out-param
 forms (vLLM, sgl, ``apply_rotary``) are not seen by autograd.
+
+Every function takes ``enable_pdl: Optional[bool] = None``: programmatic dependent launch on CUDA
+(sm_90+). None keeps each launch's measured default (the first launch of a call plain, the
+launches of later token chunks with PDL), True turns it on for every launch (for a call that
+follows a kernel that releases its dependents, as every kernel of this repository does), False
+off. Ignored on CPU.
 """
 
 from typing import Optional, Tuple, Union
@@ -64,6 +70,7 @@ def rotary_embedding(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
+    enable_pdl: Optional[bool] = None,
 ) -> None:
     """vLLM ``rotary_embedding``: rotates ``query`` (and ``key``) in place.
 
@@ -76,7 +83,7 @@ def rotary_embedding(
     ``rot_dim`` are left untouched. A position outside ``[0, max_position)`` raises (CPU) or
     trips a device-side assertion (CUDA).
     """
-    ops.rotary_embedding(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
+    ops.rotary_embedding(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), enable_pdl)
 
 
 def batched_rotary_embedding(
@@ -88,12 +95,14 @@ def batched_rotary_embedding(
     is_neox: bool,
     rot_dim: int,
     cos_sin_cache_offsets: torch.Tensor,
+    enable_pdl: Optional[bool] = None,
 ) -> None:
     """vLLM ``batched_rotary_embedding`` (multi-LoRA long context): as ``rotary_embedding`` with
     the row ``positions + cos_sin_cache_offsets`` (one offset per token, int64 or int32);
     ``cos_sin_cache`` must have ``rot_dim`` columns."""
     ops.batched_rotary_embedding(
-        positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), int(rot_dim), cos_sin_cache_offsets
+        positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), int(rot_dim), cos_sin_cache_offsets,
+        enable_pdl,
     )
 
 
@@ -110,14 +119,14 @@ def apply_rope_with_cos_sin_cache_inplace(
     """sgl-kernel / flashinfer ``apply_rope_with_cos_sin_cache_inplace``: ``rotary_embedding``
     with sgl's argument order and default (``is_neox=True``). query ``[T, Hq * head_size]``,
     key ``[T, Hk * head_size]``; ``cos_sin_cache`` may be float32 (sgl's requirement) or the
-    query dtype. ``enable_pdl`` is accepted and ignored (the CUDA kernel decides); sgl's
+    query dtype. ``enable_pdl`` as everywhere (see the module docstring); sgl's
     ``fused_set_kv_buffer_arg`` (a fused KV-cache write) is not supported."""
     if fused_set_kv_buffer_arg is not None:
         raise ValueError(
             "apply_rope_with_cos_sin_cache_inplace: fused_set_kv_buffer_arg is not supported; "
             "write the KV cache after the call"
         )
-    ops.rotary_embedding(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
+    ops.rotary_embedding(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), enable_pdl)
 
 
 # ---- flash-attn ----
@@ -162,6 +171,7 @@ def apply_rotary_emb(
     seqlen_offsets: Union[int, torch.Tensor] = 0,
     cu_seqlens: Optional[torch.Tensor] = None,
     max_seqlen: Optional[int] = None,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """flash-attn ``apply_rotary_emb`` (flash_attn.layers.rotary), differentiable.
 
@@ -189,7 +199,7 @@ def apply_rotary_emb(
     x4 = x.unsqueeze(0) if varlen else x
     out, _ = _custom_ops.rope(
         x4, None, cos4, sin4, rot_dim=rot_dim, seqlen_offsets=offsets, cu_seqlens=cu, seqlen_offset=offset,
-        interleaved=interleaved, inplace=inplace,
+        interleaved=interleaved, inplace=inplace, enable_pdl=enable_pdl,
     )
     if inplace:
         return x
@@ -205,6 +215,7 @@ def apply_rotary_emb_qkv_(
     interleaved: bool = False,
     seqlen_offsets: Union[int, torch.Tensor] = 0,
     num_heads_q: Optional[int] = None,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """flash-attn ``apply_rotary_emb_qkv_``: rotates Q and K of a packed qkv in place, returns qkv.
 
@@ -234,7 +245,9 @@ def apply_rotary_emb_qkv_(
     head_dim = qkv.shape[-1]
     cos4, sin4, rot_dim = _fa_tables(op, cos, sin, qkv.dtype, head_dim)
     offset, offsets = _fa_offsets(op, seqlen_offsets)
-    options = dict(seqlen_offsets=offsets, seqlen_offset=offset, interleaved=interleaved, inplace=True)
+    options = dict(
+        seqlen_offsets=offsets, seqlen_offset=offset, interleaved=interleaved, inplace=True, enable_pdl=enable_pdl
+    )
     if cos_k is None:
         _custom_ops.rope(q, k, cos4, sin4, rot_dim=rot_dim, **options)
     else:
@@ -250,6 +263,7 @@ def apply_rotary_emb_kv_(
     sin: torch.Tensor,
     interleaved: bool = False,
     seqlen_offsets: Union[int, torch.Tensor] = 0,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """flash-attn ``apply_rotary_emb_kv_``: rotates K of ``kv [B, S, 2, H, D]`` in place, returns kv."""
     op = "apply_rotary_emb_kv_"
@@ -260,7 +274,7 @@ def apply_rotary_emb_kv_(
     offset, offsets = _fa_offsets(op, seqlen_offsets)
     _custom_ops.rope(
         kv[:, :, 0], None, cos4, sin4, rot_dim=rot_dim, seqlen_offsets=offsets, seqlen_offset=offset,
-        interleaved=interleaved, inplace=True,
+        interleaved=interleaved, inplace=True, enable_pdl=enable_pdl,
     )
     return kv
 
@@ -276,6 +290,7 @@ def apply_rotary(
     out1: torch.Tensor,
     out2: torch.Tensor,
     conj: bool,
+    enable_pdl: Optional[bool] = None,
 ) -> None:
     """kernels-community ``rotary`` ``apply_rotary``: writes ``out1 = x1 cos - x2 sin`` and
     ``out2 = x1 sin + x2 cos`` (``conj``: ``x1 cos + x2 sin`` and ``x2 cos - x1 sin``).
@@ -285,7 +300,7 @@ def apply_rotary(
     ``apply_rotary_transformers`` of kernels-community passes them; otherwise an exact ATen
     fallback with the same fp32 math. Not seen by autograd.
     """
-    ops.apply_rotary(x1, x2, cos, sin, out1, out2, bool(conj))
+    ops.apply_rotary(x1, x2, cos, sin, out1, out2, bool(conj), enable_pdl)
 
 
 def apply_rotary_transformers(
@@ -294,6 +309,7 @@ def apply_rotary_transformers(
     cos: torch.Tensor,
     sin: torch.Tensor,
     unsqueeze_dim: int = 1,
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """transformers ``apply_rotary_pos_emb``: returns new ``(q_embed, k_embed)``.
 
@@ -305,7 +321,7 @@ def apply_rotary_transformers(
     gpt-oss's half-size tables (``R = D / 2`` covering the whole head) are a different
     convention. Differentiable w.r.t. q, k, cos and sin; the outputs keep q's memory layout.
     """
-    return _custom_ops.transformers_rope(q, k, cos, sin, unsqueeze_dim)
+    return _custom_ops.transformers_rope(q, k, cos, sin, unsqueeze_dim, enable_pdl=enable_pdl)
 
 
 apply_rotary_transformers.has_backward = True
@@ -319,16 +335,21 @@ def apply_rotary_pos_emb(
     sin: torch.Tensor,
     position_ids: Optional[torch.Tensor] = None,
     unsqueeze_dim: int = 1,
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """transformers' function name and pre-5.x signature: ``apply_rotary_transformers``;
     ``position_ids`` is accepted and unused (cos/sin are already gathered per position)."""
-    return _custom_ops.transformers_rope(q, k, cos, sin, unsqueeze_dim, op="apply_rotary_pos_emb")
+    return _custom_ops.transformers_rope(
+        q, k, cos, sin, unsqueeze_dim, op="apply_rotary_pos_emb", enable_pdl=enable_pdl
+    )
 
 
 # ---- diffusers LTX-Video ----
 
 
-def apply_rotary_emb_ltx(x: torch.Tensor, freqs: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def apply_rotary_emb_ltx(
+    x: torch.Tensor, freqs: Tuple[torch.Tensor, torch.Tensor], enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     """diffusers LTX-Video ``apply_rotary_emb(x, freqs)`` (``transformer_ltx``), differentiable.
 
     ``x`` ``[B, S, C]``; ``freqs = (cos, sin)``, each ``[B or 1, S, C]``: one coefficient per
@@ -340,4 +361,4 @@ def apply_rotary_emb_ltx(x: torch.Tensor, freqs: Tuple[torch.Tensor, torch.Tenso
     if not isinstance(freqs, (tuple, list)) or len(freqs) != 2:
         raise ValueError("apply_rotary_emb_ltx: freqs must be a pair (cos, sin)")
     cos, sin = freqs
-    return _custom_ops.ltx_rope(x, cos, sin)
+    return _custom_ops.ltx_rope(x, cos, sin, enable_pdl=enable_pdl)

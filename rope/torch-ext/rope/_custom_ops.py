@@ -250,12 +250,14 @@ def _check_vllm(op, positions, query, key, head_size, cos_sin_cache, positions_n
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rotary_embedding"))
-def _rotary_embedding_fake(positions, query, key, head_size, cos_sin_cache, is_neox):
+def _rotary_embedding_fake(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl=None):
     _check_vllm("rotary_embedding", positions, query, key, head_size, cos_sin_cache)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("batched_rotary_embedding"))
-def _batched_rotary_embedding_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets):
+def _batched_rotary_embedding_fake(
+    positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets, enable_pdl=None
+):
     op = "batched_rotary_embedding"
     torch._check(
         cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == rot_dim,
@@ -279,7 +281,10 @@ def _batched_rotary_embedding_fake(positions, query, key, head_size, cos_sin_cac
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_inplace"))
-def _rope_inplace_fake(q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose):
+def _rope_inplace_fake(
+    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    enable_pdl=None,
+):
     _check_core(
         "rope_inplace", q, q, k, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, full_table,
         names=("q", "q", "k", "k"),
@@ -288,13 +293,14 @@ def _rope_inplace_fake(q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, se
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_out"))
 def _rope_out_fake(
-    q_out, q, k_out, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+    q_out, q, k_out, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    enable_pdl=None,
 ):
     _check_core("rope_out", q, q_out, k, k_out, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, full_table)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("apply_rotary"))
-def _apply_rotary_fake(x1, x2, cos, sin, out1, out2, conj):
+def _apply_rotary_fake(x1, x2, cos, sin, out1, out2, conj, enable_pdl=None):
     op = "apply_rotary"
     torch._check(
         x1.dtype in KERNEL_DTYPES or x1.dtype == torch.float64,
@@ -330,19 +336,22 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
     add_op_namespace_prefix("rope_functional"),
     mutates_args=(),
     schema="(Tensor q, Tensor? k, Tensor cos, Tensor sin, Tensor? positions, Tensor? seqlen_offsets, "
-    "Tensor? cu_seqlens, int seqlen_offset, int rot_dim, bool interleaved, bool full_table, bool transpose) "
-    "-> (Tensor, Tensor?)",
+    "Tensor? cu_seqlens, int seqlen_offset, int rot_dim, bool interleaved, bool full_table, bool transpose, "
+    "bool? enable_pdl=None) -> (Tensor, Tensor?)",
 )
 def _rope_functional(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    enable_pdl=None,
 ):
     return _rope_allocating(
-        q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+        q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+        enable_pdl,
     )
 
 
 def _rope_allocating(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    enable_pdl=None,
 ):
     """New outputs (q's and k's layouts) written by the out-param op: the body of rope_functional,
     and the eager inference path of `rope`, which skips the custom op's dispatch layers."""
@@ -350,14 +359,15 @@ def _rope_allocating(
     k_out = None if k is None else _empty_like(k)
     ops.rope_out(
         q_out, q, k_out, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved,
-        full_table, transpose,
+        full_table, transpose, enable_pdl,
     )
     return q_out, k_out
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_functional"))
 def _rope_functional_fake(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose
+    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    enable_pdl=None,
 ):
     q_out = _empty_like(q) if q.dim() == 4 else q.new_empty(q.shape)
     k_out = None if k is None else (_empty_like(k) if k.dim() == 4 else k.new_empty(k.shape))
@@ -431,20 +441,21 @@ def table_grads(
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose = inputs
+    (q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+     enable_pdl) = inputs
     need_table = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
     # q and k themselves are kept only for the gradients of the tables.
     ctx.save_for_backward(
         cos, sin, positions, seqlen_offsets, cu_seqlens, q if need_table else None, k if need_table else None
     )
-    ctx.options = (seqlen_offset, rot_dim, interleaved, full_table, transpose)
+    ctx.options = (seqlen_offset, rot_dim, interleaved, full_table, transpose, enable_pdl)
     ctx.has_k = k is not None
     ctx.out_meta = [(t.shape, t.dtype, t.device) for t in output if t is not None]
 
 
 def _backward(ctx, grad_q_out, grad_k_out):
     cos, sin, positions, seqlen_offsets, cu_seqlens, q, k = ctx.saved_tensors
-    seqlen_offset, rot_dim, interleaved, full_table, transpose = ctx.options
+    seqlen_offset, rot_dim, interleaved, full_table, transpose, enable_pdl = ctx.options
     need_q, need_k, need_cos, need_sin = ctx.needs_input_grad[:4]
     # A gradient the engine did not materialize (an output unused by the loss) is zero.
     if grad_q_out is None:
@@ -458,7 +469,7 @@ def _backward(ctx, grad_q_out, grad_k_out):
         gk = grad_k_out if need_k else None
         grad_q, grad_k = _rope_functional(
             grad_q_out, gk, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved,
-            full_table, not transpose,
+            full_table, not transpose, enable_pdl,
         )
         grad_q = grad_q if need_q else None
     if need_cos or need_sin:
@@ -468,7 +479,7 @@ def _backward(ctx, grad_q_out, grad_k_out):
         )
         grad_cos = gc.to(cos.dtype) if need_cos else None
         grad_sin = gs.to(sin.dtype) if need_sin else None
-    return grad_q, grad_k, grad_cos, grad_sin, None, None, None, None, None, None, None, None
+    return grad_q, grad_k, grad_cos, grad_sin, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(add_op_namespace_prefix("rope_functional"), _backward, setup_context=_setup_context)
@@ -495,6 +506,7 @@ def rope(
     interleaved: bool = False,
     full_table: bool = False,
     inplace: bool = False,
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rotates q ``[B, S, Hq, D]`` (and k ``[B, S, Hk, D]``) with tables ``[TB, R, TH, W]``.
 
@@ -502,23 +514,24 @@ def rope(
     rotates q and k and returns them; without autograd the kernel writes them directly, with
     autograd (an input requires grad) the result is computed out of place and copied in with
     ``copy_``, which records the in-place update for backward (flash-attn's ``inplace=True``).
+    ``enable_pdl``: programmatic dependent launch on CUDA (None: the kernel's default).
     """
     args = (positions, seqlen_offsets, cu_seqlens, int(seqlen_offset), int(rot_dim), bool(interleaved), bool(full_table))
     if not inplace:
         if _requires_grad(q, k, cos, sin) or torch.compiler.is_compiling():
-            return _rope_functional(q, k, cos, sin, *args, False)
+            return _rope_functional(q, k, cos, sin, *args, False, enable_pdl)
         # Eager inference (transformers' decode calls this once per layer): the out-param op
         # directly. The custom op's autograd and redispatch layers cost more host time per call
         # than the rest of the wrapper.
-        return _rope_allocating(q, k, cos, sin, *args, False)
+        return _rope_allocating(q, k, cos, sin, *args, False, enable_pdl)
     if not _requires_grad(q, k, cos, sin):
-        ops.rope_inplace(q, k, cos, sin, *args, False)
+        ops.rope_inplace(q, k, cos, sin, *args, False, enable_pdl)
         return q, k
     # The table gradient needs q and k as they were: rotate copies (q/k are overwritten below).
     table_grad = cos.requires_grad or sin.requires_grad
     q_src = q.clone() if table_grad else q
     k_src = k.clone() if table_grad and k is not None else k
-    q_new, k_new = _rope_functional(q_src, k_src, cos, sin, *args, False)
+    q_new, k_new = _rope_functional(q_src, k_src, cos, sin, *args, False, enable_pdl)
     q.copy_(q_new)
     if k is not None:
         k.copy_(k_new)
@@ -560,7 +573,7 @@ def _promoted(op: str, **named: torch.Tensor) -> torch.dtype:
 
 def transformers_rope(
     q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
-    op: str = "apply_rotary_transformers",
+    op: str = "apply_rotary_transformers", enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """transformers ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin`` with the full
     cos/sin (per-channel table, NeoX pairs), fp32 math and one rounding to the result dtype
@@ -601,7 +614,8 @@ def transformers_rope(
         dtype = _promoted(op, **{name: x}, cos=cos, sin=sin)
         c, s = table_dtype(cos4, sin4, dtype)
         y, y_other = rope(
-            to4(x.to(dtype)), None if other is None else to4(other.to(dtype)), c, s, rot_dim=rot_dim, full_table=True
+            to4(x.to(dtype)), None if other is None else to4(other.to(dtype)), c, s, rot_dim=rot_dim, full_table=True,
+            enable_pdl=enable_pdl,
         )
         return to4(y), None if y_other is None else to4(y_other)
 
@@ -610,7 +624,10 @@ def transformers_rope(
     return one(q, None, "q")[0], one(k, None, "k")[0]
 
 
-def ltx_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: str = "apply_rotary_emb_ltx") -> torch.Tensor:
+def ltx_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: str = "apply_rotary_emb_ltx",
+    enable_pdl: Optional[bool] = None,
+) -> torch.Tensor:
     """diffusers LTX-Video ``apply_rotary_emb(x, (cos, sin))``: interleaved pairs, per-channel
     tables, fp32 math, one rounding to x's dtype. x ``[B, S, C]``; cos/sin ``[B or 1, S or 1, C]``
     or ``[B or 1, S or 1, D]`` with D even dividing C (one head's table for all C / D heads)."""
@@ -635,5 +652,5 @@ def ltx_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: str = "a
         x = x.contiguous()
     x4 = x.unflatten(-1, (channels // width, width))
     c, s = table_dtype(_broadcast_rows(cos.unsqueeze(2), x.shape[1]), _broadcast_rows(sin.unsqueeze(2), x.shape[1]), x.dtype)
-    y, _ = rope(x4, None, c, s, rot_dim=width, interleaved=True, full_table=True)
+    y, _ = rope(x4, None, c, s, rot_dim=width, interleaved=True, full_table=True, enable_pdl=enable_pdl)
     return y.flatten(-2)
