@@ -6,12 +6,10 @@
 //
 // With PDL (sm_90+) a launch may start while its predecessor in the stream is still running: its
 // blocks become resident and wait in griddepcontrol.wait, so a short, decode-sized kernel hides
-// its launch latency behind the predecessor's tail (H100, silu_and_mul 1 x 14336 back to back:
-// 0.96 vs 1.42 us). That needs a predecessor that releases its dependents, as every kernel here
-// does. After one that does not (a cuBLAS GEMM, a PyTorch kernel), the PDL launch was slower than
-// a plain one: +0.2 us after a small elementwise kernel, +0.5 us after a GEMM or a 15 us kernel
-// (H100, CUDA graphs: silu_and_mul and rms_norm at 1-128 tokens; the attention decode kernel
-// gained from PDL even there). So each launch says whether it uses PDL by default (ByDefault):
+// its launch latency behind the predecessor's tail. That needs a predecessor that releases its
+// dependents, as every kernel here does; after one that does not (a cuBLAS GEMM, a PyTorch
+// kernel) a PDL launch was measured slower than a plain one (activation/benchmarks/NOTES.md,
+// "Programmatic dependent launch"). So each launch says whether it uses PDL by default (ByDefault):
 // the kernels that follow another kernel of the same op do, an op's first kernel only where that
 // was measured to pay. The caller's Request (pdl_request.h: the ops' enable_pdl, carried by the
 // params) overrides that: kOn turns PDL on for every launch (for callers whose preceding kernel
