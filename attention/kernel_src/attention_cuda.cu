@@ -1,4 +1,4 @@
-// attention_cuda.cu: CUDA kernels and host launcher of the attention forward (attention_cuda.h).
+// attention_cuda.cu: host launcher of the CUDA attention forward (attention_cuda.h).
 //
 // What it computes (attention_params.h, flash-attn 2 semantics): for every sequence b, query
 // head h and query row i, out_i = softmax_j(s_ij) v_j over the visible keys j, with
@@ -14,106 +14,17 @@
 // through kv_batch_idx and leftpad_k (keys at rows [pad, pad + len_k), len_k = seqused_k[b] or
 // seqlen_k - pad, as attention_cpu.cpp), or through a block table (paged: any page size >= 1).
 //
-// Design (FlashAttention-2: one CTA per (query tile, head, sequence, split); K/V streamed through
-// shared memory in tiles; softmax online in registers; O in registers until the end):
-// - MMA: mma.sync.aligned.m16n8k16 (fp16/bf16 in, fp32 accumulate), operands from shared memory
-//   with ldmatrix(.trans) (attention_cuda_mma.cuh: fragment layouts and the 16-byte-chunk XOR
-//   swizzle that keeps ldmatrix and cp.async free of bank conflicts). S = Q K^T per warp; its C
-//   fragments, exponentiated and packed to 16 bits, are the A fragments of O += P V directly.
-// - Tiles (TileConfig, instances below; 4 warps = 128 threads unless noted):
-//     prefill  D   32/64:  128 x 64 keys, 2 MMA row tiles per warp, Q in registers, 2 stages
-//              D   96:     128 x 64, Q re-read from shared memory, 2 stages
-//              D  128:     128 x 32, 3 stages (see the config comment for 128 x 64)
-//              D 192:      64 x 32, one row tile per warp, Q in registers, 2 stages (128 x 64 over
-//                          8 warps where 144 KB fit: sm_80, sm_90, sm_100)
-//              D 256:      64 x 64, one row tile per warp, one stage (K and V in alternation)
-//     decode   D <= 128:   16 rows x 64 keys, the 4 warps split the keys (16 each) and merge
-//              D 192/256:  16 rows x 32 keys over 2 warps (64 threads)
-//   Shared memory 17-96 KB per CTA (opted in above 48 KB), within the 99 KB of sm_86/89/120; the
-//   wide tiles (below) only where the device's opt-in holds them.
-//   Decode tiles are taken when seqlen_q x (q heads per kv head) <= 32 rows.
-// - Pipeline: cp.async (16-byte, L2-only, zero fill past the sequence ends) into kStages K/V
-//   stages. Prefill: per tile one wait + __syncthreads that both publishes tile `it` and retires
-//   the stage of tile it - 1, which then receives tile it + kStages - 1 while tile `it` is
-//   computed. One stage (head_dim 256): a K and a V buffer, the V of tile `it` copied while S of
-//   tile `it` is computed and the K of tile it + 1 while P V of tile `it` is, one barrier before
-//   each (FlashAttention-2's pipeline: 64-key tiles in the shared memory of two 32-key stages).
-//   Decode: each warp copies the K/V rows of its own keys and alone reads them, so it
-//   waits for its copies with a __syncwarp instead of a CTA barrier and refills a stage as soon
-//   as it has consumed it: kStages tiles in flight, not kStages - 1 (load_kv_warp). Tiles run
-//   from the last key tile down, so the partial and diagonal tiles come first.
-// - CTA order (tile_coords): under a causal mask or a window the query tiles of a (head, sequence)
-//   pair differ in work, and a grid that ends on heavy tiles idles SMs in its last wave. Prefill
-//   grids are walked in groups of pairs whose K/V fits in half of L2, heaviest tile rank first
-//   across the group, so the light tiles come last (H200, bf16, causal, x SDPA flash: D128 2K
-//   0.967 -> 0.995, 8K 1.017 -> 1.068; D256 2K 0.920 -> 0.943; D64 2K 0.926 -> 0.961).
-// - Masks: per CTA, uniform thresholds (KeyRange) say which tiles touch the window edge, the
-//   causal diagonal or len_k; only those run the per-element mask (a uniform branch). Fully
-//   invisible tiles are never loaded.
-// - Softmax: scores stay raw dot products and the scale is folded into the exponent,
-//   p = exp2(s * scale log2 e - max * scale log2 e) (one FFMA + ex2.approx per score); with
-//   softcap or ALiBi a second build turns scores into log2 units first (tanh.approx, slope).
-//   Row maxima by a quad butterfly; rows with nothing visible yet keep max = -inf and exponentiate
-//   against 0 (never -inf - -inf). O is rescaled only when a row max of the warp moved (a warp
-//   vote; the running sums always are). lse = (max c + log2 l) ln 2.
-// - GQA packing: when the query tile would be mostly empty (decode, or seqlen_q < tile rows), the
-//   q heads of one kv head are packed into the rows (row m -> query m / group, head m % group):
-//   one CTA reads each K/V tile once for the whole group, which is what makes decode bound by
-//   the K/V stream rather than by latency.
-// - Paged K/V: every K/V tile row goes through the block table (j / page_block_size by a
-//   multiply-shift; the block id shared by the K and V row), so any page size works at the same
-//   cost; no assumption that a tile stays in one page. Decode tiles load the block id of a row
-//   one tile before its copies, into the register of the lane that owns the row, which hands it
-//   to the copying lanes by a shuffle: the dependent block-table load never delays the copies.
-//   Pages of a multiple of 16 rows (vLLM's sizes) hold a warp's 16 keys of a tile whole: one
-//   block id per warp, then rows step as in a contiguous cache (H200, B64 x 16K keys: 5% faster,
-//   a single CTA's stream 1.5x).
-// - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
-//   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
-//   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
-//   output row (its warps take interleaved splits). plan_splits picks the count when asked: no
-//   split when the grid already covers 2 waves of resident CTAs; decode tiles with fewer CTAs
-//   than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM; else the smallest
-//   count within 85% of the best wave efficiency. At least 2 key tiles per split (one-CTA-per-SM
-//   decode grids: 1, once the range has 4), at most 128.
-//   Small decode grids on sm_90+ (contiguous cache, at most 4 splits, one CTA per SM) merge the
-//   splits inside a thread-block cluster instead (merge_splits_in_cluster, plan_cluster: a tile's
-//   splits are one cluster and read each other's partial states from shared memory), with no
-//   workspace and no second kernel.
-// - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
-//   lse from the quad's first lane.
-// - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
-//   launch with PDL, the first one too (faster after a GEMM as well, unlike the short elementwise
-//   kernels of this repository). Both wait for their predecessor before the first global access
-//   and release their dependents; they read their (__grid_constant__) parameters, and the combine
-//   its row's indices, first, while they wait (wait_and_release_after_params: 0.35-0.4 us per
-//   batch-1 decode call, H100).
-// - Registers per thread (nvcc 13.0, ranges over sm_80 / sm_90a / sm_120; softcap / ALiBi build
-//   in parentheses): prefill D32 197-198 (217-238), D64 239-245 (247-255), D96 252-255
-//   (254-255), D128 246-254 (252-255) with 32-key tiles, D192 241-255 (201-233) and 244-254
-//   (222-231) with 128 x 64 tiles, D256 249-255 (249-255); decode D32 79-104 (93-119), D64
-//   114-127 (120-128), D96 148-163 (152-168), D128 167-168 (168, the 3-CTA cap), D192 199-244
-//   (202-247), D256 236-255 (240-255). Local memory (cuobjdump):
-//   the 64-key D128 tile of sm_90 / sm_100 spills 40-104 bytes and reloads 4-16 values per K/V tile
-//   in its main loop (a measured net gain, see Prefill128Wide); the D256 tile of sm_80 / sm_90
-//   spills 8-32 bytes and reloads 1-6 values per K/V tile (sm_120: none), against 256 MMAs per warp
-//   and tile; the sm_120 softcap / ALiBi D96 build does one local access per K/V tile; every other
-//   main loop has none. A few values live in local memory around the loop (stored before it,
-//   reloaded after) in the sm_120 softcap / ALiBi builds of prefill D64 / D128 and decode D64.
-// - Tile shapes and launch heuristics live in TileConfig / LaunchConfig / plan_* only.
+// Limits: head_dim one of the six above; heads_q a multiple of heads_kv and at most 65535; batch,
+// seqlen_q and seqlen_k below 2^31; 16-byte aligned q/k/v/out bases and strides in multiples of 8
+// elements; num_splits at most 128 (attention_cuda.h lists the preconditions the caller checks).
 //
-// Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
-// to 12.0 (a Hopper-specific kernel can come later behind the same params). Two 16-row tiles per
-// warp (prefill, head_dim <= 128) halve the K/V shared-memory traffic per MMA compared with one
-// (FlashAttention-2's 128-row tiles over 4 warps do the same); the decode tiles
-// trade the row split for a key split so that GQA decode issues 4x fewer MMAs per K/V byte.
-// Checked without a GPU: a host emulation (.exp/attn_emul, not part of the build) compiles this
-// file as C++ and runs every thread as a fiber, warps in lockstep at each mma / ldmatrix /
-//
-// This file is the host side (device info, plans, argument resolution, launches); the kernels
-// are in attention_fwd_kernel.cuh / attention_fwd_combine_kernel.cuh, their instances in the
-// generated attention_fwd_*.cu files (generate_instances.py), reached through the dispatch
-// functions of attention_fwd_instances.h.
+// This file is the host side: device properties, the kernel choice (plan_tiles), split-KV and
+// cluster-merge decisions (plan_splits, plan_cluster), the tile order (plan_tile_group), argument
+// resolution (make_args) and the launches. It includes no kernel body: the kernels are in
+// attention_fwd_kernel.cuh (design notes there) and attention_fwd_combine_kernel.cuh, their
+// instances in the generated attention_fwd_*.cu files (generate_instances.py), reached through the
+// dispatch functions of attention_fwd_instances.h. Measurements behind the policies:
+// attention/benchmarks/NOTES.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -296,9 +207,8 @@ template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, cons
 }
 
 // Decode tiles have a fast build too although at 16 rows the per-score work is hidden by the K/V
-// stream: a decode call at batch 1 is bound by the latency of its instruction stream (one warp per
-// SM sub-partition), and the modifier build's longer one cost 0.15-0.2 us of an 8-10 us call
-// (H100, batch 1, 1K-4K keys).
+// stream: a batch-1 decode call is bound by the latency of its instruction stream, which the
+// modifier build lengthens (benchmarks/NOTES.md, "Figures behind the launch policies").
 template <typename T, bool kScoreMod> bool decode_kernel(int64_t head_dim, KernelInfo* k) {
   switch (head_dim) {
     case 32: *k = kernel_info<T, Decode32, kScoreMod>(); return true;
@@ -463,20 +373,12 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
   if (ctas >= LaunchConfig::kNoSplitWaves * slots) return cudaSuccess;
   const int64_t max_splits = min64(cap, n_blocks / LaunchConfig::kMinTilesPerSplit);
   if (max_splits <= 1) return cudaSuccess;
-  // Decode tiles, small grids: one CTA per SM. Each warp keeps both of its stages in flight
-  // (load_kv_warp), so one CTA streams about 47 GB/s (H200, bf16, head_dim 128: 64 CTAs without
-  // split read 3 TB/s), more than an SM's share of the DRAM bandwidth, and more CTAs only add
-  // split overhead. Contiguous caches, fewer CTAs than SMs: at batch 1-16 x GQA 32/8 x 4K-32K keys
-  // 3-7% faster than filling every resident slot (H200; H100 within 1-4% of the best count).
-  // Paged caches only up to SMs / 8 CTAs (batch 1-2 there: 2-11% faster on H100 and H200); from
-  // batch 4 one CTA per SM lost 3-4% on the H200, so larger paged grids fill every slot.
-  // A split of such a grid may be a single key tile, once there are 4 tiles or more: with the SMs
-  // otherwise idle, more CTAs beat longer streams (bf16, GQA 32/8, D128, H100 / H200: B1 x 256
-  // keys, 4 splits instead of 2, 5.56 -> 5.17 / 5.29 -> 4.84 us; B1 x 1K, 16 instead of 8, 6.35 ->
-  // 6.21 / 6.42 -> 6.19; B1 x 512 paged, 8 instead of 4, 6.08 -> 5.81 / 6.22 -> 5.84). Except where
-  // that would take a contiguous cache past the cluster merge's bound on sm_90+: 4 splits merged in
-  // clusters beat 8 through the combine kernel (B2 x 512: 5.97 vs 6.23 / 5.51 vs 6.25 us). Below 4
-  // tiles no split stays best (B1 x 128: 4.35 us, 2 splits 5.02, H100).
+  // Decode tiles, small grids: one CTA per SM (each warp keeps both of its stages in flight, so one
+  // CTA streams more than an SM's share of the DRAM bandwidth and more CTAs only add split
+  // overhead): contiguous caches below SMs CTAs, paged ones below SMs / 8. Such a split may be a
+  // single key tile once there are 4 tiles or more, except where that would take a contiguous
+  // cache past the cluster merge's bound on sm_90+. Measured in benchmarks/NOTES.md ("Split counts
+  // and prefill tiles", "Figures behind the launch policies"; python attention/benchmarks/sweep.py).
   const int64_t one_per_sm_below = p.block_table == nullptr ? dev.sms : dev.sms / 8 + 1;
   if (plan->decode && ctas < one_per_sm_below) {
     const int64_t per_sm = dev.sms / ctas;
@@ -509,15 +411,9 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
 // kernel: decode tiles on sm_90+ reading a contiguous cache, 2 to kClusterMergeMaxSplits splits, a
 // grid of at most one CTA per SM (as plan_splits sizes small decode grids), every cluster resident
 // at once, and cluster_merge_allowed(). The launch asks for more than half of an SM's shared memory
-// per CTA, so that each CTA has an SM of its own, as the combine path's grid has. Without that (3
-// CTAs fit per SM, and a cluster must sit in one GPC; where the scheduler put them was not
-// measured) batch-1 decode in clusters was 10-20% slower than with the combine kernel. bf16, GQA
-// 32/8, D128, against the combine kernel: contiguous B8 (2 splits) x 1K-16K keys 3-17% faster on
-// the H200 (1K: 11.45 -> 9.78 us) and 3-6% on the H100, B4 (4 splits) even to 5% faster; B2 (8
-// splits) even on both; B1 x 1K (8 splits) 2% faster on the H200 but 7% slower on the H100 (6.51 ->
-// 6.96 us), hence at most 4 splits (kClusterMergeMaxSplits). (8 clusters of 16 at one CTA per SM,
-// B1 x 4K and up, were never resident on an H200.) Paged caches (B1-B2) were even or slower (H200,
-// B2 x 4K, 16-row pages: 11.3 -> 11.9 us).
+// per CTA, so that each CTA has an SM of its own, as the combine path's grid has (without that,
+// batch-1 decode in clusters was slower than with the combine kernel). Where clusters pay, and why
+// at most 4 splits and no paged cache: benchmarks/NOTES.md, "Figures behind the launch policies".
 cudaError_t plan_cluster(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
   plan->cluster = 1;
   const int64_t clusters = p.batch * plan->heads_grid * plan->m_blocks;
@@ -613,8 +509,7 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
 }
 
 // The forward kernel's launch: PDL by default, after any kernel (unlike the short elementwise
-// kernels, a decode call after a cuBLAS GEMM was faster with it: H100, B1 x 4K keys 16.8 vs
-// 17.1 us, B8 55.1 vs 55.4), and clusters of plan.cluster CTAs along grid x when the splits
+// kernels, a decode call after a GEMM was faster with it: benchmarks/NOTES.md), and clusters of plan.cluster CTAs along grid x when the splits
 // merge in a cluster. (pdl::launch takes no cluster attribute; this is the one launch that needs
 // both.)
 cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, cudaStream_t stream) {

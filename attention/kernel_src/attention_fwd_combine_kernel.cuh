@@ -19,16 +19,10 @@ namespace cuda {
 // out = sum_s exp(lse_s - lse) out_s; splits with lse_s = -inf (no visible key) are skipped (their
 // out_accum rows, never written, get weight 0); a row with no split left gets out = 0, lse = +inf.
 // The warps take interleaved splits, kCombineUnroll independent row loads at a time, and warp 0
-// adds up their partial rows: a single warp walking the splits one dependent L2 load after
-// another cost about 0.4 us per split (H200), which at batch 1 was a third of the decode time.
-// The first rows are loaded together with the split lse values (one L2 round trip, not two).
-// At batch 1 the combine is a quarter of the call: without it (timing only) B1 x 4K keys took 5.96
-// instead of 8.00 us (H100, bf16, GQA 32/8, D128, 16 splits). Merging in the split kernel instead,
-// by the CTA whose arrival completes a per-tile count in the workspace (a tagged word, so that it
-// needs no zeroing), was slower at batch 1-2 and even to 8% slower at batch 8 (B1 x 4K 8.51 ->
-// 11.22 us, B1 x 1K 6.74 -> 9.13 us; benchmarks/NOTES.md): the last CTA's fence, atomic arrival and
-// reads of the other splits' rows are several dependent L2 round trips of about 0.6 us each, more
-// than this kernel's launch (overlapped by PDL) and its one round trip.
+// adds up their partial rows (a single warp walking the splits one dependent L2 load after another
+// was far slower). The first rows are loaded together with the split lse values (one L2 round
+// trip, not two). Where a batch-1 decode call's time goes, and why merging in the split kernel
+// instead (last CTA to arrive) lost: benchmarks/NOTES.md.
 // ---------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)

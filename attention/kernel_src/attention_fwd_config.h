@@ -83,23 +83,13 @@ struct TileConfig {
 // within 255 registers. Q stays in registers for head_dim <= 64 (32 registers); for 96/128 it is
 // re-read from shared memory per K/V tile (the O and S accumulators take 96-128 + 32-64 registers).
 // Head dims 128 and 192 take a wider tile where the device's shared memory holds it (the *Wide
-// instances, picked at run time; every other instance fits the 99 KB opt-in of sm_86/89/120).
-// Head dim 128: 64-key tiles (FlashAttention-2's shape) where two 96 KB CTAs fit per SM (sm_90,
-// sm_100), else 32-key tiles in 3 stages (80 KB: two CTAs per SM on sm_80 too). ptxas (13.0,
-// sm_90a) spills 56-80 bytes per thread of the 64-key build and none of the 32-key one, yet the
-// 64-key tile was 3-8% faster on an H200 (bf16, S 2K / 8K, causal and not: 0.92-0.97x -> 0.99-1.03x
-// SDPA's flash backend); tiles of 64 rows or 8 warps were slower (.exp A/B, session notes).
-// Head dim 256: 64-key tiles in one stage (kSplitKV), 96 KB (two CTAs per SM on sm_90 / sm_100, one
-// on sm_80 and sm_86/89/120, as before). Against 32-key tiles in 2 stages (the same 96 KB; the
-// per-tile softmax, barrier and loop work is spread over half the keys) 5-7% faster on an H200
-// (bf16, in one process, x SDPA flash: S 2K 0.91-0.94 -> 0.97-1.00, causal 0.97 -> 1.02, 8K causal
-// 0.95-0.98 -> 1.00-1.03, 16K 0.96 -> 1.01, S 512 0.89 -> 0.94); 128 x 64 tiles over 8 warps in 2
-// stages (192 KB, sm_90 only) gained only 1-5%, 128 x 32 over 8 warps lost 10%. Head dim 192: 128 x
-// 64 over 8 warps in 2 stages (144 KB, one CTA per SM; FlashAttention-2's tile shape for 192) where
-// that fits (sm_80, sm_90, sm_100), 5-6% faster on an H200 than 64 x 32 over 4 warps (x SDPA flash:
-// S 2K 0.88 -> 0.92, causal 0.90 -> 0.93, 8K 0.89 -> 0.94, 8K causal 0.91 -> 0.96, S 512 0.83 ->
-// 0.89), which stays elsewhere (72 KB); in one stage (96 KB) 128 x 64 lost 4-10%, 64 x 64 about 1%,
-// and re-reading Q from shared memory 3-8%.
+// instances, picked at run time; every other instance fits the 99 KB opt-in of sm_86/89/120):
+// head dim 128 64-key tiles (FlashAttention-2's shape) where two 96 KB CTAs fit per SM (sm_90,
+// sm_100), else 32-key tiles in 3 stages (80 KB); head dim 192 128 x 64 over 8 warps (144 KB, one
+// CTA per SM) where that fits (sm_80, sm_90, sm_100), else 64 x 32 over 4 warps (72 KB). Head dim
+// 256: 64-key tiles in one stage (kSplitKV), 96 KB. Each shape was the fastest measured against
+// its alternatives, spills included: benchmarks/NOTES.md, "Tile shapes", rerun with
+// python attention/benchmarks/sweep.py.
 // Shared memory: 24 / 48 / 72 / 80 (96) / 72 (144) / 96 KB.
 using Prefill32 = TileConfig<32, 128, 64, 4, 1, 2, true, 2>;
 using Prefill64 = TileConfig<64, 128, 64, 4, 1, 2, true, 2>;
@@ -114,14 +104,9 @@ using Prefill256 = TileConfig<256, 64, 64, 4, 1, 1, false, 2>;
 // tile instead of 64 x 64 with 60 rows of padding, so the MMA work per K/V byte is 4x smaller
 // and the kernel stays bound by the K/V stream. Two stages of 64 keys: 32 KB per tile at
 // head_dim 128, 68 KB per CTA, three CTAs per SM on sm_90; each warp keeps both of its stages
-// in flight while it waits (up to 192 KB of K/V per SM, against about 40-60 KB that an H200's
-// 4.8 TB/s x ~1.2 us latency / 132 SMs asks for; a single CTA streams 26-35% faster than with
-// one stage in flight behind a CTA barrier, H200 bf16 num_splits 1). The register cap of 3 CTAs
-// per SM (168) matches. Head dim 192/256: 32-key tiles over 2 warps (54 / 72 KB).
-// Rejected for head dim 128 at batch 1-8 (H100, bf16, GQA 32/8, 1K-32K keys, against this tile in
-// the same session): 4 stages in flight (132 KB, one CTA per SM) at 0.87-1.02x its speed, 8 warps
-// over 128-key tiles at 0.79-1.02x (B1 x 4K: 7.96 -> 8.71 / 8.92 us). Batch-1 calls are not short
-// of bytes in flight or of warps per SM; see attn_fwd_combine_kernel for where their time goes.
+// in flight while it waits. The register cap of 3 CTAs per SM (168) matches. Head dim 192/256:
+// 32-key tiles over 2 warps (54 / 72 KB). Deeper and wider decode tiles were slower
+// (benchmarks/NOTES.md, "Rejected: deeper or wider decode tiles").
 using Decode32 = TileConfig<32, 16, 64, 1, 4, 2, true, 4>;
 using Decode64 = TileConfig<64, 16, 64, 1, 4, 2, true, 4>;
 using Decode96 = TileConfig<96, 16, 64, 1, 4, 2, true, 3>;

@@ -1,6 +1,89 @@
 // attention_fwd_kernel.cuh: the CUDA attention forward kernel (attn_fwd_kernel) and its split-KV
 // merge inside a cluster. Device code; instantiated by the generated attention_fwd_hdim*_*.cu
 // files, launched by attention_cuda.cu.
+//
+// Design (FlashAttention-2: one CTA per (query tile, head, sequence, split); K/V streamed through
+// shared memory in tiles; softmax online in registers; O in registers until the end):
+// - MMA: mma.sync.aligned.m16n8k16 (fp16/bf16 in, fp32 accumulate), operands from shared memory
+//   with ldmatrix(.trans) (attention_cuda_mma.cuh: fragment layouts and the 16-byte-chunk XOR
+//   swizzle that keeps ldmatrix and cp.async free of bank conflicts). S = Q K^T per warp; its C
+//   fragments, exponentiated and packed to 16 bits, are the A fragments of O += P V directly.
+// - Tiles (TileConfig, attention_fwd_config.h; 4 warps = 128 threads unless noted):
+//     prefill  D   32/64:  128 x 64 keys, 2 MMA row tiles per warp, Q in registers, 2 stages
+//              D   96:     128 x 64, Q re-read from shared memory, 2 stages
+//              D  128:     128 x 32, 3 stages (128 x 64 where two 96 KB CTAs fit: sm_90, sm_100)
+//              D 192:      64 x 32, one row tile per warp, Q in registers, 2 stages (128 x 64 over
+//                          8 warps where 144 KB fit: sm_80, sm_90, sm_100)
+//              D 256:      64 x 64, one row tile per warp, one stage (K and V in alternation)
+//     decode   D <= 128:   16 rows x 64 keys, the 4 warps split the keys (16 each) and merge
+//              D 192/256:  16 rows x 32 keys over 2 warps (64 threads)
+//   Shared memory 17-96 KB per CTA (opted in above 48 KB), within the 99 KB of sm_86/89/120; the
+//   wide tiles (below) only where the device's opt-in holds them.
+//   Decode tiles are taken when seqlen_q x (q heads per kv head) <= 32 rows.
+// - Pipeline: cp.async (16-byte, L2-only, zero fill past the sequence ends) into kStages K/V
+//   stages. Prefill: per tile one wait + __syncthreads that both publishes tile `it` and retires
+//   the stage of tile it - 1, which then receives tile it + kStages - 1 while tile `it` is
+//   computed. One stage (head_dim 256): a K and a V buffer, the V of tile `it` copied while S of
+//   tile `it` is computed and the K of tile it + 1 while P V of tile `it` is, one barrier before
+//   each (FlashAttention-2's pipeline: 64-key tiles in the shared memory of two 32-key stages).
+//   Decode: each warp copies the K/V rows of its own keys and alone reads them, so it
+//   waits for its copies with a __syncwarp instead of a CTA barrier and refills a stage as soon
+//   as it has consumed it: kStages tiles in flight, not kStages - 1 (load_kv_warp). Tiles run
+//   from the last key tile down, so the partial and diagonal tiles come first.
+// - CTA order (tile_coords): under a causal mask or a window the query tiles of a (head, sequence)
+//   pair differ in work, and a grid that ends on heavy tiles idles SMs in its last wave. Prefill
+//   grids are walked in groups of pairs whose K/V fits in half of L2, heaviest tile rank first
+//   across the group, so the light tiles come last (figures: benchmarks/NOTES.md, "Figures behind
+//   the kernel design").
+// - Masks: per CTA, uniform thresholds (KeyRange) say which tiles touch the window edge, the
+//   causal diagonal or len_k; only those run the per-element mask (a uniform branch). Fully
+//   invisible tiles are never loaded.
+// - Softmax: scores stay raw dot products and the scale is folded into the exponent,
+//   p = exp2(s * scale log2 e - max * scale log2 e) (one FFMA + ex2.approx per score); with
+//   softcap or ALiBi a second build turns scores into log2 units first (tanh.approx, slope).
+//   Row maxima by a quad butterfly; rows with nothing visible yet keep max = -inf and exponentiate
+//   against 0 (never -inf - -inf). O is rescaled only when a row max of the warp moved (a warp
+//   vote; the running sums always are). lse = (max c + log2 l) ln 2.
+// - GQA packing: when the query tile would be mostly empty (decode, or seqlen_q < tile rows), the
+//   q heads of one kv head are packed into the rows (row m -> query m / group, head m % group):
+//   one CTA reads each K/V tile once for the whole group, which is what makes decode bound by
+//   the K/V stream rather than by latency.
+// - Paged K/V: every K/V tile row goes through the block table (j / page_block_size by a
+//   multiply-shift; the block id shared by the K and V row), so any page size works at the same
+//   cost; no assumption that a tile stays in one page. Decode tiles load the block id of a row
+//   one tile before its copies, into the register of the lane that owns the row, which hands it
+//   to the copying lanes by a shuffle: the dependent block-table load never delays the copies.
+//   Pages of a multiple of 16 rows (vLLM's sizes) hold a warp's 16 keys of a tile whole: one
+//   block id per warp, then rows step as in a contiguous cache (benchmarks/NOTES.md).
+// - Split-KV (flash-decoding): num_splits > 1 divides each CTA's visible key tiles evenly; each
+//   split writes O / l (fp32) and its lse to out_accum / lse_accum (an empty split only writes
+//   lse = -inf), and attn_fwd_combine_kernel merges them with log-sum-exp weights, one CTA per
+//   output row (its warps take interleaved splits). plan_splits picks the count when asked: no
+//   split when the grid already covers 2 waves of resident CTAs; decode tiles with fewer CTAs
+//   than SMs (contiguous cache) or at most SMs / 8 (paged): one CTA per SM; else the smallest
+//   count within 85% of the best wave efficiency. At least 2 key tiles per split (one-CTA-per-SM
+//   decode grids: 1, once the range has 4), at most 128.
+//   Small decode grids on sm_90+ (contiguous cache, at most 4 splits, one CTA per SM) merge the
+//   splits inside a thread-block cluster instead (merge_splits_in_cluster, plan_cluster: a tile's
+//   splits are one cluster and read each other's partial states from shared memory), with no
+//   workspace and no second kernel.
+// - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
+//   lse from the quad's first lane.
+// - Programmatic dependent launch on sm_90+ (ATTENTION_PDL=0 disables; pdl.cuh): both kernels
+//   launch with PDL, the first one too (faster after a GEMM as well, unlike the short elementwise
+//   kernels of this repository). Both wait for their predecessor before the first global access
+//   and release their dependents; they read their (__grid_constant__) parameters, and the combine
+//   its row's indices, first, while they wait (wait_and_release_after_params; benchmarks/NOTES.md).
+// - Registers per thread and local memory per instance: benchmarks/NOTES.md (rerun with
+//   nvcc -Xptxas -v on the generated attention_fwd_*.cu files).
+// - Tile shapes and launch heuristics live in TileConfig / LaunchConfig (attention_fwd_config.h)
+//   and the plan_* functions of attention_cuda.cu only.
+//
+// Why this shape: mma.sync rather than wgmma/TMA keeps one kernel for every capability from 8.0
+// to 12.0 (a Hopper-specific kernel can come later behind the same params). Two 16-row tiles per
+// warp (prefill, head_dim <= 128) halve the K/V shared-memory traffic per MMA compared with one
+// (FlashAttention-2's 128-row tiles over 4 warps do the same); the decode tiles
+// trade the row split for a key split so that GQA decode issues 4x fewer MMAs per K/V byte.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -111,7 +194,7 @@ __device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles]
 }
 
 // ---------------------------------------------------------------------------------------------
-// The forward kernel: one (query tile, head, sequence, split) per CTA; see the file header.
+// The forward kernel: one (query tile, head, sequence, split) per CTA; see the design notes above.
 // kScoreMod: softcap / ALiBi build (scores turned into log2 units per element); else the scale
 // is folded into the exponent (one FFMA per score) and masks are the only modifier.
 // ---------------------------------------------------------------------------------------------
