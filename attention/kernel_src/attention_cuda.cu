@@ -5,9 +5,9 @@
 // s_ij = scale <q_i, k_j> (then softcap * tanh(s / softcap), then - slope |d_i - j| for ALiBi),
 // visibility bottom-right aligned (d_i = i + len_k - len_q; causal: j <= d_i; window:
 // d_i - left <= j <= d_i + right; j < len_k), and lse_i = log sum_j exp(s_ij). A row without a
-// visible key gets out = 0 and lse = +inf. q/k/v/out fp16 or bf16 (one dtype), fp32 softmax and
-// accumulation, out rounded once; head_dim 32, 64, 96, 128, 192, 256. GQA/MQA map query head h
-// to kv head h / (heads_q / heads_kv).
+// visible key gets out = 0 and lse = +inf; NaN propagates (attention_params.h). q/k/v/out fp16
+// or bf16 (one dtype), fp32 softmax and accumulation, out rounded once; head_dim 32, 64, 96, 128,
+// 192, 256. GQA/MQA map query head h to kv head h / (heads_q / heads_kv).
 // Layout: [batch, seqlen, heads, head_dim] views with unit stride along head_dim and any batch /
 // row / head strides that keep 16-byte chunks (multiples of 8 elements, 16-byte aligned bases;
 // attention_cuda.h); varlen q/k packed along the rows and delimited by cu_seqlens; K/V rows

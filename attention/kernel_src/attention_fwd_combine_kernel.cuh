@@ -88,13 +88,16 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
     float sum = 0.0f;
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
-      w[t] = (mx == -kInf || w[t] == -kInf) ? 0.0f : expf(w[t] - mx);
+      // A split without a visible key (lse -inf) weighs 0. A NaN lse (a NaN score in that split)
+      // is not in mx (fmaxf drops it) but gives a NaN weight (also when every other split is
+      // empty, mx = -inf), so that sum, the weights, the row and its lse come out NaN.
+      w[t] = w[t] == -kInf ? 0.0f : expf(w[t] - mx);
       sum += w[t];
     }
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) sum += shfl_xor(sum, d);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    if (sum > 0.0f) lse_row = mx + logf(sum);
+    const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;
+    if (sum != 0.0f) lse_row = mx + logf(sum);
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) sm.weight[lane + 32 * t] = w[t] * inv;
   }

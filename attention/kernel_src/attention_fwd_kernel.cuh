@@ -148,11 +148,13 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
 #pragma unroll
     for (int sp = 0; sp < kClusterMergeMaxSplits; ++sp) {
       if (sp < n) {
-        w[sp] = w[sp] == -kInf ? 0.0f : expf(w[sp] - mx);  // all -inf: every weight 0
+        // All -inf: every weight 0. A NaN lse (a NaN score in that split) is not in mx (fmaxf
+        // drops it) but gives a NaN weight, sum and inv: the row and its lse come out NaN.
+        w[sp] = w[sp] == -kInf ? 0.0f : expf(w[sp] - mx);
         sum += w[sp];
       }
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int sp = 0; sp < kClusterMergeMaxSplits; ++sp) {
@@ -171,15 +173,17 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
     packed.y = pack2<T>(acc.z, acc.w);
     *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
                               h * a.out_head_stride + col) = packed;
-    if (a.lse != nullptr && col == 0) a.lse[lse_index(a, s, b, h, i)] = sum > 0.0f ? mx + logf(sum) : kInf;
+    if (a.lse != nullptr && col == 0) a.lse[lse_index(a, s, b, h, i)] = sum != 0.0f ? mx + logf(sum) : kInf;
   }
   detail::cluster_sync();  // no CTA exits while another may still read its partial state
 }
 
 // A row's lse from its running max (scaled to log2 units by c) and sum: (max c + log2 l) ln 2, or
-// `empty` for a row without a visible key (+inf for out's lse, -inf for a split's partial state).
+// `empty` for a row without a visible key, l = 0 (+inf for out's lse, -inf for a split's partial
+// state). A NaN score (NaN in q or in a visible key) makes l NaN, and the lse NaN: fmaxf drops NaN
+// from the running max, so l is where NaN is seen.
 __device__ __forceinline__ float row_lse(float row_max, float l, float c, float empty) {
-  return l > 0.0f ? (row_max * c + fast_log2(l)) * kLn2 : empty;
+  return l != 0.0f ? (row_max * c + fast_log2(l)) * kLn2 : empty;
 }
 
 // One row of a split's normalized partial output for a merge (merge_splits_in_cluster, the
@@ -187,7 +191,7 @@ __device__ __forceinline__ float row_lse(float row_max, float l, float c, float 
 template <class Cfg>
 __device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles][4], int hf, float l,
                                                   int lane, float* row_out) {
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // NaN l: NaN row (row_lse)
   float* dst = row_out + 2 * (lane & 3);
 #pragma unroll
   for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
@@ -683,7 +687,7 @@ __device__ __forceinline__ void store_split_partial(const FwdArgs& a, const OFra
   }
 }
 
-// Epilogue: out = O / l (0 for l = 0) rounded once and staged in shared memory (the Q area), then
+// Epilogue: out = O / l (0 for l = 0, NaN for NaN l) rounded once and staged in shared memory (the Q area), then
 // 16-byte row stores; lse = (max c + log2 l) ln 2 from the quad's first lane.
 template <typename T, class Cfg, bool kQRegs>
 __device__ __forceinline__ void store_output(const FwdArgs& a, const Seq& s, uint8_t* smem,
@@ -705,7 +709,7 @@ __device__ __forceinline__ void store_output(const FwdArgs& a, const Seq& s, uin
       for (int hf = 0; hf < 2; ++hf) {
         const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
         const float l = row_sum[mt][hf];
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // NaN l: NaN row (row_lse)
 #pragma unroll
         for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
           *reinterpret_cast<uint32_t*>(smem + tile_offset<D>(r, dt) + 4 * (lane & 3)) =
