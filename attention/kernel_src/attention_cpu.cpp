@@ -360,11 +360,14 @@ class Task {
         }
         const float m_old = w_.m[r];
         const float m_new = std::max(m_old, tile_max);
-        if (m_new == kNegInf) continue;  // only -inf scores so far (cannot happen with finite inputs)
+        // std::max drops NaN scores: a row whose scores so far are all NaN (a NaN in q) or -inf keeps
+        // max -inf and exponentiates against 0 instead, so that NaN reaches l and O (and -inf - -inf
+        // never appears).
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;
         const float correction = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
         float sum = 0.0f;
         for (int64_t jj = lo; jj < hi; ++jj) {
-          const float e = std::exp(srow[jj] - m_new);
+          const float e = std::exp(srow[jj] - m_use);
           srow[jj] = e;
           sum += e;
         }
@@ -387,14 +390,16 @@ class Task {
         T* dst = out + out_batch + row * p_.out_row_stride + h * p_.out_head_stride;
         const float l = w_.l[r];
         const float* orow = w_.o.data() + r * d_;
-        if (l > 0.0f) {
+        // l = 0: no visible key (out 0, lse +inf); a NaN score or value makes l or O NaN, and NaN
+        // reaches out and lse (as in PyTorch's SDPA) rather than being taken for an empty row.
+        if (l != 0.0f) {
           const float inv = 1.0f / l;
           for (int64_t c = 0; c < d_; ++c) dst[c] = static_cast<T>(orow[c] * inv);
         } else {
           for (int64_t c = 0; c < d_; ++c) dst[c] = static_cast<T>(0.0f);
         }
         if (p_.lse != nullptr) {
-          p_.lse[lse_batch + h * p_.lse_head_stride + row] = l > 0.0f ? w_.m[r] + std::log(l) : kPosInf;
+          p_.lse[lse_batch + h * p_.lse_head_stride + row] = l != 0.0f ? w_.m[r] + std::log(l) : kPosInf;
         }
       }
     }

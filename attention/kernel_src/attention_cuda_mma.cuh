@@ -1,4 +1,4 @@
-// attention_cuda_mma.cuh: the warp-level building blocks of attention_cuda.cu (CUDA runtime and
+// attention_cuda_mma.cuh: the warp-level building blocks of the attention kernels (CUDA runtime and
 // cuda_fp16/cuda_bf16 only, no Torch headers): mma.sync m16n8k16 with fp32 accumulation,
 // ldmatrix (plain and transposed), cp.async with zero fill, shuffles and a warp vote, ex2 / lg2 /
 // tanh approximations, cluster barriers and shared-memory loads across a cluster (sm_90+),
@@ -18,12 +18,8 @@
 // .trans for O = P V); the C fragments of two adjacent n-tiles of S are, once packed to 16 bits,
 // the A fragment of P for the next product (no shared-memory round trip).
 //
-// Host emulation: the inline assembly is compiled for the device only. Under
-// ATTENTION_HOST_EMULATION (never set by the build) the same functions call the warp-collective
-// emulator of .exp/attn_emul/ (attention_emu_hooks.h), which runs the 32 lanes of a warp in
-// lockstep at every collective, so the kernels' index math, masking, online softmax, paging
-// and split/combine logic can be checked on a machine without a GPU. Without either, the
-// branches are empty: nvcc's host pass parses these __device__ functions but never emits them.
+// The inline assembly is compiled for the device only: nvcc's host pass parses these __device__
+// functions (their #else branches) but never emits them.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,10 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-
-#if !defined(__CUDA_ARCH__) && defined(ATTENTION_HOST_EMULATION)
-#include "attention_emu_hooks.h"
-#endif
 
 namespace attention {
 namespace cuda {
@@ -117,8 +109,6 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
 #if defined(__CUDA_ARCH__)
   extern __shared__ __align__(128) uint8_t attention_smem[];
   return attention_smem;
-#elif defined(ATTENTION_HOST_EMULATION)
-  return attention_emu::smem_base();
 #else
   return nullptr;
 #endif
@@ -127,8 +117,6 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 #if defined(__CUDA_ARCH__)
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-#elif defined(ATTENTION_HOST_EMULATION)
-  return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - attention_emu::smem_base());
 #else
   (void)p;
   return 0;
@@ -147,8 +135,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
-#elif defined(ATTENTION_HOST_EMULATION)
-  attention_emu::cp_async_16(dst, src, src_bytes);
 #else
   (void)dst, (void)src, (void)src_bytes;
 #endif
@@ -157,16 +143,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.commit_group;\n" ::);
-#elif defined(ATTENTION_HOST_EMULATION)
-  attention_emu::cp_async_commit();
 #endif
 }
 
 template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#elif defined(ATTENTION_HOST_EMULATION)
-  attention_emu::cp_async_wait(kPending);
 #endif
 }
 
@@ -178,8 +160,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-#elif defined(ATTENTION_HOST_EMULATION)
-  attention_emu::ldmatrix_x4(r, addr, false);
 #else
   (void)addr;
   r[0] = r[1] = r[2] = r[3] = 0;
@@ -191,8 +171,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-#elif defined(ATTENTION_HOST_EMULATION)
-  attention_emu::ldmatrix_x4(r, addr, true);
 #else
   (void)addr;
   r[0] = r[1] = r[2] = r[3] = 0;
@@ -218,8 +196,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-#elif defined(ATTENTION_HOST_EMULATION)
-  attention_emu::mma_16816(d, a, b0, b1, std::is_same<T, __nv_bfloat16>::value);
 #else
   (void)d, (void)a, (void)b0, (void)b1;
 #endif
@@ -229,8 +205,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
 #if defined(__CUDA_ARCH__)
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
-#elif defined(ATTENTION_HOST_EMULATION)
-  return attention_emu::shfl_xor(v, lane_mask);
 #else
   (void)lane_mask;
   return v;
@@ -241,12 +215,6 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
 __device__ __forceinline__ int32_t shfl_idx(int32_t v, int src) {
 #if defined(__CUDA_ARCH__)
   return __shfl_sync(0xffffffffu, v, src);
-#elif defined(ATTENTION_HOST_EMULATION)
-  float f;  // the emulator moves 32-bit lanes as floats (bits unchanged)
-  __builtin_memcpy(&f, &v, sizeof f);
-  f = attention_emu::shfl_idx(f, src);
-  __builtin_memcpy(&v, &f, sizeof v);
-  return v;
 #else
   (void)src;
   return v;
@@ -257,8 +225,6 @@ __device__ __forceinline__ int32_t shfl_idx(int32_t v, int src) {
 __device__ __forceinline__ bool warp_any(bool pred) {
 #if defined(__CUDA_ARCH__)
   return __any_sync(0xffffffffu, pred) != 0;
-#elif defined(ATTENTION_HOST_EMULATION)
-  return attention_emu::warp_any(pred);
 #else
   return pred;
 #endif
@@ -270,7 +236,7 @@ __device__ __forceinline__ bool warp_any(bool pred) {
 // (release) and waits (acquire), so shared-memory writes before it are visible to the cluster
 // after it. A CTA must not exit while another may still read its shared memory, hence a
 // closing cluster_sync after the last remote read. Compiled for sm_90+ only; the launcher never
-// starts a cluster elsewhere (and the host emulation does not model clusters).
+// starts a cluster elsewhere.
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

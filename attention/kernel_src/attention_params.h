@@ -17,7 +17,8 @@
 //   p = softmax over the visible j (fp32, online, max-subtracted);  out_i = sum_j p_j v_j
 //   lse_i = log(sum_j exp(s_j)) in natural log over the visible j (the score scale included);
 //   a row with no visible key (possible with windows or len_k = 0) gives out_i = 0 and
-//   lse_i = +inf (flash-attn's convention).
+//   lse_i = +inf (flash-attn's convention). NaN propagates as in PyTorch's SDPA: a NaN in q_i or
+//   in a visible k_j makes out_i and lse_i NaN, a NaN in a visible v_j makes out_i NaN.
 // All accumulation in fp32; q/k/v/out fp16 or bf16 on CUDA (fp32 too on CPU), out rounded once.
 //
 // Layout: q, k, v, out are strided views with unit stride along the head dim:
@@ -99,6 +100,9 @@ struct AttnFwdParams {
   float* lse_accum = nullptr;
 
   pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl (pdl_request.h; CUDA only)
+  // false: split-KV partials always merge in the combine kernel, never in a thread-block cluster
+  // (CUDA sm_90+ only; an A/B switch for benchmarks and tests, same results either way).
+  bool allow_cluster_merge = true;
 };
 
 }  // namespace attention

@@ -32,6 +32,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -73,6 +75,17 @@ using torch_checks::present;
 using torch_checks::unit_last_stride;
 
 std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
+
+// ATTENTION_CLUSTER_MERGE=0 makes split-KV decode merge its splits in the combine kernel instead
+// of a thread-block cluster (AttnFwdParams::allow_cluster_merge): a switch for benchmarks and for
+// the test that both merge paths agree, read once per process. Results are the same either way.
+bool cluster_merge_allowed() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("ATTENTION_CLUSTER_MERGE");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return allowed;
+}
 
 using Named = std::pair<const char*, const at::Tensor*>;
 
@@ -501,6 +514,7 @@ AttnFwdParams make_params(const AttentionCall& c, const Geometry& g) {
   }
   p.num_splits = c.num_splits;
   p.pdl_request = c.pdl_request;
+  p.allow_cluster_merge = cluster_merge_allowed();
   return p;
 }
 
