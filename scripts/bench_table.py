@@ -58,9 +58,13 @@ def _attention_rows(result: dict) -> bool:
         return False
     if result["op"] == "prefill":
         return True
-    return (result["batch"], result["seqlen"]) in {(1, 4096), (1, 32768), (8, 4096), (64, 4096), (64, 32768)} and result[
-        "layout"
-    ] in ("contiguous", "paged16")
+    return (result["batch"], result["seqlen"]) in {
+        (1, 4096),
+        (1, 32768),
+        (8, 4096),
+        (64, 4096),
+        (64, 32768),
+    } and result["layout"] in ("contiguous", "paged16")
 
 
 ROW_FILTERS = {
@@ -107,6 +111,8 @@ DEFAULT_COLUMNS = [
     ("vs eager", "---:", _speedup("speedup_vs_eager")),
     ("per call: ours / compile (µs)", "---:", _per_call("ours", "compile")),
 ]
+
+
 def _after_producer(r: dict) -> str:
     """Decode GPU time after a kernel that does not use PDL (`us_after_producer`), ours / compile."""
     after = r.get("us_after_producer")
@@ -128,14 +134,21 @@ COLUMNS = {
         ("vs F.rms_norm", "---:", _speedup("speedup_vs_F.rms_norm")),
         ("vs torch.compile", "---:", _speedup("speedup_vs_compile")),
         ("vs eager", "---:", _speedup("speedup_vs_eager")),
-        ("per call: ours / F.rms_norm / compile (µs)", "---:", _per_call("ours", "F.rms_norm", "compile")),
+        (
+            "per call: ours / F.rms_norm / compile (µs)",
+            "---:",
+            _per_call("ours", "F.rms_norm", "compile"),
+        ),
     ],
     # rotary_embedding rows have two more baselines (vLLM's in-place formulation, eager and
     # compiled); the transformers rows show "–" there.
     "rope": [
         *_COMMON,
-        ("tokens × (q + kv heads) × head_dim", "---",
-         lambda r: f"{r['tokens']} × ({r['q_heads']} + {r['kv_heads']}) × {r['head_dim']}"),
+        (
+            "tokens × (q + kv heads) × head_dim",
+            "---",
+            lambda r: f"{r['tokens']} × ({r['q_heads']} + {r['kv_heads']}) × {r['head_dim']}",
+        ),
         *_OURS,
         ("vs torch.compile", "---:", _speedup("speedup_vs_compile")),
         ("vs eager", "---:", _speedup("speedup_vs_eager")),
@@ -153,9 +166,14 @@ def _ratio(key: str):
 
 def _attention_shape(r: dict) -> str:
     if r["op"] == "prefill":
-        return (f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']} × D{r['head_dim']}"
-                + (", causal" if r["causal"] else ""))
-    layout = "contiguous" if r["layout"] == "contiguous" else f"paged {r['layout'].removeprefix('paged')}"
+        return f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']} × D{r['head_dim']}" + (
+            ", causal" if r["causal"] else ""
+        )
+    layout = (
+        "contiguous"
+        if r["layout"] == "contiguous"
+        else f"paged {r['layout'].removeprefix('paged')}"
+    )
     return f"B{r['batch']} × KV{r['seqlen']}, H{r['heads_q']}/{r['heads_kv']} × D{r['head_dim']}, {layout}"
 
 
@@ -169,7 +187,9 @@ def _attention_peak(r: dict) -> str:
     peak = r.get("peak_mib")
     if not peak:
         return "–"
-    return " / ".join("–" if peak.get(n) is None else f"{peak[n]:.0f}" for n in ("ours", "sdpa_flash"))
+    return " / ".join(
+        "–" if peak.get(n) is None else f"{peak[n]:.0f}" for n in ("ours", "sdpa_flash")
+    )
 
 
 COLUMNS["attention"] = [
@@ -178,7 +198,11 @@ COLUMNS["attention"] = [
     ("shape", "---", _attention_shape),
     ("ours (µs)", "---:", lambda r: f"{r['us']['ours']:.2f}"),
     ("ours", "---:", _attention_rate),
-    ("% of copy", "---:", lambda r: f"{100 * r['copy_fraction']:.1f}%" if r.get("copy_fraction") else "–"),
+    (
+        "% of copy",
+        "---:",
+        lambda r: f"{100 * r['copy_fraction']:.1f}%" if r.get("copy_fraction") else "–",
+    ),
     ("vs SDPA flash", "---:", _ratio("speedup_vs_sdpa_flash")),
     ("vs SDPA cuDNN", "---:", _ratio("speedup_vs_sdpa_cudnn")),
     ("vs SDPA efficient", "---:", _ratio("speedup_vs_sdpa_efficient")),
@@ -261,7 +285,9 @@ def generated_readme(text: str, root: Path = REPO_ROOT) -> str:
         elif (root / kernel).is_dir():
             body = no_results(kernel)
         else:
-            raise SystemExit(f"README.md has markers for bench:{kernel} but there is no {kernel}/ kernel folder")
+            raise SystemExit(
+                f"README.md has markers for bench:{kernel} but there is no {kernel}/ kernel folder"
+            )
         text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
@@ -274,7 +300,9 @@ def main() -> int:
     wanted = generated_readme(current)
     if args.check:
         if wanted != current:
-            print("README.md benchmark tables differ from the result files; run scripts/bench_table.py")
+            print(
+                "README.md benchmark tables differ from the result files; run scripts/bench_table.py"
+            )
             return 1
         return 0
     README.write_text(wanted)

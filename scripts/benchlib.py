@@ -42,7 +42,10 @@ def git_commit() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -79,10 +82,16 @@ def environment(kernel_module=None) -> dict:
         env["sm_count"] = props.multi_processor_count
         env["capability"] = "%d.%d" % (props.major, props.minor)
         try:
-            env["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, check=True,
-            ).stdout.strip().splitlines()[0]
+            env["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
         except (OSError, subprocess.CalledProcessError, IndexError):
             env["driver"] = None
     else:
@@ -161,7 +170,9 @@ def compiled(fn, tag: str):
     return torch.compile(fresh, dynamic=False)
 
 
-def check_close(what: str, got: torch.Tensor, want: torch.Tensor, *, ulps: float, rms_ulps: float) -> None:
+def check_close(
+    what: str, got: torch.Tensor, want: torch.Tensor, *, ulps: float, rms_ulps: float
+) -> None:
     """|got - want| <= ulps * eps * |want| + rms_ulps * eps * rms(want), eps of got's dtype; NaN
     fails (SystemExit naming `what`). `want` is the fp32 reference (rounded once where the op
     rounds once)."""
@@ -177,9 +188,12 @@ def sweep_arguments(description: str, quick_help: str, budget_s: dict) -> argpar
     """--quick, --out and --budget-s (defaults: budget_s["full"], budget_s["quick"])."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help=quick_help)
-    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/<device>.json)")
     parser.add_argument(
-        "--budget-s", type=float,
+        "--out", type=Path, help="result file (default benchmarks/results/<device>.json)"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
         help="start no new case once this many seconds since process start would be exceeded "
         f"(default {budget_s['full']:.0f}, --quick {budget_s['quick']:.0f}; 0: no limit)",
     )
@@ -245,15 +259,28 @@ def result_path(out, kernel_dir: Path, env: dict) -> Path:
     return out or kernel_dir / "benchmarks" / "results" / f"{device_slug(env['device'])}.json"
 
 
-def run_budgeted_sweep(*, kernel_name: str, kernel_dir: Path, start: float, args, budget_s: dict, cases, run_case,
-                       summary, sort_key, notes: dict) -> None:
+def run_budgeted_sweep(
+    *,
+    kernel_name: str,
+    kernel_dir: Path,
+    start: float,
+    args,
+    budget_s: dict,
+    cases,
+    run_case,
+    summary,
+    sort_key,
+    notes: dict,
+) -> None:
     """The main of a budgeted sweep: load the built kernel, measure the copy ceiling, run `cases`
     (priority order) until the budget, re-measure the ceiling, write the result file.
 
     args: from sweep_arguments; run_case(kernel, case, l2_bytes) -> a row (timing_row);
     summary(row) -> its printed line (summary_line); sort_key(row) orders the result file; notes
     (method, baselines, contenders) go into the payload after the environment."""
-    budget = args.budget_s if args.budget_s is not None else budget_s["quick" if args.quick else "full"]
+    budget = (
+        args.budget_s if args.budget_s is not None else budget_s["quick" if args.quick else "full"]
+    )
     kernel = load_built_kernel(kernel_dir)
     env = environment(kernel)
     l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None)
@@ -284,8 +311,11 @@ def run_budgeted_sweep(*, kernel_name: str, kernel_dir: Path, start: float, args
         results.append(r)
         print(f"[{elapsed:5.0f} s] " + summary(r), flush=True)
     if skipped:
-        print(f"time budget of {budget:.0f} s reached: {len(skipped)} of {len(cases)} cases skipped "
-              f"(listed in the result file; --budget-s 0 runs them all)", flush=True)
+        print(
+            f"time budget of {budget:.0f} s reached: {len(skipped)} of {len(cases)} cases skipped "
+            f"(listed in the result file; --budget-s 0 runs them all)",
+            flush=True,
+        )
     copy_gbs = final_copy_ceiling(results, copy_gbs)
     results.sort(key=sort_key)
     payload = {

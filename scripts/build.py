@@ -323,7 +323,11 @@ def cuda_archs(
     if override:
         return sorted(set(override), key=_cap_key)
     declared = next(
-        (c.cuda_capabilities for c in project.components if c.backend == "cuda" and c.cuda_capabilities),
+        (
+            c.cuda_capabilities
+            for c in project.components
+            if c.backend == "cuda" and c.cuda_capabilities
+        ),
         None,
     )
     if all_archs or tc.local_capability is None:
@@ -334,7 +338,9 @@ def cuda_archs(
         known = {_cap_key(a) for a in toolkit}
         chosen = [a for a in declared if _cap_key(a) in known]
         if not chosen:
-            raise BuildError(f"{project.name}: empty set of capabilities for CUDA {tc.cuda_version}")
+            raise BuildError(
+                f"{project.name}: empty set of capabilities for CUDA {tc.cuda_version}"
+            )
         return chosen
     # Default: only the GPU present, as kernel-builder's CMake does without BUILD_ALL_SUPPORTED_ARCHS.
     return [tc.local_capability]
@@ -484,7 +490,11 @@ def _shell_join(args: list[str]) -> str:
 
 
 def write_ninja(
-    project: KernelProject, backend: str, tc: Toolchain, ops_name: str, scratch: Path,
+    project: KernelProject,
+    backend: str,
+    tc: Toolchain,
+    ops_name: str,
+    scratch: Path,
     archs: list[str] | None,
 ) -> tuple[Path, dict[str, str]]:
     """Write build.ninja for one variant; returns the .so path and object → source mapping."""
@@ -516,15 +526,31 @@ def write_ninja(
     ]
     if backend == "cuda":
         defines += ["-DUSE_CUDA=1", "-DENABLE_FP8"]
-    cxx_flags = ["-O3", "-fPIC", f"-std={tc.cxx_std}", "-fno-gnu-unique", "-Wall", *defines,
-                 *include_flags, *cxx_extra]
+    cxx_flags = [
+        "-O3",
+        "-fPIC",
+        f"-std={tc.cxx_std}",
+        "-fno-gnu-unique",
+        "-Wall",
+        *defines,
+        *include_flags,
+        *cxx_extra,
+    ]
     nvcc_flags: list[str] = []
     if backend == "cuda":
         nvcc_flags = [
-            "-O3", f"-std={tc.cxx_std}", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-            f"-ccbin={tc.cxx}", "-Xcompiler=-fPIC", "-Xcompiler=-fno-gnu-unique",
+            "-O3",
+            f"-std={tc.cxx_std}",
+            "--expt-relaxed-constexpr",
+            "--expt-extended-lambda",
+            f"-ccbin={tc.cxx}",
+            "-Xcompiler=-fPIC",
+            "-Xcompiler=-fno-gnu-unique",
             f"--threads={os.environ.get('NVCC_THREADS', '4')}",
-            *gencode_flags(archs or []), *defines, *include_flags, *cuda_extra,
+            *gencode_flags(archs or []),
+            *defines,
+            *include_flags,
+            *cuda_extra,
         ]
     link_libs = [f"-L{tc.torch_lib_dir}", "-lc10", "-ltorch", "-ltorch_cpu"]
     if backend == "cuda":
@@ -581,14 +607,19 @@ def write_ninja(
     return so_path, objects
 
 
-def run_ninja(prefix: str, scratch: Path, jobs: int, objects: dict[str, str], project: KernelProject) -> None:
+def run_ninja(
+    prefix: str, scratch: Path, jobs: int, objects: dict[str, str], project: KernelProject
+) -> None:
     ninja = shutil.which("ninja")
     if ninja is None:
         raise BuildError("ninja was not found on PATH (pip install ninja)")
     env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     proc = subprocess.Popen(
         [ninja, "-C", str(scratch), "-j", str(jobs)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     failed: list[str] = []
     assert proc.stdout is not None
@@ -638,13 +669,21 @@ def check_abi(so_path: Path) -> list[str]:
     python_abi = obj.check_python_abi("3.9")
     if python_abi:
         names = sorted({str(getattr(v, "name", v)) for v in python_abi})  # symbol names
-        findings.append(f"abi3 (3.9): {len(python_abi)} symbol(s) outside the limited API: " + ", ".join(names[:8]))
+        findings.append(
+            f"abi3 (3.9): {len(python_abi)} symbol(s) outside the limited API: "
+            + ", ".join(names[:8])
+        )
     return findings
 
 
 def build_variant(
-    project: KernelProject, backend: str, tc: Toolchain, ident: GitIdentity, jobs: int,
-    all_archs: bool, archs_override: list[str] | None,
+    project: KernelProject,
+    backend: str,
+    tc: Toolchain,
+    ident: GitIdentity,
+    jobs: int,
+    all_archs: bool,
+    archs_override: list[str] | None,
 ) -> VariantResult:
     variant = tc.variant(backend)
     prefix = f"{project.name} {variant}"
@@ -749,16 +788,28 @@ def smoke_load(result: VariantResult) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernels", nargs="*", help="kernel folders to build (default: all)")
-    parser.add_argument("--backend", choices=["cpu", "cuda"], action="append",
-                        help="build only this backend (repeatable; default: all available)")
-    parser.add_argument("--all-archs", action="store_true",
-                        help="CUDA: every capability of build.toml / the toolkit, not only the local GPU")
+    parser.add_argument(
+        "--backend",
+        choices=["cpu", "cuda"],
+        action="append",
+        help="build only this backend (repeatable; default: all available)",
+    )
+    parser.add_argument(
+        "--all-archs",
+        action="store_true",
+        help="CUDA: every capability of build.toml / the toolkit, not only the local GPU",
+    )
     parser.add_argument("--cuda-archs", help="CUDA: comma-separated capabilities, e.g. 9.0a")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--no-smoke", action="store_true", help="skip the get_local_kernel smoke load")
+    parser.add_argument(
+        "--no-smoke", action="store_true", help="skip the get_local_kernel smoke load"
+    )
     parser.add_argument("--strict-abi", action="store_true", help="fail on ABI findings")
-    parser.add_argument("--unique-id", help="ops id to use instead of the git tree id "
-                        "(kernel-builder create-pyproject --unique-id), e.g. on a copy without .git")
+    parser.add_argument(
+        "--unique-id",
+        help="ops id to use instead of the git tree id "
+        "(kernel-builder create-pyproject --unique-id), e.g. on a copy without .git",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -785,7 +836,9 @@ def main(argv: list[str] | None = None) -> int:
             ident = git_identity(project.path)
             if args.unique_id:
                 if not re.fullmatch(r"[a-z0-9_]+", args.unique_id):
-                    raise BuildError(f"--unique-id {args.unique_id!r}: use lowercase letters, digits and _")
+                    raise BuildError(
+                        f"--unique-id {args.unique_id!r}: use lowercase letters, digits and _"
+                    )
                 ident = GitIdentity(args.unique_id, ident.commit, ident.dirty)
             if ident.commit is None:
                 print(f"[{project.name}] note: not a git checkout, random ops id {ident.unique_id}")

@@ -44,14 +44,27 @@ def cuda_sources(project: build.KernelProject) -> list[tuple[str, list[str]]]:
     return jobs
 
 
-def compile_one(nvcc: str, arch: str, project: build.KernelProject, rel: str,
-                extra: list[str], scratch: Path) -> tuple[str, float, str | None]:
+def compile_one(
+    nvcc: str, arch: str, project: build.KernelProject, rel: str, extra: list[str], scratch: Path
+) -> tuple[str, float, str | None]:
     obj = scratch / project.name / (rel.replace("/", "_") + ".o")
     obj.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        nvcc, "-O3", f"-std={CXX_STD}", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-        *build.gencode_flags([arch]), "-DCUDA_KERNEL", "-DUSE_CUDA=1", "-DENABLE_FP8",
-        f"-I{project.path / 'kernel_src'}", *extra, "-c", str(project.path / rel), "-o", str(obj),
+        nvcc,
+        "-O3",
+        f"-std={CXX_STD}",
+        "--expt-relaxed-constexpr",
+        "--expt-extended-lambda",
+        *build.gencode_flags([arch]),
+        "-DCUDA_KERNEL",
+        "-DUSE_CUDA=1",
+        "-DENABLE_FP8",
+        f"-I{project.path / 'kernel_src'}",
+        *extra,
+        "-c",
+        str(project.path / rel),
+        "-o",
+        str(obj),
     ]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -81,20 +94,29 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     failures = 0
-    with tempfile.TemporaryDirectory(prefix="compile-check-") as tmp, \
-            ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(compile_one, nvcc, args.arch, p, rel, extra, Path(tmp))
-                   for p, rel, extra in work]
+    with (
+        tempfile.TemporaryDirectory(prefix="compile-check-") as tmp,
+        ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool,
+    ):
+        futures = [
+            pool.submit(compile_one, nvcc, args.arch, p, rel, extra, Path(tmp))
+            for p, rel, extra in work
+        ]
         for future in futures:
             name, seconds, error = future.result()
-            print(f"compile_check: {name} ({args.arch}) {'ok' if error is None else 'FAILED'} "
-                  f"in {seconds:.1f} s", flush=True)
+            print(
+                f"compile_check: {name} ({args.arch}) {'ok' if error is None else 'FAILED'} "
+                f"in {seconds:.1f} s",
+                flush=True,
+            )
             if error is not None:
                 failures += 1
                 print(error)
     wall = time.monotonic() - start
-    print(f"compile_check: {len(work) - failures} of {len(work)} CUDA sources compiled for "
-          f"sm_{args.arch.replace('.', '')} in {wall:.0f} s wall ({args.jobs} jobs)")
+    print(
+        f"compile_check: {len(work) - failures} of {len(work)} CUDA sources compiled for "
+        f"sm_{args.arch.replace('.', '')} in {wall:.0f} s wall ({args.jobs} jobs)"
+    )
     return 1 if failures else 0
 
 

@@ -33,14 +33,22 @@ class Users(NamedTuple):
 USERS: dict[str, Users] = {
     # device code and launchers: listed in the [kernel.*] src of the components that include it
     "pdl.cuh": Users("kernel_src/pdl.cuh", ("activation", "attention", "rmsnorm", "rope")),
-    "pdl_request.h": Users("kernel_src/pdl_request.h", ("activation", "attention", "rmsnorm", "rope")),
-    "dispatch.cuh": Users("kernel_src/dispatch.cuh", ("activation", "attention", "rmsnorm", "rope")),
+    "pdl_request.h": Users(
+        "kernel_src/pdl_request.h", ("activation", "attention", "rmsnorm", "rope")
+    ),
+    "dispatch.cuh": Users(
+        "kernel_src/dispatch.cuh", ("activation", "attention", "rmsnorm", "rope")
+    ),
     "cuda_chunk.cuh": Users("kernel_src/cuda_chunk.cuh", ("rmsnorm", "rope")),
     "cpu_convert.h": Users("kernel_src/cpu_convert.h", ("rmsnorm", "rope")),
     # the Torch-facing layer: listed in [torch] src
-    "torch_checks.h": Users("torch-ext/torch_checks.h", ("activation", "attention", "rmsnorm", "rope")),
+    "torch_checks.h": Users(
+        "torch-ext/torch_checks.h", ("activation", "attention", "rmsnorm", "rope")
+    ),
     # pytest helpers (Nix sees the Python files of tests/ without a listing)
-    "kernel_fixture.py": Users("tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")),
+    "kernel_fixture.py": Users(
+        "tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")
+    ),
 }
 
 
@@ -56,7 +64,11 @@ def copies() -> list[tuple[Path, Path]]:
 
 def stale() -> list[tuple[Path, Path]]:
     """The (source, copy) pairs whose copy is missing or differs from its source."""
-    return [(src, dst) for src, dst in copies() if not dst.exists() or dst.read_bytes() != src.read_bytes()]
+    return [
+        (src, dst)
+        for src, dst in copies()
+        if not dst.exists() or dst.read_bytes() != src.read_bytes()
+    ]
 
 
 def main() -> int:

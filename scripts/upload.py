@@ -132,8 +132,14 @@ def read_build_toml(kernel_dir: Path) -> dict:
 
 def discover_variants(build_dir: Path, wanted: list[str] | None, kernel: str) -> list[Path]:
     if not build_dir.is_dir():
-        raise UploadError(f"{kernel}: build directory {build_dir} does not exist (build the kernel first)")
-    found = {p.name: p for p in sorted(build_dir.iterdir()) if p.is_dir() and (p / "metadata.json").is_file()}
+        raise UploadError(
+            f"{kernel}: build directory {build_dir} does not exist (build the kernel first)"
+        )
+    found = {
+        p.name: p
+        for p in sorted(build_dir.iterdir())
+        if p.is_dir() and (p / "metadata.json").is_file()
+    }
     if wanted:
         missing = [v for v in wanted if v not in found]
         if missing:
@@ -143,7 +149,9 @@ def discover_variants(build_dir: Path, wanted: list[str] | None, kernel: str) ->
             )
         return [found[v] for v in dict.fromkeys(wanted)]
     if not found:
-        raise UploadError(f"{kernel}: no build variants (directories with metadata.json) in {build_dir}")
+        raise UploadError(
+            f"{kernel}: no build variants (directories with metadata.json) in {build_dir}"
+        )
     return list(found.values())
 
 
@@ -167,7 +175,9 @@ def _digest_problems(variant_dir: Path, digest: dict) -> list[str]:
     return problems
 
 
-def check_variant(variant_dir: Path, build: dict, args: argparse.Namespace) -> tuple[Variant | None, list[str]]:
+def check_variant(
+    variant_dir: Path, build: dict, args: argparse.Namespace
+) -> tuple[Variant | None, list[str]]:
     """Returns the variant and a list of refusal reasons (empty when it may be uploaded)."""
     from kernels._rust import Metadata
     from kernels.variants import parse_variant
@@ -177,7 +187,9 @@ def check_variant(variant_dir: Path, build: dict, args: argparse.Namespace) -> t
     try:
         parse_variant(name)
     except ValueError as e:
-        problems.append(f"directory name does not parse as a build variant, the loader would ignore it ({e})")
+        problems.append(
+            f"directory name does not parse as a build variant, the loader would ignore it ({e})"
+        )
 
     meta_path = variant_dir / "metadata.json"
     try:
@@ -200,7 +212,11 @@ def check_variant(variant_dir: Path, build: dict, args: argparse.Namespace) -> t
             "rebuild from a clean, committed tree or pass --allow-dirty"
         )
 
-    if build["version"] is not None and raw.get("version") != build["version"] and not args.allow_version_mismatch:
+    if (
+        build["version"] is not None
+        and raw.get("version") != build["version"]
+        and not args.allow_version_mismatch
+    ):
         problems.append(
             f"metadata version {raw.get('version')} differs from build.toml version {build['version']}; "
             "rebuild or pass --allow-version-mismatch"
@@ -209,7 +225,9 @@ def check_variant(variant_dir: Path, build: dict, args: argparse.Namespace) -> t
     digest = raw.get("digest")
     if not args.allow_digest_mismatch:
         if not digest:
-            problems.append("metadata.json has no digest; rebuild (or hash the variant) or pass --allow-digest-mismatch")
+            problems.append(
+                "metadata.json has no digest; rebuild (or hash the variant) or pass --allow-digest-mismatch"
+            )
         else:
             bad = _digest_problems(variant_dir, digest)
             if bad:
@@ -302,7 +320,12 @@ def plan_branch(
 
 def _is_benchmark(path: str) -> bool:
     p = PurePosixPath(path)
-    return len(p.parts) == 2 and p.parts[0] == "benchmarks" and p.name.startswith("benchmark") and p.suffix == ".py"
+    return (
+        len(p.parts) == 2
+        and p.parts[0] == "benchmarks"
+        and p.name.startswith("benchmark")
+        and p.suffix == ".py"
+    )
 
 
 def print_plan(plans: list[BranchPlan], out) -> None:
@@ -346,23 +369,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Upload a kernel's build/ to the Hugging Face Hub (repo type `kernel`).",
         epilog="Environment: HF_TOKEN (or the saved token), HF_ENDPOINT, KERNELS_ORG.",
     )
-    ap.add_argument("kernel", help="kernel folder (a path, or a folder name in the repository root)")
-    ap.add_argument("--org", help="Hub organization (default: $KERNELS_ORG, else build.toml [general.hub] repo-id)")
+    ap.add_argument(
+        "kernel", help="kernel folder (a path, or a folder name in the repository root)"
+    )
+    ap.add_argument(
+        "--org",
+        help="Hub organization (default: $KERNELS_ORG, else build.toml [general.hub] repo-id)",
+    )
     ap.add_argument("--repo-id", help="full <org>/<name> repository id (overrides --org)")
-    ap.add_argument("--branch", help="target branch (default: build.toml [general.hub] branch, else v<version>)")
+    ap.add_argument(
+        "--branch", help="target branch (default: build.toml [general.hub] branch, else v<version>)"
+    )
     ap.add_argument("--build-dir", type=Path, help="build directory (default: <kernel>/build)")
-    ap.add_argument("--variant", action="append", metavar="NAME", help="upload only this variant (repeatable)")
-    ap.add_argument("--dry-run", action="store_true", help="print what would change on each branch; change nothing")
+    ap.add_argument(
+        "--variant", action="append", metavar="NAME", help="upload only this variant (repeatable)"
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would change on each branch; change nothing",
+    )
     ap.add_argument("--allow-dirty", action="store_true", help="upload builds of a dirty tree")
-    ap.add_argument("--allow-version-mismatch", action="store_true",
-                    help="upload variants whose metadata version differs from build.toml")
-    ap.add_argument("--allow-digest-mismatch", action="store_true",
-                    help="upload variants whose digest is missing or does not match their files")
+    ap.add_argument(
+        "--allow-version-mismatch",
+        action="store_true",
+        help="upload variants whose metadata version differs from build.toml",
+    )
+    ap.add_argument(
+        "--allow-digest-mismatch",
+        action="store_true",
+        help="upload variants whose digest is missing or does not match their files",
+    )
     ap.add_argument("--private", action="store_true", help="create the repository as private")
-    ap.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved token); never printed")
-    ap.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or https://huggingface.co)")
+    ap.add_argument(
+        "--token", help="Hub token (default: HF_TOKEN or the saved token); never printed"
+    )
+    ap.add_argument(
+        "--endpoint", help="Hub endpoint (default: HF_ENDPOINT or https://huggingface.co)"
+    )
     ap.add_argument("--message", default=DEFAULT_MESSAGE, help="commit message")
-    ap.add_argument("--output-json", type=Path, help="write a JSON summary of the result to this file")
+    ap.add_argument(
+        "--output-json", type=Path, help="write a JSON summary of the result to this file"
+    )
     ap.add_argument("-q", "--quiet", action="store_true", help="print only the result lines")
     return ap.parse_args(argv)
 
@@ -391,7 +439,9 @@ def resolve_repo_id(args: argparse.Namespace, build: dict) -> str:
                 f"{build['name']}: no organization: pass --org, set KERNELS_ORG or add [general.hub] repo-id to build.toml"
             )
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise UploadError(f"{build['name']}: invalid repository id {repo_id!r} (expected <org>/<name>)")
+        raise UploadError(
+            f"{build['name']}: invalid repository id {repo_id!r} (expected <org>/<name>)"
+        )
     return repo_id
 
 
@@ -450,19 +500,26 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
     token = args.token or get_token()
     result["_token"] = token
     if token is None and not args.dry_run:
-        raise UploadError(f"{kernel}: no Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass --token")
+        raise UploadError(
+            f"{kernel}: no Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass --token"
+        )
     api = HfApi(endpoint=args.endpoint, token=token)
     result["url"] = f"{api.endpoint}/kernels/{repo_id}"
 
     def refs() -> dict[str, str] | None:
         try:
-            return {b.name: b.target_commit for b in api.list_repo_refs(repo_id, repo_type="kernel").branches}
+            return {
+                b.name: b.target_commit
+                for b in api.list_repo_refs(repo_id, repo_type="kernel").branches
+            }
         except RepositoryNotFoundError:
             return None
 
     branches = refs()
     repo_created = False
-    say(f"{kernel}: {len(variants)} variant(s) -> {repo_id} (kernel repo{'' if branches is not None else ', new'})")
+    say(
+        f"{kernel}: {len(variants)} variant(s) -> {repo_id} (kernel repo{'' if branches is not None else ', new'})"
+    )
     for v in variants:
         say(f"  {v.name} (version {v.version}, id {v.metadata.get('id')}, {len(v.files)} files)")
     if branches is None and not args.dry_run:
@@ -482,19 +539,28 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
 
     main_head = branches.get("main")
     main_plan = plan_branch(
-        "main", main_head is not None, main_head, main_local,
-        _remote_files(api, repo_id, main_head) if main_local else {}, lambda p: False,
+        "main",
+        main_head is not None,
+        main_head,
+        main_local,
+        _remote_files(api, repo_id, main_head) if main_local else {},
+        lambda p: False,
     )
     exists = branch in branches
     base = branches[branch] if exists else main_head
     uploaded_prefixes = tuple(f"build/{v.name}/" for v in variants)
     if exists:
+
         def owned(p: str) -> bool:
             return p.startswith(uploaded_prefixes) or _is_benchmark(p)
     else:
+
         def owned(p: str) -> bool:
             return p.startswith(("build/", "benchmarks/"))
-    branch_plan = plan_branch(branch, exists, base, branch_local, _remote_files(api, repo_id, base), owned)
+
+    branch_plan = plan_branch(
+        branch, exists, base, branch_local, _remote_files(api, repo_id, base), owned
+    )
 
     plans = ([main_plan] if main_local else []) + [branch_plan]
     if not main_local and branch != "main":
@@ -505,7 +571,10 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
 
     if args.dry_run:
         would = [p.branch for p in plans if p.changed or not p.exists]
-        say("dry run: nothing was changed" + (f" (would update {', '.join(would)})" if would else "; no changes"))
+        say(
+            "dry run: nothing was changed"
+            + (f" (would update {', '.join(would)})" if would else "; no changes")
+        )
         result["status"] = "dry_run"
         return 0
 
@@ -514,13 +583,20 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
 
     def commit(plan: BranchPlan) -> None:
         paths = plan.add + plan.replace
-        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(plan.sources[p].source)) for p in paths]
+        ops = [
+            CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(plan.sources[p].source))
+            for p in paths
+        ]
         ops += [CommitOperationDelete(path_in_repo=p) for p in plan.delete]
         parent = plan.base
         for i in range(0, len(ops), COMMIT_BATCH):
             info = api.create_commit(
-                repo_id, ops[i : i + COMMIT_BATCH], commit_message=args.message, repo_type="kernel",
-                revision=plan.branch, parent_commit=parent,
+                repo_id,
+                ops[i : i + COMMIT_BATCH],
+                commit_message=args.message,
+                repo_type="kernel",
+                revision=plan.branch,
+                parent_commit=parent,
             )
             parent = info.oid
         plan.commit = parent
@@ -566,7 +642,10 @@ def main(argv: list[str] | None = None) -> int:
         kernel = result.get("kernel", args.kernel)
         where = f" ({result['repo_id']})" if "repo_id" in result else ""
         line = _hub_error_line(e) if isinstance(e, HfHubHTTPError) else f"{type(e).__name__}: {e}"
-        msg = _scrub(f"{kernel}{where}: {line.splitlines()[0] if line else type(e).__name__}", result.get("_token"))
+        msg = _scrub(
+            f"{kernel}{where}: {line.splitlines()[0] if line else type(e).__name__}",
+            result.get("_token"),
+        )
         print(f"error: {msg}", file=sys.stderr)
         result["error"] = msg
     token = result.pop("_token", None)

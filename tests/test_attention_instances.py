@@ -19,8 +19,9 @@ KERNEL_SRC = REPO / "attention" / "kernel_src"
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("attention_generate_instances",
-                                                  KERNEL_SRC / "generate_instances.py")
+    spec = importlib.util.spec_from_file_location(
+        "attention_generate_instances", KERNEL_SRC / "generate_instances.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -33,13 +34,17 @@ GENERATED = _generator().generated_files()
 def test_checked_in_file_matches_the_generator(name: str):
     path = KERNEL_SRC / name
     assert path.is_file(), f"{name} is missing: run attention/kernel_src/generate_instances.py"
-    assert path.read_text() == GENERATED[name], \
+    assert path.read_text() == GENERATED[name], (
         f"{name} differs from what generate_instances.py writes: rerun it (do not edit by hand)"
+    )
 
 
 def test_no_stale_generated_file():
-    on_disk = {p.name for p in KERNEL_SRC.iterdir()
-               if p.name.startswith("attention_fwd_") and p.suffix == ".cu"}
+    on_disk = {
+        p.name
+        for p in KERNEL_SRC.iterdir()
+        if p.name.startswith("attention_fwd_") and p.suffix == ".cu"
+    }
     assert on_disk == {n for n in GENERATED if n.endswith(".cu")}
 
 

@@ -25,32 +25,62 @@ def test_every_result_file_records_its_provenance():
         # attention's baselines are PyTorch's SDPA backends (there is no eager / compiled formula
         # worth timing at these sizes); the other kernels compare with eager and torch.compile
         kernel = path.parent.parent.parent.name
-        required = {"ours", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"} if kernel == "attention" else {
-            "ours", "eager", "compile"}
+        required = (
+            {"ours", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"}
+            if kernel == "attention"
+            else {"ours", "eager", "compile"}
+        )
         for r in payload["results"]:
             assert set(r["us"]) >= required, f"{path}: baselines missing"
 
 
 def test_table_follows_the_numbers(tmp_path):
     payload = {
-        "environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc", "date": "2026-11-21",
-                        "kernel_id": "_activation_cuda_abc1234"},
-        "copy_gbs": 4000.0, "method": "m",
-        "results": [{"op": "silu_and_mul", "dtype": "bfloat16", "tokens": 8192, "width": 14336,
-                     "us": {"ours": 200.0, "eager": 600.0, "compile": 210.0}, "gbs": {"ours": 3600.0},
-                     "copy_fraction": 0.9, "speedup_vs_compile": 1.05, "speedup_vs_eager": 3.0}],
+        "environment": {
+            "device": "GPU X",
+            "torch": "2.11",
+            "cuda": "13.0",
+            "commit": "abc",
+            "date": "2026-11-21",
+            "kernel_id": "_activation_cuda_abc1234",
+        },
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "results": [
+            {
+                "op": "silu_and_mul",
+                "dtype": "bfloat16",
+                "tokens": 8192,
+                "width": 14336,
+                "us": {"ours": 200.0, "eager": 600.0, "compile": 210.0},
+                "gbs": {"ours": 3600.0},
+                "copy_fraction": 0.9,
+                "speedup_vs_compile": 1.05,
+                "speedup_vs_eager": 3.0,
+            }
+        ],
     }
     table = bench_table.render("activation", payload)
-    assert "| `silu_and_mul` | bfloat16 | 8192 × 14336 | 200.00 | 3600 | 90.0% | 1.05× | 3.00× | – |" in table
+    assert (
+        "| `silu_and_mul` | bfloat16 | 8192 × 14336 | 200.00 | 3600 | 90.0% | 1.05× | 3.00× | – |"
+        in table
+    )
 
 
 def _rmsnorm_row(op, dtype, tokens, hidden, us, **extra):
     """A result row as rmsnorm/benchmarks/sweep.py writes it."""
     nbytes = 2 * tokens * hidden * 2 + hidden * 2
-    row = {"op": op, "dtype": dtype, "tokens": tokens, "hidden": hidden, "bytes": nbytes,
-           "l2_resident": nbytes <= 50 * 2**20, "us": us,
-           "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
-           "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0}
+    row = {
+        "op": op,
+        "dtype": dtype,
+        "tokens": tokens,
+        "hidden": hidden,
+        "bytes": nbytes,
+        "l2_resident": nbytes <= 50 * 2**20,
+        "us": us,
+        "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
+        "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0,
+    }
     for name in ("eager", "F.rms_norm", "compile"):
         row[f"speedup_vs_{name}"] = us[name] / us["ours"]
     row.update(extra)
@@ -59,46 +89,110 @@ def _rmsnorm_row(op, dtype, tokens, hidden, us, **extra):
 
 def test_rmsnorm_table_follows_the_numbers():
     payload = {
-        "environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc", "date": "2026-11-21",
-                        "kernel_id": "_rmsnorm_cuda_abc1234"},
-        "copy_gbs": 4000.0, "method": "m", "baselines": "b",
+        "environment": {
+            "device": "GPU X",
+            "torch": "2.11",
+            "cuda": "13.0",
+            "commit": "abc",
+            "date": "2026-11-21",
+            "kernel_id": "_rmsnorm_cuda_abc1234",
+        },
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "baselines": "b",
         "results": [
-            _rmsnorm_row("rms_norm", "bfloat16", 1, 4096, {"ours": 2.0, "eager": 8.0, "F.rms_norm": 3.0, "compile": 2.5},
-                         wall_us={"ours": 5.0, "F.rms_norm": 7.5, "compile": 20.25}),
-            _rmsnorm_row("rms_norm", "bfloat16", 65536, 8192, {"ours": 500.0, "eager": 6000.0, "F.rms_norm": 600.0,
-                                                               "compile": 750.0}),
-            _rmsnorm_row("rms_norm", "float16", 4096, 4096, {"ours": 1.0, "eager": 1.0, "F.rms_norm": 1.0, "compile": 1.0}),
-            _rmsnorm_row("rms_norm", "bfloat16", 4096, 2048, {"ours": 1.0, "eager": 1.0, "F.rms_norm": 1.0, "compile": 1.0}),
+            _rmsnorm_row(
+                "rms_norm",
+                "bfloat16",
+                1,
+                4096,
+                {"ours": 2.0, "eager": 8.0, "F.rms_norm": 3.0, "compile": 2.5},
+                wall_us={"ours": 5.0, "F.rms_norm": 7.5, "compile": 20.25},
+            ),
+            _rmsnorm_row(
+                "rms_norm",
+                "bfloat16",
+                65536,
+                8192,
+                {"ours": 500.0, "eager": 6000.0, "F.rms_norm": 600.0, "compile": 750.0},
+            ),
+            _rmsnorm_row(
+                "rms_norm",
+                "float16",
+                4096,
+                4096,
+                {"ours": 1.0, "eager": 1.0, "F.rms_norm": 1.0, "compile": 1.0},
+            ),
+            _rmsnorm_row(
+                "rms_norm",
+                "bfloat16",
+                4096,
+                2048,
+                {"ours": 1.0, "eager": 1.0, "F.rms_norm": 1.0, "compile": 1.0},
+            ),
         ],
     }
     table = bench_table.render("rmsnorm", payload)
-    assert ("| op | dtype | tokens × hidden | ours (µs) | ours (GB/s) | % of copy | vs F.rms_norm | vs torch.compile "
-            "| vs eager | per call: ours / F.rms_norm / compile (µs) |") in table
-    assert "| `rms_norm` | bfloat16 | 1 × 4096 | 2.00 | 12 | 0.3%† | 1.50× | 1.25× | 4.00× | 5.0 / 7.5 / 20.2 |" in table
-    assert "| `rms_norm` | bfloat16 | 65536 × 8192 | 500.00 | 4295 | 107.4% | 1.20× | 1.50× | 12.00× | – |" in table
+    assert (
+        "| op | dtype | tokens × hidden | ours (µs) | ours (GB/s) | % of copy | vs F.rms_norm | vs torch.compile "
+        "| vs eager | per call: ours / F.rms_norm / compile (µs) |"
+    ) in table
+    assert (
+        "| `rms_norm` | bfloat16 | 1 × 4096 | 2.00 | 12 | 0.3%† | 1.50× | 1.25× | 4.00× | 5.0 / 7.5 / 20.2 |"
+        in table
+    )
+    assert (
+        "| `rms_norm` | bfloat16 | 65536 × 8192 | 500.00 | 4295 | 107.4% | 1.20× | 1.50× | 12.00× | – |"
+        in table
+    )
     assert "| float16 |" not in table and "× 2048" not in table  # outside the README's rows
     assert "Baselines: b." in table and "† The bytes moved fit in the L2 cache" in table
 
 
 def _readme(*kernels):
-    return "# r\n" + "".join(f"\n<!-- BEGIN bench:{k} -->\nstale\n<!-- END bench:{k} -->\n" for k in kernels)
+    return "# r\n" + "".join(
+        f"\n<!-- BEGIN bench:{k} -->\nstale\n<!-- END bench:{k} -->\n" for k in kernels
+    )
 
 
 def test_markers_without_results_say_so(tmp_path):
     (tmp_path / "rmsnorm" / "benchmarks" / "results").mkdir(parents=True)  # no JSON yet
     text = bench_table.generated_readme(_readme("rmsnorm"), root=tmp_path)
     assert "stale" not in text
-    assert f"<!-- BEGIN bench:rmsnorm -->\n{bench_table.no_results('rmsnorm')}\n<!-- END bench:rmsnorm -->" in text
-    assert bench_table.generated_readme(text, root=tmp_path) == text  # --check passes on its own output
+    assert (
+        f"<!-- BEGIN bench:rmsnorm -->\n{bench_table.no_results('rmsnorm')}\n<!-- END bench:rmsnorm -->"
+        in text
+    )
+    assert (
+        bench_table.generated_readme(text, root=tmp_path) == text
+    )  # --check passes on its own output
 
     # the first result file replaces the line with the table
-    payload = {"environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc",
-                               "date": "2026-11-21"}, "copy_gbs": 4000.0, "method": "m",
-               "results": [_rmsnorm_row("fused_add_rms_norm", "bfloat16", 64, 4096,
-                                        {"ours": 2.0, "eager": 8.0, "F.rms_norm": 4.0, "compile": 3.0})]}
+    payload = {
+        "environment": {
+            "device": "GPU X",
+            "torch": "2.11",
+            "cuda": "13.0",
+            "commit": "abc",
+            "date": "2026-11-21",
+        },
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "results": [
+            _rmsnorm_row(
+                "fused_add_rms_norm",
+                "bfloat16",
+                64,
+                4096,
+                {"ours": 2.0, "eager": 8.0, "F.rms_norm": 4.0, "compile": 3.0},
+            )
+        ],
+    }
     (tmp_path / "rmsnorm" / "benchmarks" / "results" / "gpu-x.json").write_text(json.dumps(payload))
     table = bench_table.generated_readme(text, root=tmp_path)
-    assert "No results yet" not in table and "| `fused_add_rms_norm` | bfloat16 | 64 × 4096 |" in table
+    assert (
+        "No results yet" not in table and "| `fused_add_rms_norm` | bfloat16 | 64 × 4096 |" in table
+    )
 
 
 def test_markers_and_results_must_match(tmp_path):
@@ -120,27 +214,44 @@ def test_rmsnorm_sweep_measures_the_readme_rows_first(monkeypatch, request):
 
     monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/ and benchmarks/
     assert "benchmark" not in sys.modules
-    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))  # the sweep imports benchmark.py
-    spec = importlib.util.spec_from_file_location("rmsnorm_sweep", REPO / "rmsnorm" / "benchmarks" / "sweep.py")
+    request.addfinalizer(
+        lambda: sys.modules.pop("benchmark", None)
+    )  # the sweep imports benchmark.py
+    spec = importlib.util.spec_from_file_location(
+        "rmsnorm_sweep", REPO / "rmsnorm" / "benchmarks" / "sweep.py"
+    )
     sweep = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, sweep)  # dataclasses look their module up there
     spec.loader.exec_module(sweep)
     full = sweep.cases(quick=False)
     assert len(set(full)) == len(full)
     forward = {(c.dtype, c.tokens, c.hidden) for c in full if c.op in (sweep.FWD, sweep.FUSED)}
-    assert forward == {(d, t, h) for d in ("bfloat16", "float16") for t in sweep.TOKENS for h in sweep.HIDDEN}
+    assert forward == {
+        (d, t, h) for d in ("bfloat16", "float16") for t in sweep.TOKENS for h in sweep.HIDDEN
+    }
     shown = [bench_table.ROW_FILTERS["rmsnorm"](dataclasses.asdict(c)) for c in full]
-    assert all(shown[: sum(shown)]) and sum(shown) == 3 * 2 * 4  # fwd, fused, bwd × 2 hidden × 4 token counts
+    assert (
+        all(shown[: sum(shown)]) and sum(shown) == 3 * 2 * 4
+    )  # fwd, fused, bwd × 2 hidden × 4 token counts
     assert set(sweep.cases(quick=True)) <= set(full)
 
 
 def _rope_row(op, tokens, head_dim, us, **extra):
     """A result row as rope/benchmarks/sweep.py writes it."""
     nbytes = 2 * tokens * 40 * head_dim * 2 + tokens * (head_dim * 4 + 8)
-    row = {"op": op, "dtype": "bfloat16", "tokens": tokens, "head_dim": head_dim, "q_heads": 32, "kv_heads": 8,
-           "bytes": nbytes, "l2_resident": nbytes <= 50 * 2**20, "us": us,
-           "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
-           "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0}
+    row = {
+        "op": op,
+        "dtype": "bfloat16",
+        "tokens": tokens,
+        "head_dim": head_dim,
+        "q_heads": 32,
+        "kv_heads": 8,
+        "bytes": nbytes,
+        "l2_resident": nbytes <= 50 * 2**20,
+        "us": us,
+        "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()},
+        "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0,
+    }
     for name in us:
         if name != "ours":
             row[f"speedup_vs_{name}"] = us[name] / us["ours"]
@@ -149,26 +260,58 @@ def _rope_row(op, tokens, head_dim, us, **extra):
 
 
 def test_rope_table_follows_the_numbers():
-    vllm_us = {"ours": 2.0, "eager": 16.0, "compile": 4.0, "inplace_eager": 20.0, "inplace_compile": 5.0}
+    vllm_us = {
+        "ours": 2.0,
+        "eager": 16.0,
+        "compile": 4.0,
+        "inplace_eager": 20.0,
+        "inplace_compile": 5.0,
+    }
     payload = {
-        "environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc", "date": "2026-11-21",
-                        "kernel_id": "_rope_cuda_abc1234"},
-        "copy_gbs": 4000.0, "method": "m", "baselines": "b",
+        "environment": {
+            "device": "GPU X",
+            "torch": "2.11",
+            "cuda": "13.0",
+            "commit": "abc",
+            "date": "2026-11-21",
+            "kernel_id": "_rope_cuda_abc1234",
+        },
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "baselines": "b",
         "results": [
-            _rope_row("rotary_embedding", 1, 128, vllm_us, wall_us={"ours": 5.0, "compile": 20.25, "inplace_compile": 21.0}),
+            _rope_row(
+                "rotary_embedding",
+                1,
+                128,
+                vllm_us,
+                wall_us={"ours": 5.0, "compile": 20.25, "inplace_compile": 21.0},
+            ),
             _rope_row("rotary_embedding", 65536, 128, {k: 500.0 * v for k, v in vllm_us.items()}),
-            _rope_row("apply_rotary_transformers", 4096, 128, {"ours": 100.0, "eager": 400.0, "compile": 150.0}),
+            _rope_row(
+                "apply_rotary_transformers",
+                4096,
+                128,
+                {"ours": 100.0, "eager": 400.0, "compile": 150.0},
+            ),
             _rope_row("rotary_embedding", 16, 128, vllm_us),  # outside the README's rows
             _rope_row("rotary_embedding", 4096, 64, vllm_us),
         ],
     }
     table = bench_table.render("rope", payload)
-    assert ("| op | dtype | tokens × (q + kv heads) × head_dim | ours (µs) | ours (GB/s) | % of copy | vs torch.compile "
-            "| vs eager | vs in-place compile | vs in-place eager | per call: ours / compile (µs) |") in table
-    assert "| `rotary_embedding` | bfloat16 | 1 × (32 + 8) × 128 | 2.00 | 10 | 0.3%† | 2.00× | 8.00× | 2.50× | 10.00× | 5.0 / 20.2 |" in table
+    assert (
+        "| op | dtype | tokens × (q + kv heads) × head_dim | ours (µs) | ours (GB/s) | % of copy | vs torch.compile "
+        "| vs eager | vs in-place compile | vs in-place eager | per call: ours / compile (µs) |"
+    ) in table
+    assert (
+        "| `rotary_embedding` | bfloat16 | 1 × (32 + 8) × 128 | 2.00 | 10 | 0.3%† | 2.00× | 8.00× | 2.50× | 10.00× | 5.0 / 20.2 |"
+        in table
+    )
     assert "| `rotary_embedding` | bfloat16 | 65536 × (32 + 8) × 128 | 1000.00 |" in table
     assert "| `apply_rotary_transformers` | bfloat16 | 4096 × (32 + 8) × 128 | 100.00 |" in table
-    assert "| 1.50× | 4.00× | – | – | – |" in table  # no in-place baselines for the transformers form
+    assert (
+        "| 1.50× | 4.00× | – | – | – |" in table
+    )  # no in-place baselines for the transformers form
     assert "16 × (32" not in table and "× 64 |" not in table
 
 
@@ -178,9 +321,13 @@ def test_rope_sweep_measures_the_readme_rows_first(monkeypatch, request):
     import importlib.util
 
     monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/ and benchmarks/
-    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))  # the sweep imports benchmark.py
+    request.addfinalizer(
+        lambda: sys.modules.pop("benchmark", None)
+    )  # the sweep imports benchmark.py
     monkeypatch.delitem(sys.modules, "benchmark", raising=False)
-    spec = importlib.util.spec_from_file_location("rope_sweep", REPO / "rope" / "benchmarks" / "sweep.py")
+    spec = importlib.util.spec_from_file_location(
+        "rope_sweep", REPO / "rope" / "benchmarks" / "sweep.py"
+    )
     sweep = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, sweep)  # dataclasses look their module up there
     spec.loader.exec_module(sweep)
@@ -199,13 +346,33 @@ def test_rope_sweep_measures_the_readme_rows_first(monkeypatch, request):
 def _attention_row(op, batch, seqlen, head_dim, us, causal=True, layout="contiguous", **extra):
     """A result row as attention/benchmarks/sweep.py writes it."""
     heads_kv = 32 if op == "prefill" else 8
-    flops = 4 * batch * 32 * seqlen * (seqlen if op == "prefill" else 1) * head_dim // (2 if op == "prefill" and causal else 1)
+    flops = (
+        4
+        * batch
+        * 32
+        * seqlen
+        * (seqlen if op == "prefill" else 1)
+        * head_dim
+        // (2 if op == "prefill" and causal else 1)
+    )
     nbytes = 2 * batch * seqlen * heads_kv * head_dim * 2
-    row = {"op": op, "dtype": "bfloat16", "batch": batch, "seqlen": seqlen, "head_dim": head_dim, "heads_q": 32,
-           "heads_kv": heads_kv, "causal": causal, "layout": layout, "flops": flops, "bytes": nbytes, "us": us,
-           "tflops": {k: flops / (v * 1e-6) / 1e12 if v else None for k, v in us.items()},
-           "gbs": {k: nbytes / (v * 1e-6) / 1e9 if v else None for k, v in us.items()},
-           "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0 if op == "decode" else None}
+    row = {
+        "op": op,
+        "dtype": "bfloat16",
+        "batch": batch,
+        "seqlen": seqlen,
+        "head_dim": head_dim,
+        "heads_q": 32,
+        "heads_kv": heads_kv,
+        "causal": causal,
+        "layout": layout,
+        "flops": flops,
+        "bytes": nbytes,
+        "us": us,
+        "tflops": {k: flops / (v * 1e-6) / 1e12 if v else None for k, v in us.items()},
+        "gbs": {k: nbytes / (v * 1e-6) / 1e9 if v else None for k, v in us.items()},
+        "copy_fraction": nbytes / (us["ours"] * 1e-6) / 1e9 / 4000.0 if op == "decode" else None,
+    }
     for name in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
         row[f"speedup_vs_{name}"] = us[name] / us["ours"] if us.get(name) else None
     row.update(extra)
@@ -215,28 +382,67 @@ def _attention_row(op, batch, seqlen, head_dim, us, causal=True, layout="contigu
 def test_attention_table_follows_the_numbers():
     us = {"ours": 1000.0, "sdpa_flash": 1500.0, "sdpa_cudnn": 800.0, "sdpa_efficient": 2000.0}
     payload = {
-        "environment": {"device": "GPU X", "torch": "2.11", "cuda": "13.0", "commit": "abc", "date": "2026-11-21",
-                        "kernel_id": "_attention_cuda_abc1234"},
-        "copy_gbs": 4000.0, "method": "m", "baselines": "b",
+        "environment": {
+            "device": "GPU X",
+            "torch": "2.11",
+            "cuda": "13.0",
+            "commit": "abc",
+            "date": "2026-11-21",
+            "kernel_id": "_attention_cuda_abc1234",
+        },
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "baselines": "b",
         "results": [
-            _attention_row("prefill", 1, 16384, 128, us, peak_mib={"ours": 130.0, "sdpa_flash": 140.0,
-                                                                    "sdpa_cudnn": None, "sdpa_efficient": 150.0}),
+            _attention_row(
+                "prefill",
+                1,
+                16384,
+                128,
+                us,
+                peak_mib={
+                    "ours": 130.0,
+                    "sdpa_flash": 140.0,
+                    "sdpa_cudnn": None,
+                    "sdpa_efficient": 150.0,
+                },
+            ),
             _attention_row("prefill", 8, 2048, 128, dict(us, sdpa_cudnn=None), causal=False),
-            _attention_row("decode", 64, 32768, 128, {"ours": 2000.0, "sdpa_flash": 3000.0, "sdpa_cudnn": 2500.0,
-                                                       "sdpa_efficient": 4000.0}, layout="paged16"),
+            _attention_row(
+                "decode",
+                64,
+                32768,
+                128,
+                {
+                    "ours": 2000.0,
+                    "sdpa_flash": 3000.0,
+                    "sdpa_cudnn": 2500.0,
+                    "sdpa_efficient": 4000.0,
+                },
+                layout="paged16",
+            ),
             _attention_row("prefill", 8, 2048, 256, us),  # outside the README's rows
             _attention_row("decode", 8, 1024, 128, us),
             _attention_row("decode", 64, 32768, 128, us, layout="paged256"),
         ],
     }
     table = bench_table.render("attention", payload)
-    assert ("| workload | dtype | shape | ours (µs) | ours | % of copy | vs SDPA flash | vs SDPA cuDNN "
-            "| vs SDPA efficient | peak MiB at 16K: ours / flash |") in table
-    assert ("| prefill | bfloat16 | B1 × S16384 × H32 × D128, causal | 1000.00 | 2199 TFLOP/s | – | 1.50× | 0.80× "
-            "| 2.00× | 130 / 140 |") in table
-    assert "| prefill | bfloat16 | B8 × S2048 × H32 × D128 | 1000.00 | 550 TFLOP/s | – | 1.50× | – | 2.00× | – |" in table
-    assert ("| decode | bfloat16 | B64 × KV32768, H32/8 × D128, paged 16 | 2000.00 | 4295 GB/s | 107.4% | 1.50× "
-            "| 1.25× | 2.00× | – |") in table
+    assert (
+        "| workload | dtype | shape | ours (µs) | ours | % of copy | vs SDPA flash | vs SDPA cuDNN "
+        "| vs SDPA efficient | peak MiB at 16K: ours / flash |"
+    ) in table
+    assert (
+        "| prefill | bfloat16 | B1 × S16384 × H32 × D128, causal | 1000.00 | 2199 TFLOP/s | – | 1.50× | 0.80× "
+        "| 2.00× | 130 / 140 |"
+    ) in table
+    assert (
+        "| prefill | bfloat16 | B8 × S2048 × H32 × D128 | 1000.00 | 550 TFLOP/s | – | 1.50× | – | 2.00× | – |"
+        in table
+    )
+    assert (
+        "| decode | bfloat16 | B64 × KV32768, H32/8 × D128, paged 16 | 2000.00 | 4295 GB/s | 107.4% | 1.50× "
+        "| 1.25× | 2.00× | – |"
+    ) in table
     assert "D256" not in table and "B8 × KV1024" not in table and "paged 256" not in table
     assert "ours is faster" in table and "Baselines: b." in table
 
@@ -247,19 +453,30 @@ def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
     import importlib.util
 
     monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/ and benchmarks/
-    request.addfinalizer(lambda: sys.modules.pop("benchmark", None))  # the sweep imports benchmark.py
+    request.addfinalizer(
+        lambda: sys.modules.pop("benchmark", None)
+    )  # the sweep imports benchmark.py
     monkeypatch.delitem(sys.modules, "benchmark", raising=False)
-    spec = importlib.util.spec_from_file_location("attention_sweep", REPO / "attention" / "benchmarks" / "sweep.py")
+    spec = importlib.util.spec_from_file_location(
+        "attention_sweep", REPO / "attention" / "benchmarks" / "sweep.py"
+    )
     sweep = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, sweep)  # dataclasses look their module up there
     spec.loader.exec_module(sweep)
     full = sweep.cases(quick=False)
     assert len(set(full)) == len(full)
     prefill = {(c.seqlen, c.head_dim, c.causal) for c in full if c.op == "prefill"}
-    assert prefill == {(s, d, c) for s in sweep.PREFILL_SEQLENS for d in sweep.PREFILL_HEAD_DIMS for c in (True, False)}
+    assert prefill == {
+        (s, d, c)
+        for s in sweep.PREFILL_SEQLENS
+        for d in sweep.PREFILL_HEAD_DIMS
+        for c in (True, False)
+    }
     assert all(c.batch * c.seqlen == 16384 and c.heads_q == 32 for c in full if c.op == "prefill")
     decode = {(c.batch, c.seqlen, c.layout) for c in full if c.op == "decode"}
-    assert decode == {(b, kv, lay) for b in sweep.DECODE_BATCH for kv in sweep.DECODE_KV for lay in sweep.LAYOUTS}
+    assert decode == {
+        (b, kv, lay) for b in sweep.DECODE_BATCH for kv in sweep.DECODE_KV for lay in sweep.LAYOUTS
+    }
     shown = [bench_table.ROW_FILTERS["attention"](sweep.asdict(c)) for c in full]
     assert all(shown[: sum(shown)]) and sum(shown) == 8 + 10
     assert set(sweep.cases(quick=True)) <= set(full)

@@ -4,10 +4,10 @@ with it."""
 
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -30,7 +30,9 @@ def test_every_common_file_has_users():
 def test_destinations_are_known_folders():
     for name, users in sync_common.USERS.items():
         folder = users.dest.split("/")[0]
-        assert folder in ("kernel_src", "torch-ext", "tests"), f"{name}: copies go to kernel_src/, torch-ext/ or tests/"
+        assert folder in ("kernel_src", "torch-ext", "tests"), (
+            f"{name}: copies go to kernel_src/, torch-ext/ or tests/"
+        )
         assert Path(users.dest).suffix == Path(name).suffix, f"{name}: a copy keeps the file type"
 
 
@@ -44,7 +46,9 @@ def test_copy_is_identical(src, dst):
 
 def _includes(kernel_dir: Path, sources: list[str], header: str) -> bool:
     pattern = re.compile(r'^\s*#\s*include\s+"' + re.escape(header) + '"', re.MULTILINE)
-    return any(pattern.search((kernel_dir / s).read_text()) for s in sources if (kernel_dir / s).is_file())
+    return any(
+        pattern.search((kernel_dir / s).read_text()) for s in sources if (kernel_dir / s).is_file()
+    )
 
 
 @pytest.mark.parametrize("src,dst", BUILT_COPIES, ids=lambda p: _id(p))
@@ -59,17 +63,23 @@ def test_copy_is_listed_in_build_toml(src, dst):
     config = tomllib.loads(build_toml.read_text())
     rel = str(dst.relative_to(kernel_dir))
     if rel.startswith("torch-ext/"):
-        assert rel in config.get("torch", {}).get("src", []), f"{_id(build_toml)}: [torch] src must list {rel}"
+        assert rel in config.get("torch", {}).get("src", []), (
+            f"{_id(build_toml)}: [torch] src must list {rel}"
+        )
         return
     components = config.get("kernel", {})
     listing = [name for name, comp in components.items() if rel in comp.get("src", [])]
     assert listing, f"{_id(build_toml)}: the src of a [kernel.*] component must list {rel}"
     for name, comp in components.items():
         if _includes(kernel_dir, comp.get("src", []), dst.name):
-            assert name in listing, f"{_id(build_toml)}: [kernel.{name}] includes {dst.name}, so its src must list {rel}"
+            assert name in listing, (
+                f"{_id(build_toml)}: [kernel.{name}] includes {dst.name}, so its src must list {rel}"
+            )
 
 
-@pytest.mark.parametrize("kernel_dir", sorted(p.parent for p in REPO.glob("*/kernel_src")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "kernel_dir", sorted(p.parent for p in REPO.glob("*/kernel_src")), ids=lambda p: p.name
+)
 def test_kernel_src_reads_no_environment(kernel_dir):
     """Launch options are arguments (PDL: the ops' enable_pdl, pdl_request.h), never environment
     variables read once per process: benchmarks read those in Python and pass the argument."""

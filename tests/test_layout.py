@@ -25,7 +25,12 @@ import build as build_script  # noqa: E402
 KERNEL_DIRS = build_script.discover_kernels(REPO)
 SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cu", ".h", ".hpp", ".cuh", ".inc", ".mm", ".metal"}
 REGISTRATION_DECORATORS = {
-    "custom_op", "triton_op", "register_kernel", "register_fake", "register_vmap", "register_torch_dispatch",
+    "custom_op",
+    "triton_op",
+    "register_kernel",
+    "register_fake",
+    "register_vmap",
+    "register_torch_dispatch",
 }
 
 
@@ -39,16 +44,25 @@ def test_kernel_folders_are_discovered():
 def test_same_tree_in_every_kernel(kernel_dir: Path):
     project = build_script.load_project(kernel_dir)
     assert project.name == kernel_dir.name, "the folder is named after general.name"
-    for rel in ("build.toml", "flake.nix", "flake.lock", "CARD.md", "benchmarks/benchmark.py",
-                f"torch-ext/{project.python_name}/__init__.py", "torch-ext/torch_binding.cpp",
-                "torch-ext/torch_binding.h"):
+    for rel in (
+        "build.toml",
+        "flake.nix",
+        "flake.lock",
+        "CARD.md",
+        "benchmarks/benchmark.py",
+        f"torch-ext/{project.python_name}/__init__.py",
+        "torch-ext/torch_binding.cpp",
+        "torch-ext/torch_binding.h",
+    ):
         assert (kernel_dir / rel).is_file(), f"{kernel_dir.name}: missing {rel}"
     assert list((kernel_dir / "tests").glob("test_*.py")), f"{kernel_dir.name}: no tests"
-    assert not (kernel_dir / "torch-ext" / project.python_name / project.python_name).exists(), \
+    assert not (kernel_dir / "torch-ext" / project.python_name / project.python_name).exists(), (
         "nested torch-ext/<m>/<m> is rejected by the layout check"
+    )
     for comp in project.components:
-        assert comp.name.startswith(project.python_name + "_"), \
+        assert comp.name.startswith(project.python_name + "_"), (
             f"[kernel.{comp.name}] should be named after the folder it builds ({project.python_name}_<backend>)"
+        )
     assert project.repo_id and project.repo_id.endswith("/" + project.name)
 
 
@@ -62,7 +76,9 @@ def test_every_source_and_header_is_listed(kernel_dir: Path):
         for p in (kernel_dir / folder).rglob("*")
         if p.is_file() and p.suffix in SOURCE_SUFFIXES
     }
-    assert on_disk - listed == set(), f"{kernel_dir.name}: not listed in build.toml (Nix would not see them)"
+    assert on_disk - listed == set(), (
+        f"{kernel_dir.name}: not listed in build.toml (Nix would not see them)"
+    )
 
 
 TEST_ROLES = ("ops", "errors", "library", "layers", "models", "benchmarks")
@@ -96,24 +112,40 @@ def test_test_files_are_named_by_kernel_and_role(kernel_dir: Path):
 
 @pytest.mark.parametrize(
     "name, ok",
-    [("test_rope_ops.py", True), ("test_rope_cache_ops.py", True), ("test_layers.py", False),
-     ("test_rope.py", False), ("test_rope_misc.py", False), ("__init__.py", False),
-     ("rope_cases.py", True), ("helpers.py", False)],
+    [
+        ("test_rope_ops.py", True),
+        ("test_rope_cache_ops.py", True),
+        ("test_layers.py", False),
+        ("test_rope.py", False),
+        ("test_rope_misc.py", False),
+        ("__init__.py", False),
+        ("rope_cases.py", True),
+        ("helpers.py", False),
+    ],
 )
 def test_test_file_name_rule(name: str, ok: bool):
     assert (_test_file_name_problem("rope", name) is None) == ok
 
 
 def _tracked(kernel_dir: Path) -> list[str]:
-    out = subprocess.run(["git", "ls-files", "--", str(kernel_dir)], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "ls-files", "--", str(kernel_dir)], cwd=REPO, capture_output=True, text=True
+    )
     return out.stdout.split()
 
 
 @pytest.mark.parametrize("kernel_dir", KERNEL_DIRS, ids=lambda p: p.name)
 def test_generated_files_are_not_committed(kernel_dir: Path):
     tracked = _tracked(kernel_dir)
-    assert not [f for f in tracked if f.endswith("/_ops.py") or f.endswith("registration.h")
-                or "/build/" in f or f.endswith(".so") or "__pycache__" in f]
+    assert not [
+        f
+        for f in tracked
+        if f.endswith("/_ops.py")
+        or f.endswith("registration.h")
+        or "/build/" in f
+        or f.endswith(".so")
+        or "__pycache__" in f
+    ]
 
 
 def _registration_violations(path: Path) -> list[str]:
@@ -131,7 +163,10 @@ def _registration_violations(path: Path) -> list[str]:
             if name not in REGISTRATION_DECORATORS:
                 continue
             first = deco.args[0]
-            ok = isinstance(first, ast.Call) and getattr(first.func, "id", None) == "add_op_namespace_prefix"
+            ok = (
+                isinstance(first, ast.Call)
+                and getattr(first.func, "id", None) == "add_op_namespace_prefix"
+            )
             if not ok:
                 violations.append(f"{path}:{deco.lineno} {name} {node.name}")
     return violations
@@ -151,7 +186,9 @@ def test_op_registrations_use_the_namespace_prefix(kernel_dir: Path):
 
 def test_registration_check_catches_a_bad_registration(tmp_path: Path):
     bad = tmp_path / "bad.py"
-    bad.write_text('import torch\n@torch.library.register_fake("myns::op")\ndef _(x):\n    return x\n')
+    bad.write_text(
+        'import torch\n@torch.library.register_fake("myns::op")\ndef _(x):\n    return x\n'
+    )
     assert len(_registration_violations(bad)) == 1
 
 
@@ -166,8 +203,10 @@ def test_formatter_versions_agree_between_ci_and_pre_commit():
     hooks = (REPO / ".pre-commit-config.yaml").read_text()
     revs = {
         tool: re.search(rf"{re.escape(repo)}\n\s+rev: v(\S+)", hooks).group(1)
-        for tool, repo in (("ruff", "astral-sh/ruff-pre-commit"),
-                           ("clang-format", "pre-commit/mirrors-clang-format"))
+        for tool, repo in (
+            ("ruff", "astral-sh/ruff-pre-commit"),
+            ("clang-format", "pre-commit/mirrors-clang-format"),
+        )
     }
     assert set(required) == {"ruff", "clang-format"}
     assert revs == required

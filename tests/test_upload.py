@@ -19,8 +19,14 @@ VARIANT = "torch-cpu"
 
 
 def upload(env, *args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(UPLOAD), *map(str, args)], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(UPLOAD), *map(str, args)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def repo_exists(hub: LocalHub, repo_id: str) -> bool:
@@ -37,10 +43,15 @@ def test_upload_layout_and_second_upload_is_a_noop(local_hub, hub_env, tmp_path)
     assert main_files["README.md"] == (kdir / "build" / "CARD.md").read_bytes()
     assert not any(p.startswith(("build/", "benchmarks/")) for p in main_files)
     assert {p for p in v1_files if p.startswith(("build/", "benchmarks/"))} == {
-        f"build/{VARIANT}/__init__.py", f"build/{VARIANT}/_ops.py", f"build/{VARIANT}/metadata.json",
+        f"build/{VARIANT}/__init__.py",
+        f"build/{VARIANT}/_ops.py",
+        f"build/{VARIANT}/metadata.json",
         "benchmarks/benchmark.py",
     }
-    assert v1_files[f"build/{VARIANT}/metadata.json"] == (kdir / "build" / VARIANT / "metadata.json").read_bytes()
+    assert (
+        v1_files[f"build/{VARIANT}/metadata.json"]
+        == (kdir / "build" / VARIANT / "metadata.json").read_bytes()
+    )
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["status"] == "uploaded" and out["repo_id"] == repo_id and out["branch"] == "v1"
     assert out["branches"]["v1"]["commit"] == local_hub.branches(repo_id)["v1"]
@@ -72,15 +83,23 @@ def test_dry_run_changes_nothing(local_hub, hub_env, tmp_path):
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["status"] == "dry_run"
-    assert plan["branches"]["v1"]["replace"] == [f"build/{VARIANT}/__init__.py", f"build/{VARIANT}/metadata.json"]
+    assert plan["branches"]["v1"]["replace"] == [
+        f"build/{VARIANT}/__init__.py",
+        f"build/{VARIANT}/metadata.json",
+    ]
     assert plan["branches"]["v1"]["add"] == [f"build/{VARIANT}/new.py"]
     assert local_hub.branches(repo_id) == heads and local_hub.commit_count(repo_id) == commits
     assert b"CHANGED" not in local_hub.files(repo_id, "v1")[f"build/{VARIANT}/__init__.py"]
 
 
 def _dirty_provenance(vdir):
-    edit_metadata(vdir, provenance={"kernel-builder": {"version": "0.17.0"},
-                                    "kernel": {"commit": "ab" * 20, "dirty": True}})
+    edit_metadata(
+        vdir,
+        provenance={
+            "kernel-builder": {"version": "0.17.0"},
+            "kernel": {"commit": "ab" * 20, "dirty": True},
+        },
+    )
 
 
 def _dirty_id(vdir):
@@ -111,9 +130,20 @@ def _version(vdir):
         (_tampered, "digest mismatch: _ops.py has a different hash", "--allow-digest-mismatch"),
         (_extra_file, "digest mismatch: sneaky.py is not in the digest", "--allow-digest-mismatch"),
         (_no_digest, "metadata.json has no digest", "--allow-digest-mismatch"),
-        (_version, "metadata version 2 differs from build.toml version 1", "--allow-version-mismatch"),
+        (
+            _version,
+            "metadata version 2 differs from build.toml version 1",
+            "--allow-version-mismatch",
+        ),
     ],
-    ids=["dirty-provenance", "dirty-id", "digest-hash", "digest-extra-file", "no-digest", "version-mismatch"],
+    ids=[
+        "dirty-provenance",
+        "dirty-id",
+        "digest-hash",
+        "digest-extra-file",
+        "no-digest",
+        "version-mismatch",
+    ],
 )
 def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
     kdir = make_fake_kernel(tmp_path, variants=(VARIANT, "torch213-cxx11-cpu-x86_64-linux"))
@@ -124,7 +154,9 @@ def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr  # only the spoiled variant is refused, in one line
-    assert lines[0].startswith(f"error: fakek: variant {VARIANT}: ") and expected in lines[0], lines[0]
+    assert lines[0].startswith(f"error: fakek: variant {VARIANT}: ") and expected in lines[0], (
+        lines[0]
+    )
     assert json.loads((tmp_path / "out.json").read_text())["status"] == "error"
     assert not repo_exists(local_hub, f"{org}/fakek")
     # Told otherwise, the upload goes through (--branch: the version check is off for a mixed build).
@@ -181,16 +213,26 @@ def test_token_is_never_printed(tmp_path):
     with LocalHub(tmp_path / "store", tokens={secret}) as hub:
         env = client_env(hub.endpoint, tmp_path / "client", token=None)
         bad = "hf_wrong_secret_value_43"
-        r = upload(env, kdir, "--org", "tok", "--token", bad, "--output-json", tmp_path / "bad.json")
+        r = upload(
+            env, kdir, "--org", "tok", "--token", bad, "--output-json", tmp_path / "bad.json"
+        )
         assert r.returncode == 1
         assert len(r.stderr.strip().splitlines()) == 1 and "401" in r.stderr, r.stderr
-        r2 = upload({**env, "HF_TOKEN": secret}, kdir, "--org", "tok", "--output-json", tmp_path / "ok.json")
+        r2 = upload(
+            {**env, "HF_TOKEN": secret}, kdir, "--org", "tok", "--output-json", tmp_path / "ok.json"
+        )
         assert r2.returncode == 0, r2.stderr
         assert "v1" in hub.branches("tok/fakek")
         r3 = upload(env, kdir, "--org", "tok")  # no token at all
         assert r3.returncode == 1 and "no Hugging Face token" in r3.stderr
-    for text in (r.stdout, r.stderr, r2.stdout, r2.stderr, (tmp_path / "bad.json").read_text(),
-                 (tmp_path / "ok.json").read_text()):
+    for text in (
+        r.stdout,
+        r.stderr,
+        r2.stdout,
+        r2.stderr,
+        (tmp_path / "bad.json").read_text(),
+        (tmp_path / "ok.json").read_text(),
+    ):
         assert bad not in text and secret not in text
 
 

@@ -16,7 +16,6 @@ The runner's timer includes launch overhead; see benchmarks/sweep.py for publish
 """
 
 import torch
-
 from kernels.benchmark import Benchmark
 
 DECODE_TOKENS = 32
@@ -26,7 +25,9 @@ INPUT_SCALE = 0.25
 
 def _gated_inputs(bench, tokens: int, intermediate: int) -> None:
     """bench.x: [tokens, 2 * intermediate] bf16 input; bench.out: [tokens, intermediate]."""
-    bench.x = INPUT_SCALE * torch.randn(tokens, 2 * intermediate, device=bench.device, dtype=torch.bfloat16)
+    bench.x = INPUT_SCALE * torch.randn(
+        tokens, 2 * intermediate, device=bench.device, dtype=torch.bfloat16
+    )
     bench.out = torch.empty(tokens, intermediate, device=bench.device, dtype=torch.bfloat16)
 
 
@@ -36,7 +37,9 @@ class SiluAndMulBenchmark(Benchmark):
     seed = 0
 
     def _reference(self) -> torch.Tensor:
-        return self.kernel._reference.silu_and_mul(self.x, compute_dtype=torch.float32).to(self.out.dtype)
+        return self.kernel._reference.silu_and_mul(self.x, compute_dtype=torch.float32).to(
+            self.out.dtype
+        )
 
     # Llama-3-8B, intermediate_size 14336
     def setup_llama3_8b_decode(self):
@@ -83,7 +86,9 @@ class SwigluOAIAndMulBenchmark(Benchmark):
     seed = 0
 
     def _reference(self) -> torch.Tensor:
-        return self.kernel._reference.swigluoai_and_mul(self.x, compute_dtype=torch.float32).to(self.out.dtype)
+        return self.kernel._reference.swigluoai_and_mul(self.x, compute_dtype=torch.float32).to(
+            self.out.dtype
+        )
 
     # gpt-oss-20b, intermediate_size 2880 (per expert)
     def setup_gpt_oss_20b_decode(self):

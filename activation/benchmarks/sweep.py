@@ -64,7 +64,9 @@ UNARY_EAGER = {
     "silu": F.silu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608 * x * (1.0 + 0.044715 * x * x))),
+    "gelu_fast": lambda x: (
+        0.5 * x * (1.0 + torch.tanh(0.7978845608 * x * (1.0 + 0.044715 * x * x)))
+    ),
     "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3))),
     "gelu_quick": lambda x: x * torch.sigmoid(1.702 * x),
 }
@@ -81,7 +83,7 @@ def cases(quick: bool):
         for t in tokens:
             yield op, t, GATED_WIDTHS["llama3-8b"]
         for width in (GATED_WIDTHS["llama2-7b"], GATED_WIDTHS["4096"]):
-            for t in ([8192] if quick else [1, 128, 8192, 32768]):
+            for t in [8192] if quick else [1, 128, 8192, 32768]:
                 yield op, t, width
     for op in ("mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul"):
         for t in (1, 8192):
@@ -101,13 +103,14 @@ def run_case(kernel, op, tokens, width, dtype, compiled_cache, enable_pdl=None):
     def ours(out, x):
         return fn(out, x, enable_pdl=enable_pdl)
 
-
     # Verify before timing: our output against the fp32 reference rounded once.
     ours(out, x)
     reference = eager(x.float()).to(dtype)
-    if not torch.allclose(out.float(), reference.float(), rtol=2 ** -7, atol=1e-3):
+    if not torch.allclose(out.float(), reference.float(), rtol=2**-7, atol=1e-3):
         err = (out.float() - reference.float()).abs().max().item()
-        raise SystemExit(f"verification failed for {op} tokens={tokens} width={width}: max err {err}")
+        raise SystemExit(
+            f"verification failed for {op} tokens={tokens} width={width}: max err {err}"
+        )
 
     if op not in compiled_cache:
         compiled_cache[op] = torch.compile(eager, dynamic=False)
@@ -156,7 +159,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer sizes")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/<device>.json)")
+    parser.add_argument(
+        "--out", type=Path, help="result file (default benchmarks/results/<device>.json)"
+    )
     args = parser.parse_args()
     kernel = benchlib.load_built_kernel(KERNEL_DIR)
     torch._dynamo.config.cache_size_limit = 256
@@ -183,10 +188,13 @@ def main():
             f"{r['gbs']['ours']:7.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)  "
             f"compile {r['us']['compile']:9.2f} us (x{r['speedup_vs_compile']:.2f})  "
             f"eager {r['us']['eager']:9.2f} us (x{r['speedup_vs_eager']:.2f})"
-            + (f"  per call: ours {r['wall_us']['ours']:.2f} us, compile {r['wall_us']['compile']:.2f} us"
-               f" (x{r['wall_speedup_vs_compile']:.2f}); after a producer: ours "
-               f"{r['us_after_producer']['ours']:.2f} us, compile {r['us_after_producer']['compile']:.2f} us"
-               if "wall_us" in r else ""),
+            + (
+                f"  per call: ours {r['wall_us']['ours']:.2f} us, compile {r['wall_us']['compile']:.2f} us"
+                f" (x{r['wall_speedup_vs_compile']:.2f}); after a producer: ours "
+                f"{r['us_after_producer']['ours']:.2f} us, compile {r['us_after_producer']['compile']:.2f} us"
+                if "wall_us" in r
+                else ""
+            ),
             flush=True,
         )
     copy_gbs = benchlib.final_copy_ceiling(results, copy_gbs)

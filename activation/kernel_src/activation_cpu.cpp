@@ -64,24 +64,54 @@ void dispatch_dtype(const char* op, DType dtype, F&& f) {
 // ---- activation functors: each bundles the forward formula and its derivative ----
 
 struct SiluFn {
-  template <typename C> C fwd(C x) const { return silu(x); }
-  template <typename C> C grad(C x) const { return silu_grad(x); }
+  template <typename C>
+  C fwd(C x) const {
+    return silu(x);
+  }
+  template <typename C>
+  C grad(C x) const {
+    return silu_grad(x);
+  }
 };
 struct GeluFn {
-  template <typename C> C fwd(C x) const { return gelu_erf(x); }
-  template <typename C> C grad(C x) const { return gelu_erf_grad(x); }
+  template <typename C>
+  C fwd(C x) const {
+    return gelu_erf(x);
+  }
+  template <typename C>
+  C grad(C x) const {
+    return gelu_erf_grad(x);
+  }
 };
 struct GeluTanhFn {  // also gelu_new: the same formula
-  template <typename C> C fwd(C x) const { return gelu_tanh(x); }
-  template <typename C> C grad(C x) const { return gelu_tanh_grad(x); }
+  template <typename C>
+  C fwd(C x) const {
+    return gelu_tanh(x);
+  }
+  template <typename C>
+  C grad(C x) const {
+    return gelu_tanh_grad(x);
+  }
 };
 struct GeluFastFn {
-  template <typename C> C fwd(C x) const { return gelu_fast(x); }
-  template <typename C> C grad(C x) const { return gelu_fast_grad(x); }
+  template <typename C>
+  C fwd(C x) const {
+    return gelu_fast(x);
+  }
+  template <typename C>
+  C grad(C x) const {
+    return gelu_fast_grad(x);
+  }
 };
 struct GeluQuickFn {
-  template <typename C> C fwd(C x) const { return gelu_quick(x); }
-  template <typename C> C grad(C x) const { return gelu_quick_grad(x); }
+  template <typename C>
+  C fwd(C x) const {
+    return gelu_quick(x);
+  }
+  template <typename C>
+  C grad(C x) const {
+    return gelu_quick_grad(x);
+  }
 };
 
 // Calls f(Fn{}) with the functor of `act`.
@@ -115,16 +145,24 @@ void dispatch_unary(const char* op, UnaryAct act, F&& f) {
 template <typename Act>
 struct ActAndMulFn {  // act(a) * b
   static constexpr bool kInterleaved = false;
-  template <typename C> C fwd(C a, C b) const { return Act{}.fwd(a) * b; }
-  template <typename C> void bwd(C a, C b, C g, C* da, C* db) const {
+  template <typename C>
+  C fwd(C a, C b) const {
+    return Act{}.fwd(a) * b;
+  }
+  template <typename C>
+  void bwd(C a, C b, C g, C* da, C* db) const {
     *da = g * Act{}.grad(a) * b;
     *db = g * Act{}.fwd(a);
   }
 };
 struct MulAndSiluFn {  // a * silu(b)
   static constexpr bool kInterleaved = false;
-  template <typename C> C fwd(C a, C b) const { return a * silu(b); }
-  template <typename C> void bwd(C a, C b, C g, C* da, C* db) const {
+  template <typename C>
+  C fwd(C a, C b) const {
+    return a * silu(b);
+  }
+  template <typename C>
+  void bwd(C a, C b, C g, C* da, C* db) const {
     *da = g * silu(b);
     *db = g * a * silu_grad(b);
   }
@@ -132,8 +170,12 @@ struct MulAndSiluFn {  // a * silu(b)
 struct FatreluAndMulFn {  // fatrelu(a, threshold) * b
   static constexpr bool kInterleaved = false;
   float threshold;
-  template <typename C> C fwd(C a, C b) const { return fatrelu(a, C(threshold)) * b; }
-  template <typename C> void bwd(C a, C b, C g, C* da, C* db) const {
+  template <typename C>
+  C fwd(C a, C b) const {
+    return fatrelu(a, C(threshold)) * b;
+  }
+  template <typename C>
+  void bwd(C a, C b, C g, C* da, C* db) const {
     *da = g * fatrelu_grad(a, C(threshold)) * b;
     *db = g * fatrelu(a, C(threshold));
   }
@@ -142,8 +184,12 @@ struct SwigluOaiAndMulFn {  // swigluoai(gate = a, up = b; alpha, limit), interl
   static constexpr bool kInterleaved = true;
   float alpha;
   float limit;
-  template <typename C> C fwd(C a, C b) const { return swigluoai(a, b, C(alpha), C(limit)); }
-  template <typename C> void bwd(C a, C b, C g, C* da, C* db) const {
+  template <typename C>
+  C fwd(C a, C b) const {
+    return swigluoai(a, b, C(alpha), C(limit));
+  }
+  template <typename C>
+  void bwd(C a, C b, C g, C* da, C* db) const {
     C dgate, dup;
     swigluoai_grad(a, b, C(alpha), C(limit), &dgate, &dup);
     *da = g * dgate;

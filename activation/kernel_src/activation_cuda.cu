@@ -94,27 +94,44 @@ constexpr int kVecWidth = LaunchConfig::kVectorBytes / static_cast<int>(sizeof(T
 // ---------------------------------------------------------------------------------------------
 // Element types: compute type and conversions.
 // ---------------------------------------------------------------------------------------------
-template <typename T> struct ComputeType { using type = float; };
-template <> struct ComputeType<double> { using type = double; };
-template <typename T> using compute_t = typename ComputeType<T>::type;
+template <typename T>
+struct ComputeType {
+  using type = float;
+};
+template <>
+struct ComputeType<double> {
+  using type = double;
+};
+template <typename T>
+using compute_t = typename ComputeType<T>::type;
 
 __device__ __forceinline__ float to_compute(float x) { return x; }
 __device__ __forceinline__ double to_compute(double x) { return x; }
 __device__ __forceinline__ float to_compute(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_compute(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-template <typename T> __device__ __forceinline__ T from_compute(compute_t<T> x);
-template <> __device__ __forceinline__ float from_compute<float>(float x) { return x; }
-template <> __device__ __forceinline__ double from_compute<double>(double x) { return x; }
-template <> __device__ __forceinline__ __half from_compute<__half>(float x) {
+template <typename T>
+__device__ __forceinline__ T from_compute(compute_t<T> x);
+template <>
+__device__ __forceinline__ float from_compute<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ double from_compute<double>(double x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_compute<__half>(float x) {
   return __float2half_rn(x);
 }
-template <> __device__ __forceinline__ __nv_bfloat16 from_compute<__nv_bfloat16>(float x) {
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_compute<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
 // kVec elements of T; 16-byte aligned when kVec = kVecWidth<T>.
-template <typename T, int kVec> struct alignas(sizeof(T) * kVec) Vec {
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
   T v[kVec];
 };
 
@@ -148,11 +165,24 @@ __device__ __forceinline__ Vec<T, kVec> round_vec(const compute_t<T> (&c)[kVec])
 // large silu_and_mul slower (benchmarks/NOTES.md, "Loads"). Stores are st.global.cs
 // (evict-first): this kernel never reads its output back (no measurable cost or gain there).
 // ---------------------------------------------------------------------------------------------
-template <int kBytes> struct RawBits;
-template <> struct RawBits<2> { using type = unsigned short; };
-template <> struct RawBits<4> { using type = unsigned int; };
-template <> struct RawBits<8> { using type = unsigned long long; };
-template <> struct RawBits<16> { using type = uint4; };
+template <int kBytes>
+struct RawBits;
+template <>
+struct RawBits<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawBits<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawBits<8> {
+  using type = unsigned long long;
+};
+template <>
+struct RawBits<16> {
+  using type = uint4;
+};
 
 __device__ __forceinline__ void st_raw(void* p, unsigned short v) {
   asm volatile("st.global.cs.b16 [%0], %1;" ::"l"(p), "h"(v));
@@ -164,12 +194,13 @@ __device__ __forceinline__ void st_raw(void* p, unsigned long long v) {
   asm volatile("st.global.cs.b64 [%0], %1;" ::"l"(p), "l"(v));
 }
 __device__ __forceinline__ void st_raw(void* p, uint4 v) {
-  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w));
+  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w));
 }
 
 // One access of kVec elements at p, which must be aligned to sizeof(Vec<T, kVec>).
-template <typename T, int kVec> __device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
+template <typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
   using Bits = typename RawBits<sizeof(Vec<T, kVec>)>::type;
   const Bits bits = *reinterpret_cast<const Bits*>(p);
   Vec<T, kVec> v;
@@ -252,19 +283,28 @@ __device__ __forceinline__ void for_each_item(const F& f, const RowSpace& s) {
 // 0.5 (1 + erff(x / sqrt 2)) in fp32, whose two-branch erff costs ~28 instructions where this is
 // ~13. gelu_and_mul was issue-bound with erff (benchmarks/NOTES.md, "fp16/bf16 math").
 struct FastFloatMath {
-  template <typename T> static __device__ __forceinline__ T exp(T x) { return __expf(x); }
+  template <typename T>
+  static __device__ __forceinline__ T exp(T x) {
+    return __expf(x);
+  }
   // 1 + e^x with the flush-to-zero ex2: __expf's handling of subnormal results (a compare and
   // two predicated multiplies per element) cannot change the sum, which rounds to 1 there.
-  template <typename T> static __device__ __forceinline__ T one_plus_exp(T x) {
+  template <typename T>
+  static __device__ __forceinline__ T one_plus_exp(T x) {
     float e;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * 1.4426950408889634f));
     return 1.0f + e;
   }
-  template <typename T> static __device__ __forceinline__ T tanh(T x) {
+  template <typename T>
+  static __device__ __forceinline__ T tanh(T x) {
     return 1.0f - __fdividef(2.0f, one_plus_exp(2.0f * x));  // saturates to +-1, no NaN
   }
-  template <typename T> static __device__ __forceinline__ T div(T a, T b) { return __fdividef(a, b); }
-  template <typename T> static __device__ __forceinline__ T normal_cdf(T x) {
+  template <typename T>
+  static __device__ __forceinline__ T div(T a, T b) {
+    return __fdividef(a, b);
+  }
+  template <typename T>
+  static __device__ __forceinline__ T normal_cdf(T x) {
     constexpr float kCutoff = 5.75f;
     const float a = fminf(fabsf(x), kCutoff);
     float q = -2.772198513e-06f;
@@ -283,45 +323,89 @@ struct FastFloatMath {
   }
 };
 
-template <typename T> struct MathFor { using type = PreciseMath; };
-template <> struct MathFor<__half> { using type = FastFloatMath; };
-template <> struct MathFor<__nv_bfloat16> { using type = FastFloatMath; };
-template <typename T> using math_for = typename MathFor<T>::type;
+template <typename T>
+struct MathFor {
+  using type = PreciseMath;
+};
+template <>
+struct MathFor<__half> {
+  using type = FastFloatMath;
+};
+template <>
+struct MathFor<__nv_bfloat16> {
+  using type = FastFloatMath;
+};
+template <typename T>
+using math_for = typename MathFor<T>::type;
 
 struct SiluFn {
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C x) const { return silu<C, M>(x); }
-  template <typename M, typename C> __device__ __forceinline__ C grad(C x) const { return silu_grad<C, M>(x); }
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C x) const {
+    return silu<C, M>(x);
+  }
+  template <typename M, typename C>
+  __device__ __forceinline__ C grad(C x) const {
+    return silu_grad<C, M>(x);
+  }
 };
 struct GeluErfFn {
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C x) const { return gelu_erf<C, M>(x); }
-  template <typename M, typename C> __device__ __forceinline__ C grad(C x) const { return gelu_erf_grad<C, M>(x); }
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C x) const {
+    return gelu_erf<C, M>(x);
+  }
+  template <typename M, typename C>
+  __device__ __forceinline__ C grad(C x) const {
+    return gelu_erf_grad<C, M>(x);
+  }
 };
 struct GeluTanhFn {
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C x) const { return gelu_tanh<C, M>(x); }
-  template <typename M, typename C> __device__ __forceinline__ C grad(C x) const { return gelu_tanh_grad<C, M>(x); }
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C x) const {
+    return gelu_tanh<C, M>(x);
+  }
+  template <typename M, typename C>
+  __device__ __forceinline__ C grad(C x) const {
+    return gelu_tanh_grad<C, M>(x);
+  }
 };
 struct GeluFastFn {
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C x) const { return gelu_fast<C, M>(x); }
-  template <typename M, typename C> __device__ __forceinline__ C grad(C x) const { return gelu_fast_grad<C, M>(x); }
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C x) const {
+    return gelu_fast<C, M>(x);
+  }
+  template <typename M, typename C>
+  __device__ __forceinline__ C grad(C x) const {
+    return gelu_fast_grad<C, M>(x);
+  }
 };
 struct GeluQuickFn {
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C x) const { return gelu_quick<C, M>(x); }
-  template <typename M, typename C> __device__ __forceinline__ C grad(C x) const { return gelu_quick_grad<C, M>(x); }
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C x) const {
+    return gelu_quick<C, M>(x);
+  }
+  template <typename M, typename C>
+  __device__ __forceinline__ C grad(C x) const {
+    return gelu_quick_grad<C, M>(x);
+  }
 };
 struct FatreluFn {
   float threshold;
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C x) const {
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C x) const {
     return fatrelu<C, M>(x, C(threshold));
   }
-  template <typename M, typename C> __device__ __forceinline__ C grad(C x) const {
+  template <typename M, typename C>
+  __device__ __forceinline__ C grad(C x) const {
     return fatrelu_grad<C, M>(x, C(threshold));
   }
 };
 
 // act(a) * b.
-template <typename Act> struct ActAndMulOp {
+template <typename Act>
+struct ActAndMulOp {
   Act act;
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C a, C b) const {
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C a, C b) const {
     return act.template fwd<M>(a) * b;
   }
   template <typename M, typename C>
@@ -333,7 +417,8 @@ template <typename Act> struct ActAndMulOp {
 
 // a * silu(b).
 struct MulAndSiluOp {
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C a, C b) const {
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C a, C b) const {
     return a * silu<C, M>(b);
   }
   template <typename M, typename C>
@@ -347,7 +432,8 @@ struct MulAndSiluOp {
 struct SwigluOaiOp {
   float alpha;
   float limit;
-  template <typename M, typename C> __device__ __forceinline__ C fwd(C a, C b) const {
+  template <typename M, typename C>
+  __device__ __forceinline__ C fwd(C a, C b) const {
     return swigluoai<C, M>(a, b, C(alpha), C(limit));
   }
   template <typename M, typename C>
@@ -362,17 +448,20 @@ struct SwigluOaiOp {
 // ---------------------------------------------------------------------------------------------
 // Op families: where a vector of V outputs reads its operands and writes its results.
 // ---------------------------------------------------------------------------------------------
-template <typename T, typename Op> struct UnaryFwd {
-  T* out;          // [rows, n]
-  const T* x;      // [rows, n]
+template <typename T, typename Op>
+struct UnaryFwd {
+  T* out;      // [rows, n]
+  const T* x;  // [rows, n]
   int64_t out_stride;
   int64_t x_stride;
   Op op;
 
-  template <int V> struct Frag {
+  template <int V>
+  struct Frag {
     Vec<T, V> x;
   };
-  template <int V> __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
+  template <int V>
+  __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
     return Frag<V>{load_vec<T, V>(x + row * x_stride + e)};
   }
   template <int V>
@@ -384,19 +473,22 @@ template <typename T, typename Op> struct UnaryFwd {
   }
 };
 
-template <typename T, typename Op> struct UnaryBwd {
-  T* grad_in;          // [rows, n]
-  const T* grad_out;   // [rows, n]
-  const T* x;          // [rows, n]
+template <typename T, typename Op>
+struct UnaryBwd {
+  T* grad_in;         // [rows, n]
+  const T* grad_out;  // [rows, n]
+  const T* x;         // [rows, n]
   int64_t grad_in_stride;
   int64_t grad_out_stride;
   int64_t x_stride;
   Op op;
 
-  template <int V> struct Frag {
+  template <int V>
+  struct Frag {
     Vec<T, V> g, x;
   };
-  template <int V> __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
+  template <int V>
+  __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
     return Frag<V>{load_vec<T, V>(grad_out + row * grad_out_stride + e),
                    load_vec<T, V>(x + row * x_stride + e)};
   }
@@ -404,7 +496,8 @@ template <typename T, typename Op> struct UnaryBwd {
   __device__ __forceinline__ void finish(const Frag<V>& f, int64_t row, int64_t e) const {
     compute_t<T> y[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) y[j] = to_compute(f.g.v[j]) * op.template grad<math_for<T>>(to_compute(f.x.v[j]));
+    for (int j = 0; j < V; ++j)
+      y[j] = to_compute(f.g.v[j]) * op.template grad<math_for<T>>(to_compute(f.x.v[j]));
     store_vec(grad_in + row * grad_in_stride + e, round_vec<T, V>(y));
   }
 };
@@ -412,7 +505,8 @@ template <typename T, typename Op> struct UnaryBwd {
 // Operands of V consecutive outputs starting at output element e, inside a [rows, 2d] row:
 // split: a = [e, e + V), b = [d + e, d + e + V); interleaved: the 2V elements from 2e, the first
 // V in vector A and the next V in vector B, pairs (gate, up) alternating across them.
-template <bool kInterleaved, int V> struct GatedLayout {
+template <bool kInterleaved, int V>
+struct GatedLayout {
   static __device__ __forceinline__ int64_t a_off(int64_t e, int64_t) {
     return kInterleaved ? 2 * e : e;
   }
@@ -433,18 +527,21 @@ __device__ __forceinline__ T lane(const Vec<T, V>& a, const Vec<T, V>& b, int wh
   return which_vec == 0 ? a.v[i] : b.v[i];  // constant indices after unrolling
 }
 
-template <typename T, typename Op, bool kInterleaved> struct GatedFwd {
-  T* out;          // [rows, d]
-  const T* in;     // [rows, 2d]
+template <typename T, typename Op, bool kInterleaved>
+struct GatedFwd {
+  T* out;       // [rows, d]
+  const T* in;  // [rows, 2d]
   int64_t out_stride;
   int64_t in_stride;
   int64_t d;
   Op op;
 
-  template <int V> struct Frag {
+  template <int V>
+  struct Frag {
     Vec<T, V> a, b;
   };
-  template <int V> __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
+  template <int V>
+  __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
     using L = GatedLayout<kInterleaved, V>;
     const T* p = in + row * in_stride;
     return Frag<V>{load_vec<T, V>(p + L::a_off(e, d)), load_vec<T, V>(p + L::b_off(e, d))};
@@ -463,20 +560,23 @@ template <typename T, typename Op, bool kInterleaved> struct GatedFwd {
   }
 };
 
-template <typename T, typename Op, bool kInterleaved> struct GatedBwd {
-  T* grad_in;          // [rows, 2d], same layout as in
-  const T* grad_out;   // [rows, d]
-  const T* in;         // [rows, 2d]
+template <typename T, typename Op, bool kInterleaved>
+struct GatedBwd {
+  T* grad_in;         // [rows, 2d], same layout as in
+  const T* grad_out;  // [rows, d]
+  const T* in;        // [rows, 2d]
   int64_t grad_in_stride;
   int64_t grad_out_stride;
   int64_t in_stride;
   int64_t d;
   Op op;
 
-  template <int V> struct Frag {
+  template <int V>
+  struct Frag {
     Vec<T, V> g, a, b;
   };
-  template <int V> __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
+  template <int V>
+  __device__ __forceinline__ Frag<V> load(int64_t row, int64_t e) const {
     using L = GatedLayout<kInterleaved, V>;
     const T* p = in + row * in_stride;
     return Frag<V>{load_vec<T, V>(grad_out + row * grad_out_stride + e),
@@ -561,15 +661,23 @@ cudaError_t launch(const F& family, const RowSpace& space, pdl::Request pdl_requ
                      family, space);
 }
 
-template <typename F> cudaError_t dispatch_unary(UnaryAct act, F&& f) {
+template <typename F>
+cudaError_t dispatch_unary(UnaryAct act, F&& f) {
   switch (act) {
-    case UnaryAct::kSilu: return f(SiluFn{});
-    case UnaryAct::kGelu: return f(GeluErfFn{});
-    case UnaryAct::kGeluTanh: return f(GeluTanhFn{});
-    case UnaryAct::kGeluFast: return f(GeluFastFn{});
-    case UnaryAct::kGeluNew: return f(GeluTanhFn{});  // transformers NewGELU: the tanh formula
-    case UnaryAct::kGeluQuick: return f(GeluQuickFn{});
-    default: return cudaErrorInvalidValue;
+    case UnaryAct::kSilu:
+      return f(SiluFn{});
+    case UnaryAct::kGelu:
+      return f(GeluErfFn{});
+    case UnaryAct::kGeluTanh:
+      return f(GeluTanhFn{});
+    case UnaryAct::kGeluFast:
+      return f(GeluFastFn{});
+    case UnaryAct::kGeluNew:
+      return f(GeluTanhFn{});  // transformers NewGELU: the tanh formula
+    case UnaryAct::kGeluQuick:
+      return f(GeluQuickFn{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -579,14 +687,20 @@ cudaError_t dispatch_gated(GatedAct act, const GatedActScalars& s, F&& f) {
   using Split = std::false_type;
   using Interleaved = std::true_type;
   switch (act) {
-    case GatedAct::kSiluAndMul: return f(ActAndMulOp<SiluFn>{}, Split{});
-    case GatedAct::kMulAndSilu: return f(MulAndSiluOp{}, Split{});
-    case GatedAct::kGeluAndMul: return f(ActAndMulOp<GeluErfFn>{}, Split{});
-    case GatedAct::kGeluTanhAndMul: return f(ActAndMulOp<GeluTanhFn>{}, Split{});
+    case GatedAct::kSiluAndMul:
+      return f(ActAndMulOp<SiluFn>{}, Split{});
+    case GatedAct::kMulAndSilu:
+      return f(MulAndSiluOp{}, Split{});
+    case GatedAct::kGeluAndMul:
+      return f(ActAndMulOp<GeluErfFn>{}, Split{});
+    case GatedAct::kGeluTanhAndMul:
+      return f(ActAndMulOp<GeluTanhFn>{}, Split{});
     case GatedAct::kFatreluAndMul:
       return f(ActAndMulOp<FatreluFn>{FatreluFn{s.threshold}}, Split{});
-    case GatedAct::kSwigluOaiAndMul: return f(SwigluOaiOp{s.alpha, s.limit}, Interleaved{});
-    default: return cudaErrorInvalidValue;
+    case GatedAct::kSwigluOaiAndMul:
+      return f(SwigluOaiOp{s.alpha, s.limit}, Interleaved{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -659,8 +773,8 @@ cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t
   constexpr int V = kVecWidth<T>;
   // fp64 keeps one vector: its long precise math spilled with two in flight.
   constexpr int kItems = sizeof(T) == 8 ? 1 : LaunchConfig::kUnaryFwdItems;
-  const UnaryFwd<T, Op> f{static_cast<T*>(p.out), static_cast<const T*>(p.input),
-                          p.out_row_stride, p.input_row_stride, op};
+  const UnaryFwd<T, Op> f{static_cast<T*>(p.out), static_cast<const T*>(p.input), p.out_row_stride,
+                          p.input_row_stride, op};
   if (all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, rows, V)) {
     if constexpr (kNarrowWidth<T> > 0) {
@@ -679,8 +793,8 @@ cudaError_t run_unary_fwd(const Op& op, const UnaryActFwdParams& p, cudaStream_t
     }
     return launch<unary_act_fwd_kernel<V, kItems, T, Op>, kItems>(f, space, p.pdl_request, stream);
   }
-  return launch<unary_act_fwd_kernel<1, kItems, T, Op>, kItems>(
-      f, make_space(rows, n, 1), p.pdl_request, stream);
+  return launch<unary_act_fwd_kernel<1, kItems, T, Op>, kItems>(f, make_space(rows, n, 1),
+                                                                p.pdl_request, stream);
 }
 
 template <typename T, typename Op>
@@ -694,22 +808,27 @@ cudaError_t run_unary_bwd(const Op& op, const UnaryActBwdParams& p, cudaStream_t
     rows = 1;
   }
   constexpr int V = kVecWidth<T>;
-  const UnaryBwd<T, Op> f{static_cast<T*>(p.grad_input), static_cast<const T*>(p.grad_out),
-                          static_cast<const T*>(p.input), p.grad_input_row_stride,
-                          p.grad_out_row_stride, p.input_row_stride, op};
+  const UnaryBwd<T, Op> f{static_cast<T*>(p.grad_input),
+                          static_cast<const T*>(p.grad_out),
+                          static_cast<const T*>(p.input),
+                          p.grad_input_row_stride,
+                          p.grad_out_row_stride,
+                          p.input_row_stride,
+                          op};
   if (all_aligned({p.grad_input, p.grad_out, p.input}) &&
       all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride}, rows,
                      V)) {
-    return launch<unary_act_bwd_kernel<V, 1, T, Op>, 1>(
-        f, make_space(rows, n, V), p.pdl_request, stream);
+    return launch<unary_act_bwd_kernel<V, 1, T, Op>, 1>(f, make_space(rows, n, V), p.pdl_request,
+                                                        stream);
   }
-  return launch<unary_act_bwd_kernel<1, 1, T, Op>, 1>(
-      f, make_space(rows, n, 1), p.pdl_request, stream);
+  return launch<unary_act_bwd_kernel<1, 1, T, Op>, 1>(f, make_space(rows, n, 1), p.pdl_request,
+                                                      stream);
 }
 
 // Split layout: the second half of a row starts at d, so d must keep it aligned as well.
 // Interleaved layout: output vector e reads input [2e, 2e + 2V), aligned for any d.
-template <typename T, bool kInterleaved> bool gated_d_ok(int64_t d) {
+template <typename T, bool kInterleaved>
+bool gated_d_ok(int64_t d) {
   return kInterleaved || d % kVecWidth<T> == 0;
 }
 
@@ -718,8 +837,12 @@ cudaError_t run_gated_fwd(const Op& op, const GatedActFwdParams& p, cudaStream_t
   if (p.rows < 0 || p.d < 0) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   constexpr int V = kVecWidth<T>;
-  const GatedFwd<T, Op, kInterleaved> f{static_cast<T*>(p.out), static_cast<const T*>(p.input),
-                                        p.out_row_stride, p.input_row_stride, p.d, op};
+  const GatedFwd<T, Op, kInterleaved> f{static_cast<T*>(p.out),
+                                        static_cast<const T*>(p.input),
+                                        p.out_row_stride,
+                                        p.input_row_stride,
+                                        p.d,
+                                        op};
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.out, p.input}) &&
       all_strides_ok({p.out_row_stride, p.input_row_stride}, p.rows, V)) {
     // 16-byte aligned rows and d are aligned for the narrow vectors as well.
@@ -731,11 +854,11 @@ cudaError_t run_gated_fwd(const Op& op, const GatedActFwdParams& p, cudaStream_t
             f, narrow, p.pdl_request, stream);
       }
     }
-    return launch<gated_act_fwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
-        f, make_space(p.rows, p.d, V), p.pdl_request, stream);
+    return launch<gated_act_fwd_kernel<V, 1, T, Op, kInterleaved>, 1>(f, make_space(p.rows, p.d, V),
+                                                                      p.pdl_request, stream);
   }
-  return launch<gated_act_fwd_kernel<1, 1, T, Op, kInterleaved>, 1>(
-      f, make_space(p.rows, p.d, 1), p.pdl_request, stream);
+  return launch<gated_act_fwd_kernel<1, 1, T, Op, kInterleaved>, 1>(f, make_space(p.rows, p.d, 1),
+                                                                    p.pdl_request, stream);
 }
 
 template <typename T, bool kInterleaved, typename Op>
@@ -743,18 +866,22 @@ cudaError_t run_gated_bwd(const Op& op, const GatedActBwdParams& p, cudaStream_t
   if (p.rows < 0 || p.d < 0) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   constexpr int V = kVecWidth<T>;
-  const GatedBwd<T, Op, kInterleaved> f{
-      static_cast<T*>(p.grad_input), static_cast<const T*>(p.grad_out),
-      static_cast<const T*>(p.input), p.grad_input_row_stride, p.grad_out_row_stride,
-      p.input_row_stride, p.d, op};
+  const GatedBwd<T, Op, kInterleaved> f{static_cast<T*>(p.grad_input),
+                                        static_cast<const T*>(p.grad_out),
+                                        static_cast<const T*>(p.input),
+                                        p.grad_input_row_stride,
+                                        p.grad_out_row_stride,
+                                        p.input_row_stride,
+                                        p.d,
+                                        op};
   if (gated_d_ok<T, kInterleaved>(p.d) && all_aligned({p.grad_input, p.grad_out, p.input}) &&
-      all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride},
-                     p.rows, V)) {
-    return launch<gated_act_bwd_kernel<V, 1, T, Op, kInterleaved>, 1>(
-        f, make_space(p.rows, p.d, V), p.pdl_request, stream);
+      all_strides_ok({p.grad_input_row_stride, p.grad_out_row_stride, p.input_row_stride}, p.rows,
+                     V)) {
+    return launch<gated_act_bwd_kernel<V, 1, T, Op, kInterleaved>, 1>(f, make_space(p.rows, p.d, V),
+                                                                      p.pdl_request, stream);
   }
-  return launch<gated_act_bwd_kernel<1, 1, T, Op, kInterleaved>, 1>(
-      f, make_space(p.rows, p.d, 1), p.pdl_request, stream);
+  return launch<gated_act_bwd_kernel<1, 1, T, Op, kInterleaved>, 1>(f, make_space(p.rows, p.d, 1),
+                                                                    p.pdl_request, stream);
 }
 
 }  // namespace

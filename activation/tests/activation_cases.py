@@ -90,14 +90,26 @@ class OpCase:
         return getattr(kernel._reference, self.name)(x, compute_dtype=compute_dtype, **self.scalars)
 
 
-GATED_NAMES = ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul", "swigluoai_and_mul"]
+GATED_NAMES = [
+    "silu_and_mul",
+    "mul_and_silu",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "fatrelu_and_mul",
+    "swigluoai_and_mul",
+]
 UNARY_NAMES = ["gelu", "gelu_tanh", "silu", "gelu_fast", "gelu_new", "gelu_quick"]
 ALL_NAMES = GATED_NAMES + UNARY_NAMES
 
 # One case per op with default scalars, plus non-default scalars (exact in float32) that move
 # the fatrelu threshold and make the swigluoai clamps active on N(0, 3^2) data.
 DEFAULT_CASES = [
-    OpCase(name, gated=name in GATED_NAMES, interleaved=name == "swigluoai_and_mul", act_second=name == "mul_and_silu")
+    OpCase(
+        name,
+        gated=name in GATED_NAMES,
+        interleaved=name == "swigluoai_and_mul",
+        act_second=name == "mul_and_silu",
+    )
     for name in ALL_NAMES
 ]
 EXTRA_CASES = [
@@ -142,7 +154,9 @@ def magnitude(case: OpCase, x: torch.Tensor, grad_out: torch.Tensor = None) -> t
     return torch.cat([m, m], dim=-1)
 
 
-def assert_within_bound(actual: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, what: str = "") -> None:
+def assert_within_bound(
+    actual: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, what: str = ""
+) -> None:
     """|actual - ref| <= half_ulp * |ref| + compute * mag + floor, elementwise (TOLERANCES)."""
     half_ulp, compute, floor = TOLERANCES[actual.dtype]
     assert actual.shape == ref.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(ref.shape)}"

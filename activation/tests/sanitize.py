@@ -9,13 +9,19 @@ row or tensor is reported by memcheck. Not collected by pytest (no test_ prefix)
 
 from pathlib import Path
 
-import torch
-
 import kernels
+import torch
 
 KERNEL = kernels.get_local_kernel(Path(__file__).resolve().parent.parent / "build", backend="cuda")
 
-GATED = ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul", "swigluoai_and_mul"]
+GATED = [
+    "silu_and_mul",
+    "mul_and_silu",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "fatrelu_and_mul",
+    "swigluoai_and_mul",
+]
 UNARY = ["silu", "gelu", "gelu_tanh", "gelu_fast", "gelu_new", "gelu_quick"]
 
 

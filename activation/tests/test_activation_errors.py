@@ -7,7 +7,6 @@ interleaved views that share no element run.
 
 import pytest
 import torch
-
 from activation_cases import make_input
 
 

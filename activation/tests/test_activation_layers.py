@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
-
 from activation_cases import OpCase, assert_within_bound, magnitude, make_input
+from kernels import (
+    LocalLayerRepository,
+    Mode,
+    kernelize,
+    use_kernel_forward_from_hub,
+    use_kernel_mapping,
+)
 
 # layer name -> (op case, host-module attributes the layer reads)
 LAYERS = {
@@ -22,9 +27,14 @@ LAYERS = {
     "MulAndSilu": (OpCase("mul_and_silu", gated=True, act_second=True), {}),
     "GeluAndMul": (OpCase("gelu_and_mul", gated=True), {}),
     "GeluTanhAndMul": (OpCase("gelu_tanh_and_mul", gated=True), {}),
-    "FatreluAndMul": (OpCase("fatrelu_and_mul", gated=True, scalars={"threshold": 0.5}), {"threshold": 0.5}),
+    "FatreluAndMul": (
+        OpCase("fatrelu_and_mul", gated=True, scalars={"threshold": 0.5}),
+        {"threshold": 0.5},
+    ),
     "SwigluOAIAndMul": (
-        OpCase("swigluoai_and_mul", gated=True, interleaved=True, scalars={"alpha": 1.0, "limit": 1.5}),
+        OpCase(
+            "swigluoai_and_mul", gated=True, interleaved=True, scalars={"alpha": 1.0, "limit": 1.5}
+        ),
         {"alpha": 1.0, "limit": 1.5},
     ),
     "Silu": (OpCase("silu", gated=False), {}),
@@ -65,7 +75,11 @@ def _mapping(kernel, layer_name, device, modes):
 
 def _is_kernel_forward(module, layer_name):
     fn = getattr(module.forward, "__func__", None)
-    return fn is not None and fn.__qualname__ == f"{layer_name}.forward" and fn.__module__.endswith(".layers")
+    return (
+        fn is not None
+        and fn.__qualname__ == f"{layer_name}.forward"
+        and fn.__module__.endswith(".layers")
+    )
 
 
 @pytest.mark.kernels_ci
@@ -80,7 +94,9 @@ def test_layer_flags(kernel, layer_name):
 def test_kernelize_inference(kernel, device, layer_name):
     model, case = _model(kernel, layer_name, device)
     model.eval()
-    with use_kernel_mapping(_mapping(kernel, layer_name, device, [Mode.INFERENCE]), inherit_mapping=False):
+    with use_kernel_mapping(
+        _mapping(kernel, layer_name, device, [Mode.INFERENCE]), inherit_mapping=False
+    ):
         kernelize(model, mode=Mode.INFERENCE, device=device, use_fallback=False)
     assert _is_kernel_forward(model[1], layer_name)
     x = make_input((7, 16), torch.float32, device)
@@ -112,7 +128,13 @@ def test_kernelize_training(kernel, device, layer_name, compile_):
     # The gradient the layer hands back to the Linear, vs float64 autograd of the reference.
     h64 = hidden.detach().double().requires_grad_()
     (ref,) = torch.autograd.grad(case.reference(kernel, h64), h64, grad_out.double())
-    assert_within_bound(hidden.grad, ref, magnitude(case, hidden.detach(), grad_out), f"{layer_name} grad")
-    assert_within_bound(out, case.reference(kernel, hidden.detach()), magnitude(case, hidden.detach()), layer_name)
+    assert_within_bound(
+        hidden.grad, ref, magnitude(case, hidden.detach(), grad_out), f"{layer_name} grad"
+    )
+    assert_within_bound(
+        out, case.reference(kernel, hidden.detach()), magnitude(case, hidden.detach()), layer_name
+    )
     for name, p in linear.named_parameters():
-        assert p.grad is not None and bool(p.grad.isfinite().all()), f"{layer_name}: no gradient for {name}"
+        assert p.grad is not None and bool(p.grad.isfinite().all()), (
+            f"{layer_name}: no gradient for {name}"
+        )

@@ -8,7 +8,6 @@ since both run the same opaque kernels.
 
 import pytest
 import torch
-
 from activation_cases import CASE_IDS, CASES, DEFAULT_CASE_IDS, DEFAULT_CASES, make_input
 
 
@@ -24,17 +23,22 @@ def test_opcheck_out_ops(kernel, device, case):
     torch.library.opcheck(getattr(kernel.ops, case.name).default, (out, x, *_scalars(case)))
     grad_out = make_input(out.shape, torch.float32, device, scale=1.0, seed=1)
     grad_input = torch.empty_like(x)
-    torch.library.opcheck(getattr(kernel.ops, case.name + "_bwd").default, (grad_input, grad_out, x, *_scalars(case)))
+    torch.library.opcheck(
+        getattr(kernel.ops, case.name + "_bwd").default, (grad_input, grad_out, x, *_scalars(case))
+    )
 
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_opcheck_functional_ops(kernel, device, case):
     x = make_input(case.input_shape((3, 2), 9), torch.float32, device).requires_grad_()
-    torch.library.opcheck(getattr(kernel.ops, case.name + "_functional").default, (x, *_scalars(case)))
+    torch.library.opcheck(
+        getattr(kernel.ops, case.name + "_functional").default, (x, *_scalars(case))
+    )
     grad_out = make_input(case.out_shape(x.shape), torch.float32, device, scale=1.0, seed=1)
     torch.library.opcheck(
-        getattr(kernel.ops, case.name + "_bwd_functional").default, (grad_out, x.detach(), *_scalars(case))
+        getattr(kernel.ops, case.name + "_bwd_functional").default,
+        (grad_out, x.detach(), *_scalars(case)),
     )
 
 
@@ -74,7 +78,9 @@ def test_no_recompile_across_batch_sizes(kernel, device, case):
     compiled = torch.compile(lambda x: case.call(kernel, x), fullgraph=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for tokens in (5, 9, 33):
-            x = make_input(case.input_shape((tokens,), 12), torch.float32, device, seed=tokens).requires_grad_()
+            x = make_input(
+                case.input_shape((tokens,), 12), torch.float32, device, seed=tokens
+            ).requires_grad_()
             torch._dynamo.mark_dynamic(x, 0)
             y = compiled(x)
             (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
@@ -92,12 +98,21 @@ def test_fake_kernels_validate(kernel, device):
 
     with FakeTensorMode():
         x = torch.empty(4, 7, device=device)
-        with pytest.raises(RuntimeError, match=r"silu_and_mul: input last dimension must be even \(2 \* d\), got 7"):
+        with pytest.raises(
+            RuntimeError, match=r"silu_and_mul: input last dimension must be even \(2 \* d\), got 7"
+        ):
             kernel.silu_and_mul(x)
-        with pytest.raises(RuntimeError, match=r"gelu: out must have shape \[4, 7\] \(the input shape\), got \[4, 3\]"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"gelu: out must have shape \[4, 7\] \(the input shape\), got \[4, 3\]",
+        ):
             kernel.gelu(torch.empty(4, 3, device=device), x)
-        with pytest.raises(RuntimeError, match=r"silu_and_mul_bwd: grad_out must have shape \[4, 4\]"):
-            kernel.ops.silu_and_mul_bwd_functional(torch.empty(4, 3, device=device), torch.empty(4, 8, device=device))
+        with pytest.raises(
+            RuntimeError, match=r"silu_and_mul_bwd: grad_out must have shape \[4, 4\]"
+        ):
+            kernel.ops.silu_and_mul_bwd_functional(
+                torch.empty(4, 3, device=device), torch.empty(4, 8, device=device)
+            )
         y = kernel.silu_and_mul(torch.empty(4, 10, device=device))
         assert y.shape == (4, 5)
 
@@ -113,14 +128,18 @@ def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
     torch.library.opcheck(kernel.ops.silu_and_mul.default, (out, x, enable_pdl))
     torch.library.opcheck(kernel.ops.fatrelu_and_mul.default, (out, x, 0.5, enable_pdl))
     grad_out = make_input((3, 2, 9), torch.float32, device, scale=1.0, seed=1)
-    torch.library.opcheck(kernel.ops.silu_and_mul_bwd.default, (torch.empty_like(x), grad_out, x, enable_pdl))
+    torch.library.opcheck(
+        kernel.ops.silu_and_mul_bwd.default, (torch.empty_like(x), grad_out, x, enable_pdl)
+    )
     xg = x.clone().requires_grad_()
     torch.library.opcheck(kernel.ops.silu_and_mul_functional.default, (xg, enable_pdl))
     torch.library.opcheck(kernel.ops.silu_and_mul_bwd_functional.default, (grad_out, x, enable_pdl))
 
     expected = kernel.silu_and_mul(x)
     assert torch.equal(kernel.silu_and_mul(x, enable_pdl=enable_pdl), expected)
-    assert torch.equal(kernel.silu_and_mul(torch.empty_like(expected), x, enable_pdl=enable_pdl), expected)
+    assert torch.equal(
+        kernel.silu_and_mul(torch.empty_like(expected), x, enable_pdl=enable_pdl), expected
+    )
     assert torch.equal(kernel.gelu(x, enable_pdl=enable_pdl), kernel.gelu(x))
     y = kernel.silu_and_mul(xg, enable_pdl=enable_pdl)
     (g,) = torch.autograd.grad(y, xg, grad_out)

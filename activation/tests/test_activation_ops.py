@@ -7,7 +7,6 @@ with NaN, so an element the kernel does not write fails the bound.
 
 import pytest
 import torch
-
 from activation_cases import (
     ALL_NAMES,
     CASE_IDS,
@@ -113,14 +112,18 @@ def test_forward_narrow_vector_boundary(kernel, device, case, dtype):
         x = make_input(case.input_shape((rows,), width), dtype, device)
         out = _nan_like_shape(case.out_shape(x.shape), dtype, device)
         case.call(kernel, out, x)
-        assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} {rows}x{width}")
+        assert_within_bound(
+            out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} {rows}x{width}"
+        )
     in_width = case.input_shape((), 1000 if case.gated else 1001)[-1]
     x = make_input((3, in_width + (-in_width) % 8 + 8), dtype, device)[:, :in_width]  # aligned rows
     out_width = case.out_shape((in_width,))[-1]
     out_buf = _nan_like_shape((3, out_width + (-out_width) % 8 + 8), dtype, device)
     out = out_buf[:, :out_width]
     case.call(kernel, out, x)
-    assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} strided rows")
+    assert_within_bound(
+        out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} strided rows"
+    )
     assert out_buf[:, out_width:].isnan().all()
 
 
@@ -175,7 +178,9 @@ def test_forward_ci(kernel, device, case, dtype):
 def test_special_values(kernel, device, case, dtype):
     # Signed zeros, tiny values, the swigluoai limit, and magnitudes where exp/tanh/erf saturate
     # (exp(90) overflows fp32): no NaN or inf where the reference is finite.
-    values = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 30.0, -30.0, 90.0, -90.0, 7.0, -7.0], dtype=torch.float32)
+    values = torch.tensor(
+        [0.0, -0.0, 1e-3, -1e-3, 30.0, -30.0, 90.0, -90.0, 7.0, -7.0], dtype=torch.float32
+    )
     x = values.repeat(2 if case.gated else 1).to(device=device, dtype=dtype)
     out = _nan_like_shape(case.out_shape(x.shape), dtype, device)
     case.call(kernel, out, x)
@@ -225,14 +230,18 @@ def test_strided_views(kernel, device, case, dtype):
     out_buf = _nan_like_shape(leading + (out_width + 5,), dtype, device)
     x, out = x_buf[..., 3 : 3 + in_width], out_buf[..., 2 : 2 + out_width]
     case.call(kernel, out, x)
-    assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} column slice")
+    assert_within_bound(
+        out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {dtype} column slice"
+    )
     assert out_buf[..., :2].isnan().all() and out_buf[..., 2 + out_width :].isnan().all()
 
     x_rows = make_input((10, in_width), dtype, device, seed=2)[::2]
     out_buf = _nan_like_shape((10, out_width), dtype, device)
     out = out_buf[1::2]
     case.call(kernel, out, x_rows)
-    assert_within_bound(out, case.reference(kernel, x_rows), magnitude(case, x_rows), f"{case.id} {dtype} rows")
+    assert_within_bound(
+        out, case.reference(kernel, x_rows), magnitude(case, x_rows), f"{case.id} {dtype} rows"
+    )
     assert out_buf[0::2].isnan().all()
 
 
@@ -268,7 +277,12 @@ def test_non_collapsible_inputs(kernel, device, case, dtype):
         out = _nan_like_shape(case.out_shape(x.shape), dtype, device)
         case.call(kernel, out, x)
         assert_within_bound(out, case.reference(kernel, x), magnitude(case, x), f"{case.id} {what}")
-        grad_out = make_input(out.shape, dtype, device, scale=1.0, seed=1).transpose(0, -1).contiguous().transpose(0, -1)
+        grad_out = (
+            make_input(out.shape, dtype, device, scale=1.0, seed=1)
+            .transpose(0, -1)
+            .contiguous()
+            .transpose(0, -1)
+        )
         grad_input = _nan_like_shape(x.shape, dtype, device)
         case.call_op(kernel, "_bwd", grad_input, grad_out, x)
         ref = _reference_grad(case, kernel, x, grad_out)
@@ -297,7 +311,12 @@ def test_zero_dim_unary(kernel, device, name):
     ref = case.reference(kernel, x.detach())
     assert_within_bound(y, ref, magnitude(case, x.detach()), name)
     (grad,) = torch.autograd.grad(y, x)
-    assert_within_bound(grad, _reference_grad(case, kernel, x, torch.ones_like(y)), magnitude(case, x.detach(), torch.ones_like(y)), name)
+    assert_within_bound(
+        grad,
+        _reference_grad(case, kernel, x, torch.ones_like(y)),
+        magnitude(case, x.detach(), torch.ones_like(y)),
+        name,
+    )
 
 
 @pytest.mark.parametrize("shape", [(300, 2 * 1031), (1, 2 * 100003), (4099, 2 * 3)], ids=str)
@@ -353,7 +372,9 @@ def test_calling_conventions(kernel, device):
     kernel.ops.fatrelu_and_mul(out2, x)
     torch.testing.assert_close(kernel.fatrelu_and_mul(x), out2, rtol=0, atol=0)
     kernel.swigluoai_and_mul(out, x, 1.0, 1.5)
-    torch.testing.assert_close(kernel.swigluoai_and_mul(x, alpha=1.0, limit=1.5), out, rtol=0, atol=0)
+    torch.testing.assert_close(
+        kernel.swigluoai_and_mul(x, alpha=1.0, limit=1.5), out, rtol=0, atol=0
+    )
     kernel.ops.swigluoai_and_mul(out2, x)
     torch.testing.assert_close(kernel.swigluoai_and_mul(x), out2, rtol=0, atol=0)
 
@@ -373,16 +394,22 @@ def test_bad_inputs(kernel, device):
     x = make_input((5, 8), torch.float32, device)
     out = torch.empty(5, 4, device=device)
     with _raises(r"silu_and_mul: input last dimension must be even \(2 \* d\), got 7"):
-        kernel.silu_and_mul(torch.empty(5, 3, device=device), make_input((5, 7), torch.float32, device))
+        kernel.silu_and_mul(
+            torch.empty(5, 3, device=device), make_input((5, 7), torch.float32, device)
+        )
     with _raises(r"silu_and_mul: input last dimension must be even \(2 \* d\), got 7"):
         kernel.silu_and_mul(make_input((5, 7), torch.float32, device))
     with _raises(r"gelu_and_mul: input must have at least one dimension"):
         kernel.gelu_and_mul(torch.empty((), device=device), torch.tensor(1.0, device=device))
-    with _raises(r"silu_and_mul: out must have shape \[5, 4\] \(the input shape with the last dimension halved\), got \[5, 3\]"):
+    with _raises(
+        r"silu_and_mul: out must have shape \[5, 4\] \(the input shape with the last dimension halved\), got \[5, 3\]"
+    ):
         kernel.silu_and_mul(torch.empty(5, 3, device=device), x)
     with _raises(r"gelu: out must have shape \[5, 8\] \(the input shape\), got \[5, 4\]"):
         kernel.gelu(out, x)
-    with _raises(r"silu_and_mul: out must have the dtype of input \(expected float32, got float16\)"):
+    with _raises(
+        r"silu_and_mul: out must have the dtype of input \(expected float32, got float16\)"
+    ):
         kernel.silu_and_mul(out.half(), x)
     with _raises(r"silu_and_mul: input must be float32, float16, bfloat16 or float64, got int32"):
         kernel.silu_and_mul(out.int(), x.int())
@@ -391,7 +418,10 @@ def test_bad_inputs(kernel, device):
     with _raises(r"silu: out must have stride 1 along its last dimension, got strides \[1, 5\]"):
         kernel.silu(torch.empty(8, 5, device=device).t(), x)
     with _raises(r"silu: out must have leading dimensions that collapse into one row stride"):
-        kernel.silu(torch.empty(3, 2, 8, device=device).transpose(0, 1), make_input((2, 3, 8), torch.float32, device))
+        kernel.silu(
+            torch.empty(3, 2, 8, device=device).transpose(0, 1),
+            make_input((2, 3, 8), torch.float32, device),
+        )
     with _raises(r"silu: out rows must not overlap \(expected a row stride >= 8, got 0\)"):
         kernel.silu(torch.empty(1, 8, device=device).expand(5, 8), x)
     with _raises(r"silu: out must not share memory with input"):
@@ -401,11 +431,17 @@ def test_bad_inputs(kernel, device):
 
     # Backward ops name their arguments too.
     grad_in = torch.empty(5, 8, device=device)
-    with _raises(r"silu_and_mul_bwd: grad_out must have shape \[5, 4\] \(the input shape with the last dimension halved\), got \[5, 8\]"):
+    with _raises(
+        r"silu_and_mul_bwd: grad_out must have shape \[5, 4\] \(the input shape with the last dimension halved\), got \[5, 8\]"
+    ):
         kernel.ops.silu_and_mul_bwd(grad_in, x, x.clone())
-    with _raises(r"silu_and_mul_bwd: grad_input must have shape \[5, 8\] \(the input shape\), got \[5, 4\]"):
+    with _raises(
+        r"silu_and_mul_bwd: grad_input must have shape \[5, 8\] \(the input shape\), got \[5, 4\]"
+    ):
         kernel.ops.silu_and_mul_bwd(out.clone(), out, x)
-    with _raises(r"gelu_bwd: grad_out must have the dtype of input \(expected float32, got float64\)"):
+    with _raises(
+        r"gelu_bwd: grad_out must have the dtype of input \(expected float32, got float64\)"
+    ):
         kernel.ops.gelu_bwd(grad_in, x.double(), x)
 
 

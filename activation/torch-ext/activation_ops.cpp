@@ -274,26 +274,25 @@ GatedActScalars swigluoai_scalars(double alpha, double limit) {
 // ---- the ops of torch_binding.h ----
 
 // Gated ops without scalar parameters: `name` and `name_bwd`.
-#define ACTIVATION_GATED_OP(name, act)                                                  \
-  void name(at::Tensor& out, const at::Tensor& input, std::optional<bool> enable_pdl) {  \
-    gated_fwd(#name, GatedAct::act, out, input, GatedActScalars{},                      \
-              pdl::request_of(enable_pdl));                                             \
-  }                                                                                     \
-  void name##_bwd(at::Tensor& grad_input, const at::Tensor& grad_out,                   \
-                  const at::Tensor& input, std::optional<bool> enable_pdl) {            \
-    gated_bwd(#name "_bwd", GatedAct::act, grad_input, grad_out, input,                 \
-              GatedActScalars{}, pdl::request_of(enable_pdl));                          \
+#define ACTIVATION_GATED_OP(name, act)                                                           \
+  void name(at::Tensor& out, const at::Tensor& input, std::optional<bool> enable_pdl) {          \
+    gated_fwd(#name, GatedAct::act, out, input, GatedActScalars{}, pdl::request_of(enable_pdl)); \
+  }                                                                                              \
+  void name##_bwd(at::Tensor& grad_input, const at::Tensor& grad_out, const at::Tensor& input,   \
+                  std::optional<bool> enable_pdl) {                                              \
+    gated_bwd(#name "_bwd", GatedAct::act, grad_input, grad_out, input, GatedActScalars{},       \
+              pdl::request_of(enable_pdl));                                                      \
   }
 
 // Unary ops: `name` and `name_bwd`.
-#define ACTIVATION_UNARY_OP(name, act)                                                  \
-  void name(at::Tensor& out, const at::Tensor& input, std::optional<bool> enable_pdl) {  \
-    unary_fwd(#name, UnaryAct::act, out, input, pdl::request_of(enable_pdl));           \
-  }                                                                                     \
-  void name##_bwd(at::Tensor& grad_input, const at::Tensor& grad_out,                   \
-                  const at::Tensor& input, std::optional<bool> enable_pdl) {            \
-    unary_bwd(#name "_bwd", UnaryAct::act, grad_input, grad_out, input,                 \
-              pdl::request_of(enable_pdl));                                             \
+#define ACTIVATION_UNARY_OP(name, act)                                                         \
+  void name(at::Tensor& out, const at::Tensor& input, std::optional<bool> enable_pdl) {        \
+    unary_fwd(#name, UnaryAct::act, out, input, pdl::request_of(enable_pdl));                  \
+  }                                                                                            \
+  void name##_bwd(at::Tensor& grad_input, const at::Tensor& grad_out, const at::Tensor& input, \
+                  std::optional<bool> enable_pdl) {                                            \
+    unary_bwd(#name "_bwd", UnaryAct::act, grad_input, grad_out, input,                        \
+              pdl::request_of(enable_pdl));                                                    \
   }
 
 ACTIVATION_GATED_OP(silu_and_mul, kSiluAndMul)

@@ -21,11 +21,11 @@
 // `name_bwd(Tensor! grad_input, Tensor grad_out, Tensor input<scalars>, bool? enable_pdl=None)
 // -> ()`, with impls. enable_pdl: programmatic dependent launch on CUDA (None: the kernel's
 // default, off; True: on where the device supports it; False: off; ignored on CPU).
-#define ACTIVATION_OP_PAIR(name, scalars)                                                  \
-  ops.def(#name "(Tensor! out, Tensor input" scalars ", bool? enable_pdl=None) -> ()");   \
-  ACTIVATION_IMPL(name);                                                                   \
-  ops.def(#name "_bwd(Tensor! grad_input, Tensor grad_out, Tensor input" scalars           \
-                ", bool? enable_pdl=None) -> ()");                                         \
+#define ACTIVATION_OP_PAIR(name, scalars)                                               \
+  ops.def(#name "(Tensor! out, Tensor input" scalars ", bool? enable_pdl=None) -> ()"); \
+  ACTIVATION_IMPL(name);                                                                \
+  ops.def(#name "_bwd(Tensor! grad_input, Tensor grad_out, Tensor input" scalars        \
+                ", bool? enable_pdl=None) -> ()");                                      \
   ACTIVATION_IMPL(name##_bwd)
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {

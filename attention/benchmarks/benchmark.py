@@ -21,7 +21,6 @@ PyTorch's SDPA backends in the same run.
 """
 
 import torch
-
 from kernels.benchmark import Benchmark
 
 DTYPE = torch.bfloat16
@@ -52,7 +51,9 @@ class PrefillBenchmark(Benchmark):
         self.out = self.kernel.flash_attn_func(self.q, self.k, self.v, causal=True)
 
     def _verify_dense(self):
-        return torch.stack([_reference(self, self.q[b], self.k[b], self.v[b]) for b in range(self.q.shape[0])]).to(DTYPE)
+        return torch.stack(
+            [_reference(self, self.q[b], self.k[b], self.v[b]) for b in range(self.q.shape[0])]
+        ).to(DTYPE)
 
     # Llama-3-8B: 32 / 8 heads, head_dim 128, one 4K prompt
     def setup_llama3_8b_4k(self):
@@ -81,7 +82,9 @@ class PrefillBenchmark(Benchmark):
         total = sum(lens)
         _qkv(self, 1, total, total, 32, 8, 128)
         self.q, self.k, self.v = self.q[0], self.k[0], self.v[0]
-        self.cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=self.device)
+        self.cu = torch.tensor(
+            [0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=self.device
+        )
         self.out = None
 
     def benchmark_llama3_8b_varlen(self):
@@ -90,8 +93,12 @@ class PrefillBenchmark(Benchmark):
         )
 
     def verify_llama3_8b_varlen(self):
-        parts = [_reference(self, q, k, v)
-                 for q, k, v in zip(self.q.split(self.lens), self.k.split(self.lens), self.v.split(self.lens))]
+        parts = [
+            _reference(self, q, k, v)
+            for q, k, v in zip(
+                self.q.split(self.lens), self.k.split(self.lens), self.v.split(self.lens)
+            )
+        ]
         return torch.cat(parts).to(DTYPE)
 
 
@@ -125,12 +132,19 @@ class DecodeBenchmark(Benchmark):
 
     def _run(self):
         self.out = self.kernel.flash_attn_with_kvcache(
-            self.q, self.k_cache, self.v_cache, cache_seqlens=self.seqlens, block_table=self.table, causal=True
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            cache_seqlens=self.seqlens,
+            block_table=self.table,
+            causal=True,
         )
 
     def _verify(self):
-        outs = [_reference(self, self.q[b], self.k_logical[b, :n], self.v_logical[b, :n])
-                for b, n in enumerate(self.lens)]
+        outs = [
+            _reference(self, self.q[b], self.k_logical[b, :n], self.v_logical[b, :n])
+            for b, n in enumerate(self.lens)
+        ]
         return torch.stack(outs).to(DTYPE)
 
     def setup_llama3_8b_contiguous(self):

@@ -46,8 +46,9 @@ import torch.nn.functional as F  # noqa: E402
 KERNEL_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(KERNEL_DIR.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
 from benchmark import V_SCALE  # noqa: E402
+
+import benchlib  # noqa: E402
 
 DEVICE = "cuda"
 PREFILL_TOKENS = 16384
@@ -114,27 +115,42 @@ def _prefill(s, d, causal):
 
 
 def _decode(b, kv, layout):
-    return Case("decode", "bfloat16", b, kv, DECODE_HEAD_DIM, DECODE_HEADS, DECODE_KV_HEADS, True, layout)
+    return Case(
+        "decode", "bfloat16", b, kv, DECODE_HEAD_DIM, DECODE_HEADS, DECODE_KV_HEADS, True, layout
+    )
 
 
 def cases(quick: bool) -> list[Case]:
     """Every case, in priority order: the README's rows (prefill head_dim 128, decode batch 1 / 64 at
     4K / 32K and batch 8 at 4K, contiguous and paged 16), then the rest of the grid. A time-budget cut removes the end."""
     if quick:
-        return ([_prefill(s, HEADLINE_HEAD_DIM, True) for s in (2048, 16384)]
-                + [_decode(b, 32768, lay) for b in (1, 64) for lay in HEADLINE_LAYOUTS])
+        return [_prefill(s, HEADLINE_HEAD_DIM, True) for s in (2048, 16384)] + [
+            _decode(b, 32768, lay) for b in (1, 64) for lay in HEADLINE_LAYOUTS
+        ]
     ordered = [_prefill(s, HEADLINE_HEAD_DIM, c) for c in (True, False) for s in PREFILL_SEQLENS]
     ordered += [_decode(b, kv, lay) for b, kv in HEADLINE_DECODE for lay in HEADLINE_LAYOUTS]
-    ordered += [_prefill(s, d, c) for d in PREFILL_HEAD_DIMS if d != HEADLINE_HEAD_DIM
-                for c in (True, False) for s in PREFILL_SEQLENS]
-    ordered += [_decode(b, kv, lay) for b in DECODE_BATCH for kv in DECODE_KV for lay in LAYOUTS
-                if not ((b, kv) in HEADLINE_DECODE and lay in HEADLINE_LAYOUTS)]
+    ordered += [
+        _prefill(s, d, c)
+        for d in PREFILL_HEAD_DIMS
+        if d != HEADLINE_HEAD_DIM
+        for c in (True, False)
+        for s in PREFILL_SEQLENS
+    ]
+    ordered += [
+        _decode(b, kv, lay)
+        for b in DECODE_BATCH
+        for kv in DECODE_KV
+        for lay in LAYOUTS
+        if not ((b, kv) in HEADLINE_DECODE and lay in HEADLINE_LAYOUTS)
+    ]
     return ordered
 
 
 def flops(case: Case) -> int:
     if case.op != "prefill":
-        return 4 * case.batch * case.heads_q * case.seqlen * case.head_dim  # one query row per sequence
+        return (
+            4 * case.batch * case.heads_q * case.seqlen * case.head_dim
+        )  # one query row per sequence
     f = 4 * case.batch * case.heads_q * case.seqlen * case.seqlen * case.head_dim
     return f // 2 if case.causal else f
 
@@ -154,7 +170,7 @@ def reference_rows(q, k, v, rows, causal):
     qs = q[rows].float()  # [R, H, D]
     kf = k.float().repeat_interleave(group, dim=1)
     vf = v.float().repeat_interleave(group, dim=1)
-    s = torch.einsum("rhd,jhd->hrj", qs, kf) * d ** -0.5
+    s = torch.einsum("rhd,jhd->hrj", qs, kf) * d**-0.5
     if causal:
         j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > rows[:, None] + sk - sq, float("-inf"))
@@ -163,8 +179,14 @@ def reference_rows(q, k, v, rows, causal):
 
 def verify(label, ours, flash, q, k, v, causal):
     """ours / flash: [S_q, H, D] outputs of one sequence (flash may be None)."""
-    rows = torch.unique(torch.cat([torch.arange(min(SAMPLE_ROWS // 2, q.shape[0]), device=q.device),
-                                   torch.randint(0, q.shape[0], (SAMPLE_ROWS // 2,), device=q.device)]))
+    rows = torch.unique(
+        torch.cat(
+            [
+                torch.arange(min(SAMPLE_ROWS // 2, q.shape[0]), device=q.device),
+                torch.randint(0, q.shape[0], (SAMPLE_ROWS // 2,), device=q.device),
+            ]
+        )
+    )
     ref = reference_rows(q, k, v, rows, causal)
     err = (ours[rows].float() - ref).abs().max().item()
     vmax = v.float().abs().max().item()
@@ -174,7 +196,9 @@ def verify(label, ours, flash, q, k, v, causal):
     else:
         bound = 2.0**-7 * vmax
     if not err <= bound:
-        raise SystemExit(f"verification failed for {label}: max error {err:.3g} > bound {bound:.3g}")
+        raise SystemExit(
+            f"verification failed for {label}: max error {err:.3g} > bound {bound:.3g}"
+        )
 
 
 # ---- contenders ----
@@ -183,8 +207,11 @@ def verify(label, ours, flash, q, k, v, causal):
 def sdpa(backend_name: str, q, k, v, causal, gqa):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+    backend = {
+        "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }[backend_name]
 
     def call():
         with sdpa_kernel([backend]):
@@ -238,7 +265,9 @@ def run_prefill(kernel, case: Case) -> dict:
     if errors:
         result["unsupported"] = errors
     if case.seqlen == PREFILL_TOKENS:
-        result["peak_mib"] = {name: (_peak_mib(fn) if us[name] is not None else None) for name, fn in calls.items()}
+        result["peak_mib"] = {
+            name: (_peak_mib(fn) if us[name] is not None else None) for name, fn in calls.items()
+        }
     return result
 
 
@@ -286,7 +315,9 @@ def run_decode(kernel, case: Case) -> dict:
                 group = case.heads_q // case.heads_kv
                 expanded = 2 * group * kt.numel() * kt.element_size()
                 if expanded > 0.4 * torch.cuda.mem_get_info()[0]:
-                    modes[name] = f"unsupported: {err}; K/V expanded to {case.heads_q} heads would not fit"
+                    modes[name] = (
+                        f"unsupported: {err}; K/V expanded to {case.heads_q} heads would not fit"
+                    )
                 else:
                     ke, ve = kt.repeat_interleave(group, dim=1), vt.repeat_interleave(group, dim=1)
                     t, err = _timed(sdpa(name, qt, ke, ve, False, False))
@@ -304,26 +335,40 @@ def run_case(kernel, case: Case, copy_gbs: float) -> dict:
     result = (run_prefill if case.op == "prefill" else run_decode)(kernel, case)
     us = result.pop("us")
     f, nbytes = flops(case), kv_bytes(case)
-    r = {**asdict(case), "flops": f, "bytes": nbytes, "us": us,
-         "tflops": {k: (f / (t * 1e-6) / 1e12 if t else None) for k, t in us.items()},
-         "gbs": {k: (nbytes / (t * 1e-6) / 1e9 if t else None) for k, t in us.items()}, **result}
+    r = {
+        **asdict(case),
+        "flops": f,
+        "bytes": nbytes,
+        "us": us,
+        "tflops": {k: (f / (t * 1e-6) / 1e12 if t else None) for k, t in us.items()},
+        "gbs": {k: (nbytes / (t * 1e-6) / 1e9 if t else None) for k, t in us.items()},
+        **result,
+    }
     for name in BASELINES:
         r[f"speedup_vs_{name}"] = us[name] / us["ours"] if us.get(name) and us.get("ours") else None
-    r["copy_fraction"] = r["gbs"]["ours"] / copy_gbs if case.op == "decode" and r["gbs"]["ours"] else None
+    r["copy_fraction"] = (
+        r["gbs"]["ours"] / copy_gbs if case.op == "decode" and r["gbs"]["ours"] else None
+    )
     return r
 
 
 def _summary(r: dict) -> str:
     us = r["us"]["ours"]
-    rate = f"{r['tflops']['ours']:7.1f} TFLOP/s" if r["op"] == "prefill" else (
-        f"{r['gbs']['ours']:6.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)")
-    vs = "  ".join(f"{n} x{r[f'speedup_vs_{n}']:.2f}" if r[f"speedup_vs_{n}"] else f"{n} -" for n in BASELINES)
+    rate = (
+        f"{r['tflops']['ours']:7.1f} TFLOP/s"
+        if r["op"] == "prefill"
+        else (f"{r['gbs']['ours']:6.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)")
+    )
+    vs = "  ".join(
+        f"{n} x{r[f'speedup_vs_{n}']:.2f}" if r[f"speedup_vs_{n}"] else f"{n} -" for n in BASELINES
+    )
     return f"{Case(**{k: r[k] for k in Case.__dataclass_fields__}).label:48s} {us:10.1f} us {rate}  {vs}"
 
 
 def parse_args(argv=None):
-    parser = benchlib.sweep_arguments(__doc__.split("\n\n")[0], "prefill D128 at 2K / 16K, decode B1 / B64 at 32K",
-                                      BUDGET_S)
+    parser = benchlib.sweep_arguments(
+        __doc__.split("\n\n")[0], "prefill D128 at 2K / 16K, decode B1 / B64 at 32K", BUDGET_S
+    )
     return parser.parse_args(argv)
 
 
@@ -333,7 +378,9 @@ def main():
     # scripts/bench_table.py shows a "% of copy" wherever one is set), the payload has no l2_bytes,
     # and the caching allocator is emptied after each case.
     args = parse_args()
-    budget = args.budget_s if args.budget_s is not None else BUDGET_S["quick" if args.quick else "full"]
+    budget = (
+        args.budget_s if args.budget_s is not None else BUDGET_S["quick" if args.quick else "full"]
+    )
     kernel = benchlib.load_built_kernel(KERNEL_DIR)
     env = benchlib.environment(kernel)
     copy_gbs = benchlib.copy_bandwidth_gbs()
@@ -359,12 +406,26 @@ def main():
         results.append(r)
         print(f"[{elapsed:5.0f} s] " + _summary(r), flush=True)
     if skipped:
-        print(f"time budget of {budget:.0f} s reached: {len(skipped)} of {len(todo)} cases skipped "
-              f"(listed in the result file; --budget-s 0 runs them all)", flush=True)
+        print(
+            f"time budget of {budget:.0f} s reached: {len(skipped)} of {len(todo)} cases skipped "
+            f"(listed in the result file; --budget-s 0 runs them all)",
+            flush=True,
+        )
     # Recomputes copy_fraction against the best ceiling on the rows given: the decode rows only.
-    copy_gbs = benchlib.final_copy_ceiling([r for r in results if r["op"] == "decode" and r["gbs"]["ours"]], copy_gbs)
+    copy_gbs = benchlib.final_copy_ceiling(
+        [r for r in results if r["op"] == "decode" and r["gbs"]["ours"]], copy_gbs
+    )
     order = {"prefill": 0, "decode": 1}
-    results.sort(key=lambda r: (order[r["op"]], r["head_dim"], not r["causal"], r["layout"], r["batch"], r["seqlen"]))
+    results.sort(
+        key=lambda r: (
+            order[r["op"]],
+            r["head_dim"],
+            not r["causal"],
+            r["layout"],
+            r["batch"],
+            r["seqlen"],
+        )
+    )
     payload = {
         "kernel": "attention",
         "environment": env,

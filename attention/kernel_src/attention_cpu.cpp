@@ -70,7 +70,8 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 // s[r][jj] = <q_r, k_jj> for `rows` rows; kt is the K tile transposed ([head_dim][kKeysPerTile]).
 // Four rows at a time share each load of kt.
 [[gnu::always_inline]] inline void qk_impl(const float* __restrict q, int64_t rows, int64_t d,
-                                           const float* __restrict kt, int64_t nk, float* __restrict s) {
+                                           const float* __restrict kt, int64_t nk,
+                                           float* __restrict s) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     float* s0 = s + r * kKeysPerTile;
@@ -104,8 +105,9 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 }
 
 // o = o * correction + sum_{jj in [lo, hi)} p[jj] v[jj]  (v: [kKeysPerTile][head_dim]).
-[[gnu::always_inline]] inline void pv_impl(float* __restrict o, float correction, const float* __restrict p,
-                                           int64_t lo, int64_t hi, const float* __restrict v, int64_t d) {
+[[gnu::always_inline]] inline void pv_impl(float* __restrict o, float correction,
+                                           const float* __restrict p, int64_t lo, int64_t hi,
+                                           const float* __restrict v, int64_t d) {
   if (correction != 1.0f) {
     for (int64_t c = 0; c < d; ++c) o[c] *= correction;
   }
@@ -119,17 +121,18 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 void qk_base(const float* q, int64_t rows, int64_t d, const float* kt, int64_t nk, float* s) {
   qk_impl(q, rows, d, kt, nk, s);
 }
-void pv_base(float* o, float correction, const float* p, int64_t lo, int64_t hi, const float* v, int64_t d) {
+void pv_base(float* o, float correction, const float* p, int64_t lo, int64_t hi, const float* v,
+             int64_t d) {
   pv_impl(o, correction, p, lo, hi, v, d);
 }
 
 #if defined(ATTENTION_X86)
-__attribute__((target("avx2"))) void qk_avx2(const float* q, int64_t rows, int64_t d, const float* kt, int64_t nk,
-                                             float* s) {
+__attribute__((target("avx2"))) void qk_avx2(const float* q, int64_t rows, int64_t d,
+                                             const float* kt, int64_t nk, float* s) {
   qk_impl(q, rows, d, kt, nk, s);
 }
-__attribute__((target("avx2"))) void pv_avx2(float* o, float correction, const float* p, int64_t lo, int64_t hi,
-                                             const float* v, int64_t d) {
+__attribute__((target("avx2"))) void pv_avx2(float* o, float correction, const float* p, int64_t lo,
+                                             int64_t hi, const float* v, int64_t d) {
   pv_impl(o, correction, p, lo, hi, v, d);
 }
 #endif
@@ -167,7 +170,8 @@ void to_float<float>(float* __restrict dst, const float* __restrict src, int64_t
 }
 
 template <>
-void to_float<c10::BFloat16>(float* __restrict dst, const c10::BFloat16* __restrict src, int64_t n) {
+void to_float<c10::BFloat16>(float* __restrict dst, const c10::BFloat16* __restrict src,
+                             int64_t n) {
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
@@ -182,7 +186,8 @@ bool cpu_has_f16c() {
   return has;
 }
 
-__attribute__((target("avx,f16c"))) void half_to_float_f16c(float* dst, const c10::Half* src, int64_t n) {
+__attribute__((target("avx,f16c"))) void half_to_float_f16c(float* dst, const c10::Half* src,
+                                                            int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -248,7 +253,8 @@ RowOffsets key_row(const AttnFwdParams& p, int64_t b, int64_t j) {
   }
   const int64_t kb = p.kv_batch_idx != nullptr ? p.kv_batch_idx[b] : b;
   const int64_t row = (p.leftpad_k != nullptr ? p.leftpad_k[b] : 0) + j;
-  return {kb * p.k_batch_stride + row * p.k_row_stride, kb * p.v_batch_stride + row * p.v_row_stride};
+  return {kb * p.k_batch_stride + row * p.k_row_stride,
+          kb * p.v_batch_stride + row * p.v_row_stride};
 }
 
 // ---- one task ----
@@ -280,7 +286,8 @@ class Task {
     for (int64_t qi = 0; qi < nq; ++qi) {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t h = hk * group_ + g;
-        const T* src = q + q_batch + (seq.q_row0 + q0 + qi) * p_.q_row_stride + h * p_.q_head_stride;
+        const T* src =
+            q + q_batch + (seq.q_row0 + q0 + qi) * p_.q_row_stride + h * p_.q_head_stride;
         to_float(w_.q.data() + (qi * group_ + g) * d_, src, d_);
       }
     }
@@ -327,9 +334,12 @@ class Task {
   }
 
   // s[r][jj] = <q_r, k_jj> (unscaled).
-  void scores(int64_t rows, int64_t nk) { loops_.qk(w_.q.data(), rows, d_, w_.kt.data(), nk, w_.s.data()); }
+  void scores(int64_t rows, int64_t nk) {
+    loops_.qk(w_.q.data(), rows, d_, w_.kt.data(), nk, w_.s.data());
+  }
 
-  void softmax_update(int64_t b, const Seq& seq, int64_t hk, int64_t q0, int64_t nq, int64_t j0, int64_t nk) {
+  void softmax_update(int64_t b, const Seq& seq, int64_t hk, int64_t q0, int64_t nq, int64_t j0,
+                      int64_t nk) {
     const float scale = p_.softmax_scale;
     const float cap = p_.softcap;
     const int64_t left = p_.window_left;
@@ -399,7 +409,8 @@ class Task {
           for (int64_t c = 0; c < d_; ++c) dst[c] = static_cast<T>(0.0f);
         }
         if (p_.lse != nullptr) {
-          p_.lse[lse_batch + h * p_.lse_head_stride + row] = l != 0.0f ? w_.m[r] + std::log(l) : kPosInf;
+          p_.lse[lse_batch + h * p_.lse_head_stride + row] =
+              l != 0.0f ? w_.m[r] + std::log(l) : kPosInf;
         }
       }
     }
@@ -423,7 +434,8 @@ void run_all(const AttnFwdParams& p) {
   std::vector<int64_t> first_task(p.batch + 1, 0);
   for (int64_t b = 0; b < p.batch; ++b) {
     seqs[b] = sequence(p, b);
-    const int64_t tiles = (std::max<int64_t>(seqs[b].len_q, 0) + positions_per_task - 1) / positions_per_task;
+    const int64_t tiles =
+        (std::max<int64_t>(seqs[b].len_q, 0) + positions_per_task - 1) / positions_per_task;
     first_task[b + 1] = first_task[b] + tiles;
   }
   const int64_t tiles = first_task[p.batch];
@@ -436,7 +448,8 @@ void run_all(const AttnFwdParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t tile = t / p.heads_kv;
       const int64_t hk = t % p.heads_kv;
-      const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), tile) - first_task.begin() - 1;
+      const int64_t b =
+          std::upper_bound(first_task.begin(), first_task.end(), tile) - first_task.begin() - 1;
       const int64_t q0 = (tile - first_task[b]) * positions_per_task;
       const int64_t nq = std::min(positions_per_task, seqs[b].len_q - q0);
       task.run(b, seqs[b], hk, q0, nq);
@@ -445,12 +458,14 @@ void run_all(const AttnFwdParams& p) {
 }
 
 void check_params(const AttnFwdParams& p) {
-  TORCH_CHECK(p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
-              "attention (CPU): unknown dtype code ", static_cast<int>(p.dtype));
+  TORCH_CHECK(
+      p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
+      "attention (CPU): unknown dtype code ", static_cast<int>(p.dtype));
   TORCH_CHECK(p.batch >= 0 && p.seqlen_q >= 0 && p.seqlen_k >= 0,
               "attention (CPU): negative batch or sequence length");
   TORCH_CHECK(p.heads_q > 0 && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0,
-              "attention (CPU): heads_q = ", p.heads_q, " must be a positive multiple of heads_kv = ", p.heads_kv);
+              "attention (CPU): heads_q = ", p.heads_q,
+              " must be a positive multiple of heads_kv = ", p.heads_kv);
   TORCH_CHECK(p.head_dim > 0, "attention (CPU): head_dim must be > 0, got ", p.head_dim);
   TORCH_CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.out != nullptr,
               "attention (CPU): q, k, v and out must be set");

@@ -112,7 +112,8 @@ struct KernelInfo {
 
 // Opts the instance into its shared memory once per device and returns its resident CTAs per
 // SM (cached: both are per-device properties).
-template <typename T, class Cfg, bool kScoreMod> cudaError_t prepare_kernel(int* ctas_per_sm) {
+template <typename T, class Cfg, bool kScoreMod>
+cudaError_t prepare_kernel(int* ctas_per_sm) {
   static std::atomic<int> occupancy_of[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -135,8 +136,10 @@ template <typename T, class Cfg, bool kScoreMod> cudaError_t prepare_kernel(int*
 // Resident clusters of `size` CTAs of the instance with `smem` bytes of dynamic shared memory each
 // (cached per device and size: a caller passes the same smem for both; sm_90+ only, where the
 // instance is also opted into that much shared memory).
-template <typename T, class Cfg, bool kScoreMod> cudaError_t max_clusters(int size, int smem, int* count) {
-  static std::atomic<int> count_of[kMaxDevices][kClusterMergeMaxSplits + 1] = {};  // count + 1; 0: unknown
+template <typename T, class Cfg, bool kScoreMod>
+cudaError_t max_clusters(int size, int smem, int* count) {
+  static std::atomic<int> count_of[kMaxDevices][kClusterMergeMaxSplits + 1] =
+      {};  // count + 1; 0: unknown
   *count = 0;
   if (size < 1 || size > kClusterMergeMaxSplits) return cudaSuccess;
   int device = 0;
@@ -149,7 +152,8 @@ template <typename T, class Cfg, bool kScoreMod> cudaError_t max_clusters(int si
     err = prepare_kernel<T, Cfg, kScoreMod>(&occ);  // the shared-memory opt-in
     if (err != cudaSuccess) return err;
     const FwdKernelFn fn = fwd_kernel<T, Cfg, kScoreMod>();
-    if (smem > Cfg::kSmemBytes) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (smem > Cfg::kSmemBytes)
+      err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(Cfg::kThreads);
@@ -174,46 +178,78 @@ template <typename T, class Cfg, bool kScoreMod> cudaError_t max_clusters(int si
   return cudaSuccess;
 }
 
-template <typename T, class Cfg, bool kScoreMod> KernelInfo kernel_info() {
-  return KernelInfo{fwd_kernel<T, Cfg, kScoreMod>(), Cfg::kThreads, Cfg::kSmemBytes,
-                    Cfg::kBlockM, Cfg::kBlockN, prepare_kernel<T, Cfg, kScoreMod>,
+template <typename T, class Cfg, bool kScoreMod>
+KernelInfo kernel_info() {
+  return KernelInfo{fwd_kernel<T, Cfg, kScoreMod>(),
+                    Cfg::kThreads,
+                    Cfg::kSmemBytes,
+                    Cfg::kBlockM,
+                    Cfg::kBlockN,
+                    prepare_kernel<T, Cfg, kScoreMod>,
                     max_clusters<T, Cfg, kScoreMod>};
 }
 
 // Head dim 128 takes the 64-key tile where two of its CTAs fit in an SM's shared memory, head dim
 // 192 its 128-row tile where one CTA fits.
-bool prefill128_wide(const DeviceInfo& dev) { return 2 * Prefill128Wide::kSmemBytes <= dev.smem_optin; }
+bool prefill128_wide(const DeviceInfo& dev) {
+  return 2 * Prefill128Wide::kSmemBytes <= dev.smem_optin;
+}
 bool prefill192_wide(const DeviceInfo& dev) { return Prefill192Wide::kSmemBytes <= dev.smem_optin; }
 
-template <typename T, bool kScoreMod> bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
+template <typename T, bool kScoreMod>
+bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
   switch (head_dim) {
-    case 32: *k = kernel_info<T, Prefill32, kScoreMod>(); return true;
-    case 64: *k = kernel_info<T, Prefill64, kScoreMod>(); return true;
-    case 96: *k = kernel_info<T, Prefill96, kScoreMod>(); return true;
+    case 32:
+      *k = kernel_info<T, Prefill32, kScoreMod>();
+      return true;
+    case 64:
+      *k = kernel_info<T, Prefill64, kScoreMod>();
+      return true;
+    case 96:
+      *k = kernel_info<T, Prefill96, kScoreMod>();
+      return true;
     case 128:
-      *k = prefill128_wide(dev) ? kernel_info<T, Prefill128Wide, kScoreMod>() : kernel_info<T, Prefill128, kScoreMod>();
+      *k = prefill128_wide(dev) ? kernel_info<T, Prefill128Wide, kScoreMod>()
+                                : kernel_info<T, Prefill128, kScoreMod>();
       return true;
     case 192:
       *k = prefill192_wide(dev) ? kernel_info<T, Prefill192Wide, kScoreMod>()
                                 : kernel_info<T, Prefill192, kScoreMod>();
       return true;
-    case 256: *k = kernel_info<T, Prefill256, kScoreMod>(); return true;
-    default: return false;
+    case 256:
+      *k = kernel_info<T, Prefill256, kScoreMod>();
+      return true;
+    default:
+      return false;
   }
 }
 
 // Decode tiles have a fast build too although at 16 rows the per-score work is hidden by the K/V
 // stream: a batch-1 decode call is bound by the latency of its instruction stream, which the
 // modifier build lengthens (benchmarks/NOTES.md, "Figures behind the launch policies").
-template <typename T, bool kScoreMod> bool decode_kernel(int64_t head_dim, KernelInfo* k) {
+template <typename T, bool kScoreMod>
+bool decode_kernel(int64_t head_dim, KernelInfo* k) {
   switch (head_dim) {
-    case 32: *k = kernel_info<T, Decode32, kScoreMod>(); return true;
-    case 64: *k = kernel_info<T, Decode64, kScoreMod>(); return true;
-    case 96: *k = kernel_info<T, Decode96, kScoreMod>(); return true;
-    case 128: *k = kernel_info<T, Decode128, kScoreMod>(); return true;
-    case 192: *k = kernel_info<T, Decode192, kScoreMod>(); return true;
-    case 256: *k = kernel_info<T, Decode256, kScoreMod>(); return true;
-    default: return false;
+    case 32:
+      *k = kernel_info<T, Decode32, kScoreMod>();
+      return true;
+    case 64:
+      *k = kernel_info<T, Decode64, kScoreMod>();
+      return true;
+    case 96:
+      *k = kernel_info<T, Decode96, kScoreMod>();
+      return true;
+    case 128:
+      *k = kernel_info<T, Decode128, kScoreMod>();
+      return true;
+    case 192:
+      *k = kernel_info<T, Decode192, kScoreMod>();
+      return true;
+    case 256:
+      *k = kernel_info<T, Decode256, kScoreMod>();
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -226,13 +262,13 @@ bool pick_kernel(bool decode, int64_t head_dim, const DeviceInfo& dev, KernelInf
 
 struct Plan {
   KernelInfo kernel;
-  int qpack;        // q heads per kv head packed into the rows (1: none)
-  int heads_grid;   // grid y: heads_q / qpack
-  int m_blocks;     // query tiles per (sequence, head)
+  int qpack;       // q heads per kv head packed into the rows (1: none)
+  int heads_grid;  // grid y: heads_q / qpack
+  int m_blocks;    // query tiles per (sequence, head)
   int num_splits;
-  int cluster;      // CTAs per cluster: num_splits when the splits merge in a cluster, else 1
-  int smem;         // dynamic shared memory per CTA of the launch (kernel.smem or more)
-  bool decode;      // decode tiles (kWarpsN > 1): always in grid order
+  int cluster;  // CTAs per cluster: num_splits when the splits merge in a cluster, else 1
+  int smem;     // dynamic shared memory per CTA of the launch (kernel.smem or more)
+  bool decode;  // decode tiles (kWarpsN > 1): always in grid order
 };
 
 bool aligned_to(const void* p, uintptr_t bytes) {
@@ -245,14 +281,22 @@ bool params_ok(const AttnFwdParams& p, bool* empty) {
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
   *empty = false;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv < 0) return false;
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv < 0)
+    return false;
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) {
     *empty = true;
     return true;
   }
   switch (p.head_dim) {
-    case 32: case 64: case 96: case 128: case 192: case 256: break;
-    default: return false;
+    case 32:
+    case 64:
+    case 96:
+    case 128:
+    case 192:
+    case 256:
+      break;
+    default:
+      return false;
   }
   if (p.heads_kv < 1 || p.heads_q % p.heads_kv != 0) return false;
   if (p.heads_q > LaunchConfig::kMaxGridYZ || p.batch > kMax32 || p.seqlen_q > kMax32 ||
@@ -272,18 +316,17 @@ bool params_ok(const AttnFwdParams& p, bool* empty) {
   const int64_t q_batches = varlen_q ? 1 : p.batch;
   const int64_t q_rows = varlen_q ? 2 : p.seqlen_q;
   const int64_t kv_rows = paged_kv ? p.page_block_size : p.cu_seqlens_k != nullptr ? 2 : p.seqlen_k;
-  const int64_t kv_batches = paged_kv ? (p.num_blocks > 0 ? p.num_blocks : 2)
+  const int64_t kv_batches = paged_kv                    ? (p.num_blocks > 0 ? p.num_blocks : 2)
                              : p.cu_seqlens_k != nullptr ? 1
                              : p.kv_batch_idx != nullptr ? 2
-                                                          : p.batch;
+                                                         : p.batch;
   const struct {
     int64_t stride, extent;
-  } strides[] = {{p.q_batch_stride, q_batches},    {p.q_row_stride, q_rows},
-                 {p.q_head_stride, p.heads_q},      {p.out_batch_stride, q_batches},
-                 {p.out_row_stride, q_rows},        {p.out_head_stride, p.heads_q},
-                 {p.k_batch_stride, kv_batches},    {p.k_row_stride, kv_rows},
-                 {p.k_head_stride, p.heads_kv},     {p.v_batch_stride, kv_batches},
-                 {p.v_row_stride, kv_rows},         {p.v_head_stride, p.heads_kv}};
+  } strides[] = {
+      {p.q_batch_stride, q_batches},   {p.q_row_stride, q_rows},   {p.q_head_stride, p.heads_q},
+      {p.out_batch_stride, q_batches}, {p.out_row_stride, q_rows}, {p.out_head_stride, p.heads_q},
+      {p.k_batch_stride, kv_batches},  {p.k_row_stride, kv_rows},  {p.k_head_stride, p.heads_kv},
+      {p.v_batch_stride, kv_batches},  {p.v_row_stride, kv_rows},  {p.v_head_stride, p.heads_kv}};
   for (const auto& st : strides) {
     if (st.extent > 1 && st.stride % 8 != 0) return false;
   }
@@ -318,9 +361,9 @@ bool plan_tiles(const AttnFwdParams& p, const DeviceInfo& dev, Plan* plan) {
     if (p.seqlen_q < probe.block_m) qpack = group;  // fill the query tile with the group's heads
   }
   using Pick = bool (*)(bool, int64_t, const DeviceInfo&, KernelInfo*);
-  const Pick pick = bf16 ? (score_mod ? pick_kernel<__nv_bfloat16, true>
-                                     : pick_kernel<__nv_bfloat16, false>)
-                         : (score_mod ? pick_kernel<__half, true> : pick_kernel<__half, false>);
+  const Pick pick =
+      bf16 ? (score_mod ? pick_kernel<__nv_bfloat16, true> : pick_kernel<__nv_bfloat16, false>)
+           : (score_mod ? pick_kernel<__half, true> : pick_kernel<__half, false>);
   KernelInfo k;
   const bool ok = pick(decode, p.head_dim, dev, &k);
   if (!ok) return false;
@@ -371,7 +414,8 @@ cudaError_t plan_splits(const AttnFwdParams& p, const DeviceInfo& dev, Plan* pla
     const int64_t per_sm = dev.sms / ctas;
     const int64_t two_tile_splits = min64(max_splits, per_sm);
     const int64_t one_tile_splits = min64(cap, per_sm);
-    const bool keep_cluster = cluster_merge_capable(p, dev) && two_tile_splits <= kClusterMergeMaxSplits &&
+    const bool keep_cluster = cluster_merge_capable(p, dev) &&
+                              two_tile_splits <= kClusterMergeMaxSplits &&
                               one_tile_splits > kClusterMergeMaxSplits;
     plan->num_splits = static_cast<int>(keep_cluster ? two_tile_splits : one_tile_splits);
     return cudaSuccess;
@@ -500,9 +544,9 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
 // clusters of plan.cluster CTAs along grid x when the splits merge in a cluster.
 cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, pdl::Request pdl_request,
                        cudaStream_t stream) {
-  return pdl::launch(pdl_request, pdl::ByDefault::kPdl, pdl::Cluster{static_cast<unsigned>(plan.cluster)},
-                     plan.kernel.fn, grid, dim3(plan.kernel.threads),
-                     static_cast<size_t>(plan.smem), stream, args);
+  return pdl::launch(pdl_request, pdl::ByDefault::kPdl,
+                     pdl::Cluster{static_cast<unsigned>(plan.cluster)}, plan.kernel.fn, grid,
+                     dim3(plan.kernel.threads), static_cast<size_t>(plan.smem), stream, args);
 }
 
 }  // namespace
@@ -589,8 +633,8 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = sizeof(CombineSmem);
   constexpr auto kPdl = pdl::ByDefault::kPdl;  // the combine follows the split kernel
   return p.dtype == DType::kBFloat16
-             ? pdl::launch(p.pdl_request, kPdl, combine_kernel<__nv_bfloat16>(), grid, block,
-                           kSmem, stream, c)
+             ? pdl::launch(p.pdl_request, kPdl, combine_kernel<__nv_bfloat16>(), grid, block, kSmem,
+                           stream, c)
              : pdl::launch(p.pdl_request, kPdl, combine_kernel<__half>(), grid, block, kSmem,
                            stream, c);
 }

@@ -68,7 +68,8 @@ struct FastDivU32 {
 // accessed by one ldmatrix always start at a multiple of 8, so the XOR term depends on the lane
 // only.
 // ---------------------------------------------------------------------------------------------
-template <int kHeadDim> __host__ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+template <int kHeadDim>
+__host__ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   static_assert(kHeadDim % 32 == 0, "head_dim a multiple of 32");
   constexpr int kRowBytes = kHeadDim * 2;
   if constexpr (kHeadDim % 64 == 0) {
@@ -89,7 +90,8 @@ template <int kHeadDim> __host__ __device__ __forceinline__ uint32_t tile_offset
 //       + (ks / kVariants) * kSwizzle * 16,         base = tile_offset(lr, lc)
 // one LOP3 with an immediate per access and the rest an immediate of the ldmatrix. (Per-k-step
 // offsets are loop invariants that the compiler would keep in registers: 4 per operand.)
-template <int kHeadDim> struct SwizzledRows {
+template <int kHeadDim>
+struct SwizzledRows {
   static constexpr int kSwizzle = kHeadDim % 64 == 0 ? 8 : 4;
   static constexpr int kVariants = kSwizzle / 2;
   uint32_t base;
@@ -146,7 +148,8 @@ __device__ __forceinline__ void cp_async_commit() {
 #endif
 }
 
-template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 #endif
@@ -316,7 +319,8 @@ __device__ __forceinline__ float fast_tanh(float x) {
 }
 
 // Two fp32 values rounded to nearest even and packed: lo in bits 0..15 (the lower column).
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
     const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
     return static_cast<uint32_t>(__bfloat16_as_ushort(__low2bfloat16(p))) |

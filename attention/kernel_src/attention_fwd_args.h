@@ -16,15 +16,15 @@ using detail::FastDivU32;
 // Kernel arguments (attention_params.h, resolved by the launcher).
 // ---------------------------------------------------------------------------------------------
 struct FwdArgs {
-  const void* q;    // [batch, seqlen_q, heads_q, D] (varlen: [1, total_q, heads_q, D])
-  const void* k;    // [batch_k, seqlen_k, heads_kv, D] / packed / [num_blocks, page, heads_kv, D]
-  const void* v;    // as k
-  void* out;        // as q
+  const void* q;  // [batch, seqlen_q, heads_q, D] (varlen: [1, total_q, heads_q, D])
+  const void* k;  // [batch_k, seqlen_k, heads_kv, D] / packed / [num_blocks, page, heads_kv, D]
+  const void* v;  // as k
+  void* out;      // as q
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t out_batch_stride, out_row_stride, out_head_stride;
-  float* lse;       // [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or null
+  float* lse;  // [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or null
   int64_t lse_batch_stride, lse_head_stride;
   const int32_t* cu_seqlens_q;  // [batch + 1] or null
   const int32_t* cu_seqlens_k;  // [batch + 1] or null
@@ -33,23 +33,23 @@ struct FwdArgs {
   const int32_t* leftpad_k;     // [batch] or null
   const int32_t* block_table;   // [batch, max_blocks] or null (not paged)
   int64_t block_table_batch_stride;
-  FastDivU32 page_div;          // j / page_block_size
+  FastDivU32 page_div;  // j / page_block_size
   int page_block_size;
-  int seqlen_q, seqlen_k;       // padded / maximum lengths
-  int batch, batch_base;        // sequences; first sequence of this launch
-  int heads_q, group;           // group = heads_q / heads_kv
-  int qpack;                    // q heads packed into the rows of a tile: group or 1
-  FastDivU32 qpack_div;         // packed row -> query index
+  int seqlen_q, seqlen_k;  // padded / maximum lengths
+  int batch, batch_base;   // sequences; first sequence of this launch
+  int heads_q, group;      // group = heads_q / heads_kv
+  int qpack;               // q heads packed into the rows of a tile: group or 1
+  FastDivU32 qpack_div;    // packed row -> query index
   int m_blocks, num_splits;
-  int cluster_merge;            // 1: the splits of a tile are one cluster and merge there
-  uint32_t tile_group;          // pairs per heaviest-first group (tile_coords); 1: grid order
-  FastDivU32 group_ctas_div;    // linear CTA index -> group (gridDim.x * tile_group CTAs each)
-  FastDivU32 tile_group_div;    // CTA index in a group -> tile rank
-  FastDivU32 heads_grid_div;    // pair -> sequence (gridDim.y pairs each)
-  float scale_log2;             // softmax_scale * log2(e)
-  float softcap_scale;          // softmax_scale / softcap
-  float softcap_log2;           // softcap * log2(e); 0: no softcap
-  const float* alibi;           // [heads_q] or [batch, heads_q] or null
+  int cluster_merge;          // 1: the splits of a tile are one cluster and merge there
+  uint32_t tile_group;        // pairs per heaviest-first group (tile_coords); 1: grid order
+  FastDivU32 group_ctas_div;  // linear CTA index -> group (gridDim.x * tile_group CTAs each)
+  FastDivU32 tile_group_div;  // CTA index in a group -> tile rank
+  FastDivU32 heads_grid_div;  // pair -> sequence (gridDim.y pairs each)
+  float scale_log2;           // softmax_scale * log2(e)
+  float softcap_scale;        // softmax_scale / softcap
+  float softcap_log2;         // softcap * log2(e); 0: no softcap
+  const float* alibi;         // [heads_q] or [batch, heads_q] or null
   int64_t alibi_batch_stride;
   int64_t win_left, win_right;  // kUnbounded for an absent side (causal: right = 0)
   float* out_accum;             // [splits, batch, heads_q, seqlen_q, D] when num_splits > 1

@@ -6,8 +6,14 @@
 namespace attention {
 namespace cuda {
 
-template <> CombineKernelFn combine_kernel<__half>() { return attn_fwd_combine_kernel<__half>; }
-template <> CombineKernelFn combine_kernel<__nv_bfloat16>() { return attn_fwd_combine_kernel<__nv_bfloat16>; }
+template <>
+CombineKernelFn combine_kernel<__half>() {
+  return attn_fwd_combine_kernel<__half>;
+}
+template <>
+CombineKernelFn combine_kernel<__nv_bfloat16>() {
+  return attn_fwd_combine_kernel<__nv_bfloat16>;
+}
 
 }  // namespace cuda
 }  // namespace attention

@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
     }
   }
   T* out = static_cast<T*>(a.out) +
-           (a.cu_seqlens_q != nullptr ? static_cast<int64_t>(q_start + i) * a.out_row_stride
-                                      : b * a.out_batch_stride + static_cast<int64_t>(i) * a.out_row_stride) +
+           (a.cu_seqlens_q != nullptr
+                ? static_cast<int64_t>(q_start + i) * a.out_row_stride
+                : b * a.out_batch_stride + static_cast<int64_t>(i) * a.out_row_stride) +
            static_cast<int64_t>(h) * a.out_head_stride;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -152,9 +153,10 @@ __global__ void __launch_bounds__(32 * LaunchConfig::kCombineWarps)
     }
   }
   if (a.lse != nullptr && lane == 0) {
-    const int64_t li = a.cu_seqlens_q != nullptr
-                           ? static_cast<int64_t>(h) * a.lse_head_stride + q_start + i
-                           : b * a.lse_batch_stride + static_cast<int64_t>(h) * a.lse_head_stride + i;
+    const int64_t li =
+        a.cu_seqlens_q != nullptr
+            ? static_cast<int64_t>(h) * a.lse_head_stride + q_start + i
+            : b * a.lse_batch_stride + static_cast<int64_t>(h) * a.lse_head_stride + i;
     a.lse[li] = lse_row;
   }
 }

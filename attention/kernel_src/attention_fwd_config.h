@@ -35,7 +35,7 @@ struct TileConfig {
   static constexpr int kWarps = kWarpsM * kWarpsN;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = kStages_;
-  static constexpr bool kQInRegs = kQInRegs_;   // Q fragments loaded once (else per K tile)
+  static constexpr bool kQInRegs = kQInRegs_;  // Q fragments loaded once (else per K tile)
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // register cap (launch bounds)
   static constexpr int kMTiles = kBlockM / (16 * kWarpsM);  // 16-row MMA tiles per warp
   static constexpr int kWarpKeys = kBlockN / kWarpsN;       // keys of a K/V tile per warp
@@ -52,7 +52,7 @@ struct TileConfig {
   // pipeline): V of tile `it` lands while S of tile `it` is computed, K of tile it + 1 while
   // P V of tile `it` is. Twice the keys per tile in the shared memory of two 32-key stages.
   static constexpr bool kSplitKV = kStages == 1;
-  static constexpr int kORegs = kMTiles * kDTiles * 4;     // O accumulator floats per thread
+  static constexpr int kORegs = kMTiles * kDTiles * 4;  // O accumulator floats per thread
   // Cross-warp merge (kWarpsN > 1), in the K/V area once the last tile is consumed: the O
   // fragments of warps 1 .. kWarpsN-1, then per-warp row max and row sum.
   static constexpr int kMergeBytes = (kWarpsN - 1) * kORegs * 32 * 4 + 2 * kWarpsN * kBlockM * 4;
@@ -114,7 +114,8 @@ using Decode128 = TileConfig<128, 16, 64, 1, 4, 2, true, 3>;
 using Decode192 = TileConfig<192, 16, 32, 1, 2, 2, false, 4>;
 using Decode256 = TileConfig<256, 16, 32, 1, 2, 2, false, 3>;
 // The instances every capability can take fit the 99 KB opt-in of sm_86/89/120.
-template <class... Cfg> constexpr bool fit_99kb() {
+template <class... Cfg>
+constexpr bool fit_99kb() {
   return ((Cfg::kSmemBytes <= 99 * 1024) && ...);
 }
 static_assert(fit_99kb<Prefill32, Prefill64, Prefill96, Prefill128, Prefill192, Prefill256,
@@ -133,7 +134,7 @@ struct LaunchConfig {
   static constexpr int kNoSplitWaves = 2;
   // Splits: the smallest count whose wave efficiency is within this factor of the best.
   static constexpr double kSplitEfficiency = 0.85;
-  static constexpr int kCombineWarps = 4;  // per output row (one CTA)
+  static constexpr int kCombineWarps = 4;   // per output row (one CTA)
   static constexpr int kCombineUnroll = 4;  // split rows loaded at once per warp
   static constexpr int64_t kMaxGridYZ = 65535;
   // Tile order: the (head, sequence) pairs of a heaviest-first group keep their K/V within
@@ -141,7 +142,9 @@ struct LaunchConfig {
   static constexpr int kTileGroupL2Share = 2;
 };
 
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 // Floor / ceiling of a / b for any sign of a, b > 0.
 __host__ __device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b) {
   const int64_t q = a / b;

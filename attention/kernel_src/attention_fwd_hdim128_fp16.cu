@@ -6,12 +6,30 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__half, Prefill128, false>() { return attn_fwd_kernel<__half, Prefill128, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Prefill128, true>() { return attn_fwd_kernel<__half, Prefill128, true>; }
-template <> FwdKernelFn fwd_kernel<__half, Prefill128Wide, false>() { return attn_fwd_kernel<__half, Prefill128Wide, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Prefill128Wide, true>() { return attn_fwd_kernel<__half, Prefill128Wide, true>; }
-template <> FwdKernelFn fwd_kernel<__half, Decode128, false>() { return attn_fwd_kernel<__half, Decode128, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Decode128, true>() { return attn_fwd_kernel<__half, Decode128, true>; }
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128, false>() {
+  return attn_fwd_kernel<__half, Prefill128, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128, true>() {
+  return attn_fwd_kernel<__half, Prefill128, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128Wide, false>() {
+  return attn_fwd_kernel<__half, Prefill128Wide, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128Wide, true>() {
+  return attn_fwd_kernel<__half, Prefill128Wide, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Decode128, false>() {
+  return attn_fwd_kernel<__half, Decode128, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Decode128, true>() {
+  return attn_fwd_kernel<__half, Decode128, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

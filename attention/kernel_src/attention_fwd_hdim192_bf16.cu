@@ -6,12 +6,30 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, false>() { return attn_fwd_kernel<__nv_bfloat16, Prefill192, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, true>() { return attn_fwd_kernel<__nv_bfloat16, Prefill192, true>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, false>() { return attn_fwd_kernel<__nv_bfloat16, Prefill192Wide, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, true>() { return attn_fwd_kernel<__nv_bfloat16, Prefill192Wide, true>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, false>() { return attn_fwd_kernel<__nv_bfloat16, Decode192, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, true>() { return attn_fwd_kernel<__nv_bfloat16, Decode192, true>; }
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill192, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill192, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill192Wide, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill192Wide, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode192, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode192, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

@@ -6,10 +6,22 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, false>() { return attn_fwd_kernel<__nv_bfloat16, Prefill256, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, true>() { return attn_fwd_kernel<__nv_bfloat16, Prefill256, true>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, false>() { return attn_fwd_kernel<__nv_bfloat16, Decode256, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, true>() { return attn_fwd_kernel<__nv_bfloat16, Decode256, true>; }
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill256, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill256, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode256, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode256, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

@@ -6,10 +6,22 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__half, Prefill32, false>() { return attn_fwd_kernel<__half, Prefill32, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Prefill32, true>() { return attn_fwd_kernel<__half, Prefill32, true>; }
-template <> FwdKernelFn fwd_kernel<__half, Decode32, false>() { return attn_fwd_kernel<__half, Decode32, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Decode32, true>() { return attn_fwd_kernel<__half, Decode32, true>; }
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill32, false>() {
+  return attn_fwd_kernel<__half, Prefill32, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill32, true>() {
+  return attn_fwd_kernel<__half, Prefill32, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Decode32, false>() {
+  return attn_fwd_kernel<__half, Decode32, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Decode32, true>() {
+  return attn_fwd_kernel<__half, Decode32, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

@@ -6,10 +6,22 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, false>() { return attn_fwd_kernel<__nv_bfloat16, Prefill64, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, true>() { return attn_fwd_kernel<__nv_bfloat16, Prefill64, true>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, false>() { return attn_fwd_kernel<__nv_bfloat16, Decode64, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, true>() { return attn_fwd_kernel<__nv_bfloat16, Decode64, true>; }
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill64, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill64, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode64, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode64, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

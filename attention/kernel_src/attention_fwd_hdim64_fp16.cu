@@ -6,10 +6,22 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__half, Prefill64, false>() { return attn_fwd_kernel<__half, Prefill64, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Prefill64, true>() { return attn_fwd_kernel<__half, Prefill64, true>; }
-template <> FwdKernelFn fwd_kernel<__half, Decode64, false>() { return attn_fwd_kernel<__half, Decode64, false>; }
-template <> FwdKernelFn fwd_kernel<__half, Decode64, true>() { return attn_fwd_kernel<__half, Decode64, true>; }
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill64, false>() {
+  return attn_fwd_kernel<__half, Prefill64, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill64, true>() {
+  return attn_fwd_kernel<__half, Prefill64, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Decode64, false>() {
+  return attn_fwd_kernel<__half, Decode64, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__half, Decode64, true>() {
+  return attn_fwd_kernel<__half, Decode64, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

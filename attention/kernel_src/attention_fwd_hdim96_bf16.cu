@@ -6,10 +6,22 @@
 namespace attention {
 namespace cuda {
 
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, false>() { return attn_fwd_kernel<__nv_bfloat16, Prefill96, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, true>() { return attn_fwd_kernel<__nv_bfloat16, Prefill96, true>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, false>() { return attn_fwd_kernel<__nv_bfloat16, Decode96, false>; }
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, true>() { return attn_fwd_kernel<__nv_bfloat16, Decode96, true>; }
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill96, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Prefill96, true>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, false>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode96, false>;
+}
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, true>() {
+  return attn_fwd_kernel<__nv_bfloat16, Decode96, true>;
+}
 
 }  // namespace cuda
 }  // namespace attention

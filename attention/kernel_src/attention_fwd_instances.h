@@ -18,81 +18,141 @@ using FwdKernelFn = void (*)(FwdArgs);
 using CombineKernelFn = void (*)(CombineArgs);
 
 // attn_fwd_kernel<T, Cfg, kScoreMod> (attention_fwd_kernel.cuh).
-template <typename T, class Cfg, bool kScoreMod> FwdKernelFn fwd_kernel();
+template <typename T, class Cfg, bool kScoreMod>
+FwdKernelFn fwd_kernel();
 // attn_fwd_combine_kernel<T> (attention_fwd_combine_kernel.cuh).
-template <typename T> CombineKernelFn combine_kernel();
+template <typename T>
+CombineKernelFn combine_kernel();
 
 // attention_fwd_hdim32_fp16.cu
-template <> FwdKernelFn fwd_kernel<__half, Prefill32, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill32, true>();
-template <> FwdKernelFn fwd_kernel<__half, Decode32, false>();
-template <> FwdKernelFn fwd_kernel<__half, Decode32, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill32, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill32, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode32, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode32, true>();
 // attention_fwd_hdim32_bf16.cu
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill32, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill32, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode32, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode32, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill32, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill32, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode32, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode32, true>();
 // attention_fwd_hdim64_fp16.cu
-template <> FwdKernelFn fwd_kernel<__half, Prefill64, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill64, true>();
-template <> FwdKernelFn fwd_kernel<__half, Decode64, false>();
-template <> FwdKernelFn fwd_kernel<__half, Decode64, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill64, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill64, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode64, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode64, true>();
 // attention_fwd_hdim64_bf16.cu
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill64, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode64, true>();
 // attention_fwd_hdim96_fp16.cu
-template <> FwdKernelFn fwd_kernel<__half, Prefill96, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill96, true>();
-template <> FwdKernelFn fwd_kernel<__half, Decode96, false>();
-template <> FwdKernelFn fwd_kernel<__half, Decode96, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill96, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill96, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode96, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode96, true>();
 // attention_fwd_hdim96_bf16.cu
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill96, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode96, true>();
 // attention_fwd_hdim128_fp16.cu
-template <> FwdKernelFn fwd_kernel<__half, Prefill128, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill128, true>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill128Wide, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill128Wide, true>();
-template <> FwdKernelFn fwd_kernel<__half, Decode128, false>();
-template <> FwdKernelFn fwd_kernel<__half, Decode128, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128Wide, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill128Wide, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode128, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode128, true>();
 // attention_fwd_hdim128_bf16.cu
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128Wide, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128Wide, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode128, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode128, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128Wide, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill128Wide, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode128, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode128, true>();
 // attention_fwd_hdim192_fp16.cu
-template <> FwdKernelFn fwd_kernel<__half, Prefill192, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill192, true>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill192Wide, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill192Wide, true>();
-template <> FwdKernelFn fwd_kernel<__half, Decode192, false>();
-template <> FwdKernelFn fwd_kernel<__half, Decode192, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill192, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill192, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill192Wide, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill192Wide, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode192, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode192, true>();
 // attention_fwd_hdim192_bf16.cu
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill192Wide, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode192, true>();
 // attention_fwd_hdim256_fp16.cu
-template <> FwdKernelFn fwd_kernel<__half, Prefill256, false>();
-template <> FwdKernelFn fwd_kernel<__half, Prefill256, true>();
-template <> FwdKernelFn fwd_kernel<__half, Decode256, false>();
-template <> FwdKernelFn fwd_kernel<__half, Decode256, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill256, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Prefill256, true>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode256, false>();
+template <>
+FwdKernelFn fwd_kernel<__half, Decode256, true>();
 // attention_fwd_hdim256_bf16.cu
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, true>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, false>();
-template <> FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Prefill256, true>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, false>();
+template <>
+FwdKernelFn fwd_kernel<__nv_bfloat16, Decode256, true>();
 // attention_fwd_combine.cu
-template <> CombineKernelFn combine_kernel<__half>();
-template <> CombineKernelFn combine_kernel<__nv_bfloat16>();
+template <>
+CombineKernelFn combine_kernel<__half>();
+template <>
+CombineKernelFn combine_kernel<__nv_bfloat16>();
 
 }  // namespace cuda
 }  // namespace attention

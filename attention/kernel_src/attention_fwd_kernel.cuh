@@ -123,7 +123,8 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
   const int items = (rows - m0 < Cfg::kBlockM ? rows - m0 : Cfg::kBlockM) * kItemsPerRow;
   // Items interleaved over the cluster (item = thread x splits + rank): the few rows of a GQA
   // decode tile are spread over every CTA rather than piled on the first.
-  for (int item = static_cast<int>(threadIdx.x) * n + split; item < items; item += Cfg::kThreads * n) {
+  for (int item = static_cast<int>(threadIdx.x) * n + split; item < items;
+       item += Cfg::kThreads * n) {
     const int r = item / kItemsPerRow;
     const int col = (item - r * kItemsPerRow) * 4;
     // Every load at once (one DSMEM round trip). The row of a split without a visible key holds
@@ -173,7 +174,8 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
     packed.y = pack2<T>(acc.z, acc.w);
     *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
                               h * a.out_head_stride + col) = packed;
-    if (a.lse != nullptr && col == 0) a.lse[lse_index(a, s, b, h, i)] = sum != 0.0f ? mx + logf(sum) : kInf;
+    if (a.lse != nullptr && col == 0)
+      a.lse[lse_index(a, s, b, h, i)] = sum != 0.0f ? mx + logf(sum) : kInf;
   }
   detail::cluster_sync();  // no CTA exits while another may still read its partial state
 }
@@ -189,13 +191,14 @@ __device__ __forceinline__ float row_lse(float row_max, float l, float c, float 
 // One row of a split's normalized partial output for a merge (merge_splits_in_cluster, the
 // combine kernel): the lane's 2 columns of every 8-column tile of O / l, fp32, at row_out.
 template <class Cfg>
-__device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles][4], int hf, float l,
-                                                  int lane, float* row_out) {
+__device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles][4], int hf,
+                                                  float l, int lane, float* row_out) {
   const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // NaN l: NaN row (row_lse)
   float* dst = row_out + 2 * (lane & 3);
 #pragma unroll
   for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
-    *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+    *reinterpret_cast<float2*>(dst + dt * 8) =
+        make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
   }
 }
 
@@ -207,9 +210,12 @@ __device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles]
 // 0..3; the B pattern (K) takes (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7),
 // (keys 8-15, d 8-15), the b[0], b[1] of two adjacent n-tiles.
 // ---------------------------------------------------------------------------------------------
-template <class Cfg> using OFrag = float[Cfg::kMTiles][Cfg::kDTiles][4];
-template <class Cfg> using RowState = float[Cfg::kMTiles][2];
-template <class Cfg> using SFrag = float[Cfg::kMTiles][Cfg::kNTiles][4];
+template <class Cfg>
+using OFrag = float[Cfg::kMTiles][Cfg::kDTiles][4];
+template <class Cfg>
+using RowState = float[Cfg::kMTiles][2];
+template <class Cfg>
+using SFrag = float[Cfg::kMTiles][Cfg::kNTiles][4];
 
 // Q fragments in registers as configured, except in the softcap / ALiBi build above head_dim
 // 128 (the 48 registers of Q at 192 pushed ptxas into spills there; Q is re-read instead).
@@ -217,7 +223,8 @@ template <class Cfg, bool kScoreMod>
 constexpr bool kQInRegsFor = Cfg::kQInRegs && !(kScoreMod && Cfg::kHeadDim > 128);
 
 // Split merge in the cluster: decode tiles on sm_90+ (the launcher sets cluster_merge only there).
-template <class Cfg> constexpr bool cluster_build() {
+template <class Cfg>
+constexpr bool cluster_build() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return Cfg::kWarpsN > 1;
 #else
@@ -309,8 +316,8 @@ __device__ __forceinline__ void load_kv_prologue(const FwdArgs& a, const Seq& s,
 // (prefill tiles re-reading Q from shared memory have it published by the loop's first barrier),
 // then its fragments loaded into registers where kQRegs.
 template <class Cfg, bool kQRegs>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qreg)[kQRegs ? Cfg::kMTiles : 1][kQRegs ? Cfg::kKSteps : 1][4],
-                                                 uint32_t q_lane) {
+__device__ __forceinline__ void load_q_fragments(
+    uint32_t (&qreg)[kQRegs ? Cfg::kMTiles : 1][kQRegs ? Cfg::kKSteps : 1][4], uint32_t q_lane) {
   constexpr bool kDecode = Cfg::kWarpsN > 1;
   constexpr int kAhead = kDecode ? Cfg::kStages : Cfg::kStages - 1;  // tiles issued before tile 0
   using Rows = detail::SwizzledRows<Cfg::kHeadDim>;
@@ -382,9 +389,9 @@ __device__ __forceinline__ void wait_kv_tile(const FwdArgs& a, const Seq& s, con
 // accumulators) alternate the k-steps between two sets of accumulators, which halves the
 // chain of dependent MMAs: one warp per SM sub-partition at batch 1 waits on every link.
 template <typename T, class Cfg, bool kQRegs>
-__device__ __forceinline__ void compute_scores(SFrag<Cfg>& sc,
-                                               const uint32_t (&qreg)[kQRegs ? Cfg::kMTiles : 1][kQRegs ? Cfg::kKSteps : 1][4],
-                                               uint32_t q_lane, uint32_t k_lane) {
+__device__ __forceinline__ void compute_scores(
+    SFrag<Cfg>& sc, const uint32_t (&qreg)[kQRegs ? Cfg::kMTiles : 1][kQRegs ? Cfg::kKSteps : 1][4],
+    uint32_t q_lane, uint32_t k_lane) {
   constexpr int kMT = Cfg::kMTiles;
   constexpr int kChains = Cfg::kWarpsN > 1 ? 2 : 1;
   using Rows = detail::SwizzledRows<Cfg::kHeadDim>;
@@ -519,7 +526,8 @@ __device__ __forceinline__ void load_next_k(const FwdArgs& a, const Seq& s, int 
 
 // O += P V: the C fragments of two S n-tiles are the A fragment of a 16-key step.
 template <typename T, class Cfg>
-__device__ __forceinline__ void accumulate_pv(OFrag<Cfg>& o, const SFrag<Cfg>& sc, uint32_t v_lane) {
+__device__ __forceinline__ void accumulate_pv(OFrag<Cfg>& o, const SFrag<Cfg>& sc,
+                                              uint32_t v_lane) {
   constexpr int kMT = Cfg::kMTiles;
   using Rows = detail::SwizzledRows<Cfg::kHeadDim>;
 #pragma unroll
@@ -546,7 +554,8 @@ __device__ __forceinline__ void accumulate_pv(OFrag<Cfg>& o, const SFrag<Cfg>& s
 }
 
 // Row sums: the quad's partial sums.
-template <class Cfg> __device__ __forceinline__ void reduce_row_sums(RowState<Cfg>& row_sum) {
+template <class Cfg>
+__device__ __forceinline__ void reduce_row_sums(RowState<Cfg>& row_sum) {
 #pragma unroll
   for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
 #pragma unroll
@@ -561,8 +570,9 @@ template <class Cfg> __device__ __forceinline__ void reduce_row_sums(RowState<Cf
 // (log-sum-exp), through the K/V area once every warp is done with the last tile.
 template <class Cfg>
 __device__ __forceinline__ void merge_key_split_warps(uint8_t* smem, OFrag<Cfg>& o,
-                                                      RowState<Cfg>& row_max, RowState<Cfg>& row_sum,
-                                                      float c, int row0, int wn, int lane) {
+                                                      RowState<Cfg>& row_max,
+                                                      RowState<Cfg>& row_sum, float c, int row0,
+                                                      int wn, int lane) {
   constexpr int BM = Cfg::kBlockM;
   constexpr int kMT = Cfg::kMTiles;
   float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);
@@ -627,7 +637,8 @@ __device__ __forceinline__ void merge_key_split_warps(uint8_t* smem, OFrag<Cfg>&
         for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            o[mt][dt][e] += red_o[(((w - 1) * kMT + mt) * Cfg::kDTiles * 4 + dt * 4 + e) * 32 + lane];
+            o[mt][dt][e] +=
+                red_o[(((w - 1) * kMT + mt) * Cfg::kDTiles * 4 + dt * 4 + e) * 32 + lane];
           }
         }
       }
@@ -639,10 +650,11 @@ __device__ __forceinline__ void merge_key_split_warps(uint8_t* smem, OFrag<Cfg>&
 // state (kPartial*), then the merge of the cluster's splits.
 template <typename T, class Cfg>
 __device__ __forceinline__ void store_cluster_partial(const FwdArgs& a, const Seq& s, uint8_t* smem,
-                                                      const OFrag<Cfg>& o, const RowState<Cfg>& row_max,
-                                                      const RowState<Cfg>& row_sum, float c, bool owner,
-                                                      int b, int head, int m0, int rows, int split,
-                                                      int row0, int lane) {
+                                                      const OFrag<Cfg>& o,
+                                                      const RowState<Cfg>& row_max,
+                                                      const RowState<Cfg>& row_sum, float c,
+                                                      bool owner, int b, int head, int m0, int rows,
+                                                      int split, int row0, int lane) {
   if (owner) {
     float* lse_part = reinterpret_cast<float*>(smem + Cfg::kPartialLseOffset);
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kPartialOOffset);
@@ -665,9 +677,9 @@ __device__ __forceinline__ void store_cluster_partial(const FwdArgs& a, const Se
 template <class Cfg>
 __device__ __forceinline__ void store_split_partial(const FwdArgs& a, const OFrag<Cfg>& o,
                                                     const RowState<Cfg>& row_max,
-                                                    const RowState<Cfg>& row_sum, float c, bool owner,
-                                                    int b, int head, int m0, int rows, int split,
-                                                    int row0, int lane) {
+                                                    const RowState<Cfg>& row_sum, float c,
+                                                    bool owner, int b, int head, int m0, int rows,
+                                                    int split, int row0, int lane) {
   if (owner) {
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
@@ -738,7 +750,8 @@ __device__ __forceinline__ void store_output(const FwdArgs& a, const Seq& s, uin
     if (m < rows) {
       int i, h;
       row_coords(a, head, m, &i, &h);
-      *reinterpret_cast<Chunk16*>(out + s.out_off + i * a.out_row_stride + h * a.out_head_stride + ch * 8) =
+      *reinterpret_cast<Chunk16*>(out + s.out_off + i * a.out_row_stride + h * a.out_head_stride +
+                                  ch * 8) =
           *reinterpret_cast<const Chunk16*>(smem + tile_offset<D>(r, ch));
     }
   }
@@ -787,8 +800,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   uint8_t* smem = dynamic_smem();
   const uint32_t sq = smem_u32(smem);
   const uint32_t skv = sq + Cfg::kQBytes;
-  const int row0 = wm * Cfg::kMTiles * 16;     // first local row of the warp
-  const int key_w = wn * Cfg::kWarpKeys;       // first key of the warp within a tile
+  const int row0 = wm * Cfg::kMTiles * 16;  // first local row of the warp
+  const int key_w = wn * Cfg::kWarpKeys;    // first key of the warp within a tile
   const int lr_a = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int lr_b = (lane & 7) + (lane >> 4) * 8;
   using Rows = detail::SwizzledRows<D>;
@@ -859,7 +872,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
   }
   if (split_out) {
-    store_split_partial<Cfg>(a, o, row_max, row_sum, c, owner, b, head, m0, rows, split, row0, lane);
+    store_split_partial<Cfg>(a, o, row_max, row_sum, c, owner, b, head, m0, rows, split, row0,
+                             lane);
     return;
   }
   store_output<T, Cfg, kQRegs>(a, s, smem, o, row_max, row_sum, c, owner, b, head, m0, rows, row0,

@@ -57,13 +57,13 @@ namespace attention {
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 struct AttnFwdParams {
-  DType dtype = DType::kBFloat16;   // q, k, v, out
-  int64_t batch = 0;                // sequences (varlen: number of sequences)
+  DType dtype = DType::kBFloat16;  // q, k, v, out
+  int64_t batch = 0;               // sequences (varlen: number of sequences)
   int64_t heads_q = 0;
-  int64_t heads_kv = 0;             // divides heads_q
-  int64_t head_dim = 0;             // CUDA: 32, 64, 96, 128, 192, 256; CPU: any > 0
-  int64_t seqlen_q = 0;             // padded length, or max over sequences (varlen)
-  int64_t seqlen_k = 0;             // padded length, or max (varlen / paged: an upper bound)
+  int64_t heads_kv = 0;  // divides heads_q
+  int64_t head_dim = 0;  // CUDA: 32, 64, 96, 128, 192, 256; CPU: any > 0
+  int64_t seqlen_q = 0;  // padded length, or max over sequences (varlen)
+  int64_t seqlen_k = 0;  // padded length, or max (varlen / paged: an upper bound)
 
   const void* q = nullptr;
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
@@ -73,7 +73,7 @@ struct AttnFwdParams {
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
   void* out = nullptr;
   int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
-  float* lse = nullptr;             // optional: [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q])
+  float* lse = nullptr;  // optional: [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q])
   int64_t lse_batch_stride = 0, lse_head_stride = 0;  // row stride 1
 
   const int32_t* cu_seqlens_q = nullptr;  // varlen: [batch + 1]
@@ -82,20 +82,20 @@ struct AttnFwdParams {
   const int32_t* kv_batch_idx = nullptr;  // [batch] cache_batch_idx
   const int32_t* leftpad_k = nullptr;     // [batch] cache_leftpad
 
-  const int32_t* block_table = nullptr;   // paged: [batch, max_blocks_per_seq]
+  const int32_t* block_table = nullptr;  // paged: [batch, max_blocks_per_seq]
   int64_t block_table_batch_stride = 0;
-  int64_t page_block_size = 0;            // rows per cache block
-  int64_t num_blocks = 0;                 // blocks in the cache (for range checks)
+  int64_t page_block_size = 0;  // rows per cache block
+  int64_t num_blocks = 0;       // blocks in the cache (for range checks)
 
   float softmax_scale = 1.0f;
-  float softcap = 0.0f;                   // 0: none
+  float softcap = 0.0f;  // 0: none
   bool causal = false;
-  int64_t window_left = -1;               // -1: unbounded
+  int64_t window_left = -1;  // -1: unbounded
   int64_t window_right = -1;
-  const float* alibi_slopes = nullptr;    // [heads_q] or [batch, heads_q] fp32
-  int64_t alibi_batch_stride = 0;         // 0 for [heads_q]
+  const float* alibi_slopes = nullptr;  // [heads_q] or [batch, heads_q] fp32
+  int64_t alibi_batch_stride = 0;       // 0 for [heads_q]
 
-  int64_t num_splits = 1;                 // see above; 0: backend's choice
+  int64_t num_splits = 1;  // see above; 0: backend's choice
   float* out_accum = nullptr;
   float* lse_accum = nullptr;
 

@@ -18,7 +18,6 @@ namespace attention {
 namespace cuda {
 
 using detail::Chunk16;
-using detail::FastDivU32;
 using detail::cp_async_16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
@@ -26,6 +25,7 @@ using detail::dynamic_smem;
 using detail::fast_exp2;
 using detail::fast_log2;
 using detail::fast_tanh;
+using detail::FastDivU32;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
@@ -51,7 +51,8 @@ struct TileCoords {
   int seq;   // grid z (within this launch's batch chunk)
 };
 
-template <class Cfg> __device__ __forceinline__ TileCoords tile_coords(const FwdArgs& a) {
+template <class Cfg>
+__device__ __forceinline__ TileCoords tile_coords(const FwdArgs& a) {
   if constexpr (Cfg::kWarpsN > 1) {  // decode tiles: grid order (Plan::decode)
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
             static_cast<int>(blockIdx.z)};
@@ -72,10 +73,10 @@ template <class Cfg> __device__ __forceinline__ TileCoords tile_coords(const Fwd
 
 struct Seq {
   int len_q, len_k;
-  int q_start;                 // varlen: first packed row of the sequence
-  int64_t q_off, out_off;      // element offsets of the sequence (row 0, head 0)
-  int64_t k_off, v_off;        // of key row 0 of the kv head (paged: head offset only)
-  const int32_t* blocks;       // paged: the sequence's block-table row
+  int q_start;             // varlen: first packed row of the sequence
+  int64_t q_off, out_off;  // element offsets of the sequence (row 0, head 0)
+  int64_t k_off, v_off;    // of key row 0 of the kv head (paged: head offset only)
+  const int32_t* blocks;   // paged: the sequence's block-table row
 };
 
 __device__ __forceinline__ Seq sequence(const FwdArgs& a, int b, int head) {
@@ -144,7 +145,8 @@ __device__ __forceinline__ KeyRange key_range(const FwdArgs& a, const Seq& s, in
   int64_t begin = max64(0, floor_div(dmin - a.win_left, BN));
   int64_t end = min64(n_total, floor_div(dmax + a.win_right, BN) + 1);
   KeyRange r;
-  r.mask_hi = static_cast<int>(max64(-1, min64(s.len_k / BN, floor_div(dmin + a.win_right + 1, BN))));
+  r.mask_hi =
+      static_cast<int>(max64(-1, min64(s.len_k / BN, floor_div(dmin + a.win_right + 1, BN))));
   r.mask_lo = static_cast<int>(max64(-1, min64(n_total, ceil_div_signed(dmax - a.win_left, BN))));
   if (a.num_splits > 1 && end > begin) {
     const int64_t per = ceil_div(end - begin, a.num_splits);
@@ -164,9 +166,9 @@ __device__ __forceinline__ void row_coords(const FwdArgs& a, int head, int m, in
 }
 
 __device__ __forceinline__ int64_t lse_index(const FwdArgs& a, const Seq& s, int b, int h, int i) {
-  return a.cu_seqlens_q != nullptr
-             ? static_cast<int64_t>(h) * a.lse_head_stride + s.q_start + i
-             : static_cast<int64_t>(b) * a.lse_batch_stride + static_cast<int64_t>(h) * a.lse_head_stride + i;
+  return a.cu_seqlens_q != nullptr ? static_cast<int64_t>(h) * a.lse_head_stride + s.q_start + i
+                                   : static_cast<int64_t>(b) * a.lse_batch_stride +
+                                         static_cast<int64_t>(h) * a.lse_head_stride + i;
 }
 
 __device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b, int h, int i) {
@@ -180,7 +182,8 @@ __device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b,
 // whole rows (coalesced) and a thread walks its rows with one pointer increment per pass
 // instead of holding a 64-bit address per row.
 // ---------------------------------------------------------------------------------------------
-template <class Cfg> struct RowSplit {
+template <class Cfg>
+struct RowSplit {
   static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
   static constexpr int kActive = kRowsPerPass * Cfg::kChunksPerRow;
   static constexpr int kQPasses = (Cfg::kBlockM + kRowsPerPass - 1) / kRowsPerPass;
@@ -277,7 +280,8 @@ __device__ __forceinline__ int32_t page_block_of_row(const FwdArgs& a, const Seq
 // soon as it has consumed it (kStages tiles in flight while it waits, not kStages - 1). Lanes run
 // over the 16-byte chunks of a row, then over rows. Paged: lane r holds the block id of key row
 // key_w + r (lane_block, loaded by the kernel a tile ahead) and hands it out by a shuffle.
-template <class Cfg> struct WarpRowSplit {
+template <class Cfg>
+struct WarpRowSplit {
   static constexpr int kRowsPerPass = 32 / Cfg::kChunksPerRow;
   static constexpr int kActive = kRowsPerPass * Cfg::kChunksPerRow;  // lanes with a chunk
   static constexpr int kPasses = (Cfg::kWarpKeys + kRowsPerPass - 1) / kRowsPerPass;
@@ -409,7 +413,8 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[Cfg::kMTiles][Cfg::kN
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = a.softcap_log2 * fast_tanh(s[mt][nt][e] * a.softcap_scale);
+        for (int e = 0; e < 4; ++e)
+          s[mt][nt][e] = a.softcap_log2 * fast_tanh(s[mt][nt][e] * a.softcap_scale);
       }
     }
   } else {

@@ -28,7 +28,8 @@ int64_t element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
 // ---- reshape_and_cache(_flash) ----
 
-void copy_row(const char* src, const CacheLayout& c, int64_t dst_offset, int64_t head_size, int64_t esize) {
+void copy_row(const char* src, const CacheLayout& c, int64_t dst_offset, int64_t head_size,
+              int64_t esize) {
   char* base = static_cast<char*>(c.data);
   if (c.x == head_size && c.d_inner_stride == 1) {
     std::memcpy(base + dst_offset * esize, src, head_size * esize);
@@ -50,7 +51,8 @@ void cache_write(const CacheWriteParams& p) {
     const int64_t s = p.slot_mapping_int64 ? static_cast<const int64_t*>(p.slot_mapping)[t]
                                            : static_cast<const int32_t*>(p.slot_mapping)[t];
     TORCH_CHECK(s < slots, "slot_mapping[", t, "] = ", s, " is outside the cache of ", p.num_blocks,
-                " blocks x ", p.block_size, " = ", slots, " slots (valid: -1 to skip, or 0 .. ", slots - 1, ")");
+                " blocks x ", p.block_size, " = ", slots, " slots (valid: -1 to skip, or 0 .. ",
+                slots - 1, ")");
     slot[t] = s;
   }
   const int64_t esize = element_size(p.dtype);
@@ -60,13 +62,16 @@ void cache_write(const CacheWriteParams& p) {
       const int64_t block = slot[t] / p.block_size;
       const int64_t row = slot[t] % p.block_size;
       for (int64_t h = 0; h < p.num_heads; ++h) {
-        const char* k = static_cast<const char*>(p.key) + (t * p.key_token_stride + h * p.key_head_stride) * esize;
-        const char* v =
-            static_cast<const char*>(p.value) + (t * p.value_token_stride + h * p.value_head_stride) * esize;
+        const char* k = static_cast<const char*>(p.key) +
+                        (t * p.key_token_stride + h * p.key_head_stride) * esize;
+        const char* v = static_cast<const char*>(p.value) +
+                        (t * p.value_token_stride + h * p.value_head_stride) * esize;
         const CacheLayout& kc = p.key_cache;
         const CacheLayout& vc = p.value_cache;
-        copy_row(k, kc, block * kc.block_stride + row * kc.row_stride + h * kc.head_stride, p.head_size, esize);
-        copy_row(v, vc, block * vc.block_stride + row * vc.row_stride + h * vc.head_stride, p.head_size, esize);
+        copy_row(k, kc, block * kc.block_stride + row * kc.row_stride + h * kc.head_stride,
+                 p.head_size, esize);
+        copy_row(v, vc, block * vc.block_stride + row * vc.row_stride + h * vc.head_stride,
+                 p.head_size, esize);
       }
     }
   });
@@ -101,7 +106,8 @@ struct Rotary {
 };
 
 template <typename T, typename TT>
-void append(const KvAppendParams& p, const std::vector<int64_t>& k_rows, const std::vector<int64_t>& v_rows) {
+void append(const KvAppendParams& p, const std::vector<int64_t>& k_rows,
+            const std::vector<int64_t>& v_rows) {
   const bool rotary = p.rotary_cos != nullptr;
   const Rotary<T, TT> rot{p};
   const int64_t d = p.head_dim;
@@ -114,10 +120,10 @@ void append(const KvAppendParams& p, const std::vector<int64_t>& k_rows, const s
         const int64_t i = t % p.seqlen_new;
         const int64_t pos = static_cast<int64_t>(p.cache_seqlens[b]) + i;
         for (int64_t h = 0; h < p.heads_kv; ++h) {
-          const T* k = static_cast<const T*>(p.k_new) + b * p.k_new_batch_stride + i * p.k_new_row_stride +
-                       h * p.k_new_head_stride;
-          const T* v = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride + i * p.v_new_row_stride +
-                       h * p.v_new_head_stride;
+          const T* k = static_cast<const T*>(p.k_new) + b * p.k_new_batch_stride +
+                       i * p.k_new_row_stride + h * p.k_new_head_stride;
+          const T* v = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride +
+                       i * p.v_new_row_stride + h * p.v_new_head_stride;
           T* kd = static_cast<T*>(p.k_cache) + k_rows[t] + h * p.k_cache_head_stride;
           T* vd = static_cast<T*>(p.v_cache) + v_rows[t] + h * p.v_cache_head_stride;
           if (rotary) {
@@ -136,9 +142,11 @@ void append(const KvAppendParams& p, const std::vector<int64_t>& k_rows, const s
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / p.seqlen_q;
         const int64_t i = t % p.seqlen_q;
-        const int64_t pos = static_cast<int64_t>(p.cache_seqlens[b]) + (p.q_positions_per_token ? i : 0);
+        const int64_t pos =
+            static_cast<int64_t>(p.cache_seqlens[b]) + (p.q_positions_per_token ? i : 0);
         for (int64_t h = 0; h < p.heads_q; ++h) {
-          const T* src = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride;
+          const T* src = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_row_stride +
+                         h * p.q_head_stride;
           T* dst = static_cast<T*>(p.q_out) + b * p.q_out_batch_stride + i * p.q_out_row_stride +
                    h * p.q_out_head_stride;
           rot.apply(src, dst, pos);
@@ -149,7 +157,8 @@ void append(const KvAppendParams& p, const std::vector<int64_t>& k_rows, const s
 }
 
 template <typename T>
-void append_dispatch(const KvAppendParams& p, const std::vector<int64_t>& k_rows, const std::vector<int64_t>& v_rows) {
+void append_dispatch(const KvAppendParams& p, const std::vector<int64_t>& k_rows,
+                     const std::vector<int64_t>& v_rows) {
   if (p.rotary_cos != nullptr && p.rotary_fp32) {
     append<T, float>(p, k_rows, v_rows);
   } else {
@@ -171,8 +180,8 @@ void kv_append(const KvAppendParams& p) {
     const int64_t start = p.cache_seqlens[b];
     TORCH_CHECK(start >= 0, "cache_seqlens[", b, "] = ", start, " must be >= 0");
     if (p.k_new != nullptr) {
-      TORCH_CHECK(start + p.seqlen_new <= capacity, "cache_seqlens[", b, "] = ", start, " + ", p.seqlen_new,
-                  " new tokens exceeds the capacity of k_cache (", capacity,
+      TORCH_CHECK(start + p.seqlen_new <= capacity, "cache_seqlens[", b, "] = ", start, " + ",
+                  p.seqlen_new, " new tokens exceeds the capacity of k_cache (", capacity,
                   paged ? " rows: block_table.size(1) x block size)" : " rows per sequence)");
     }
     int64_t kb = b;
@@ -182,19 +191,24 @@ void kv_append(const KvAppendParams& p) {
                   " is outside the batch of k_cache [0, ", p.cache_batch, ")");
     }
     if (rotary) {
-      const int64_t last_k = p.k_new != nullptr && p.seqlen_new > 0 ? start + p.seqlen_new - 1 : start;
-      const int64_t last_q = start + (p.q_positions_per_token && p.seqlen_q > 0 ? p.seqlen_q - 1 : 0);
+      const int64_t last_k =
+          p.k_new != nullptr && p.seqlen_new > 0 ? start + p.seqlen_new - 1 : start;
+      const int64_t last_q =
+          start + (p.q_positions_per_token && p.seqlen_q > 0 ? p.seqlen_q - 1 : 0);
       const int64_t last = std::max(last_k, last_q);
       TORCH_CHECK(last < p.rotary_rows, "rotary_cos / rotary_sin have ", p.rotary_rows,
-                  " rows, but sequence ", b, " needs position ", last, " (cache_seqlens[", b, "] = ", start, ")");
+                  " rows, but sequence ", b, " needs position ", last, " (cache_seqlens[", b,
+                  "] = ", start, ")");
     }
     for (int64_t i = 0; i < (p.k_new != nullptr ? p.seqlen_new : 0); ++i) {
       const int64_t row = start + i;
       int64_t k_off, v_off;
       if (paged) {
-        const int64_t block = p.block_table[b * p.block_table_batch_stride + row / p.page_block_size];
-        TORCH_CHECK(block >= 0 && block < p.num_blocks, "block_table[", b, ", ", row / p.page_block_size, "] = ", block,
-                    " is outside the cache of ", p.num_blocks, " blocks");
+        const int64_t block =
+            p.block_table[b * p.block_table_batch_stride + row / p.page_block_size];
+        TORCH_CHECK(block >= 0 && block < p.num_blocks, "block_table[", b, ", ",
+                    row / p.page_block_size, "] = ", block, " is outside the cache of ",
+                    p.num_blocks, " blocks");
         k_off = block * p.k_cache_batch_stride + (row % p.page_block_size) * p.k_cache_row_stride;
         v_off = block * p.v_cache_batch_stride + (row % p.page_block_size) * p.v_cache_row_stride;
       } else {

@@ -69,9 +69,10 @@ __global__ void cache_write_kernel(const CacheWriteParams p) {
   if (slot < 0) return;  // padding token
   if (slot >= p.num_blocks * p.block_size) {
     if (threadIdx.x == 0) {
-      printf("attention: slot_mapping[%lld] = %lld is outside the cache of %lld blocks x %lld slots\n",
-             static_cast<long long>(t), static_cast<long long>(slot), static_cast<long long>(p.num_blocks),
-             static_cast<long long>(p.block_size));
+      printf(
+          "attention: slot_mapping[%lld] = %lld is outside the cache of %lld blocks x %lld slots\n",
+          static_cast<long long>(t), static_cast<long long>(slot),
+          static_cast<long long>(p.num_blocks), static_cast<long long>(p.block_size));
       stop_kernel("slot_mapping value outside the cache");
     }
     return;
@@ -88,10 +89,12 @@ __global__ void cache_write_kernel(const CacheWriteParams p) {
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
     const int64_t h = e / p.head_size;
     const int64_t d = e % p.head_size;
-    key_cache[block * kc.block_stride + row * kc.row_stride + h * kc.head_stride + (d / kc.x) * kc.d_outer_stride +
-              (d % kc.x) * kc.d_inner_stride] = key[t * p.key_token_stride + h * p.key_head_stride + d];
-    value_cache[block * vc.block_stride + row * vc.row_stride + h * vc.head_stride + (d / vc.x) * vc.d_outer_stride +
-                (d % vc.x) * vc.d_inner_stride] = value[t * p.value_token_stride + h * p.value_head_stride + d];
+    key_cache[block * kc.block_stride + row * kc.row_stride + h * kc.head_stride +
+              (d / kc.x) * kc.d_outer_stride + (d % kc.x) * kc.d_inner_stride] =
+        key[t * p.key_token_stride + h * p.key_head_stride + d];
+    value_cache[block * vc.block_stride + row * vc.row_stride + h * vc.head_stride +
+                (d / vc.x) * vc.d_outer_stride + (d % vc.x) * vc.d_inner_stride] =
+        value[t * p.value_token_stride + h * p.value_head_stride + d];
   }
 }
 
@@ -114,9 +117,12 @@ __device__ __forceinline__ T rotate(const KvAppendParams& p, const T* src, int64
   }
   const float a = Num<T>::to_float(src[ia]);
   const float b = Num<T>::to_float(src[ib]);
-  const float co = Num<TT>::to_float(static_cast<const TT*>(p.rotary_cos)[pos * p.rotary_cos_row_stride + pair]);
-  const float si = Num<TT>::to_float(static_cast<const TT*>(p.rotary_sin)[pos * p.rotary_sin_row_stride + pair]);
-  const float r = c == ia ? __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si)) : __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
+  const float co =
+      Num<TT>::to_float(static_cast<const TT*>(p.rotary_cos)[pos * p.rotary_cos_row_stride + pair]);
+  const float si =
+      Num<TT>::to_float(static_cast<const TT*>(p.rotary_sin)[pos * p.rotary_sin_row_stride + pair]);
+  const float r = c == ia ? __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si))
+                          : __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
   return Num<T>::from_float(r);
 }
 
@@ -142,10 +148,12 @@ __global__ void kv_append_kernel(const KvAppendParams p) {
     }
   } else if (!ok) {
     if (threadIdx.x == 0) {
-      printf("attention: cache_seqlens[%lld] = %lld: new token %lld lands at row %lld, outside the %lld rows of "
-             "k_cache\n",
-             static_cast<long long>(b), static_cast<long long>(start), static_cast<long long>(i),
-             static_cast<long long>(row), static_cast<long long>(capacity));
+      printf(
+          "attention: cache_seqlens[%lld] = %lld: new token %lld lands at row %lld, outside the "
+          "%lld rows of "
+          "k_cache\n",
+          static_cast<long long>(b), static_cast<long long>(start), static_cast<long long>(i),
+          static_cast<long long>(row), static_cast<long long>(capacity));
       stop_kernel("cache_seqlens value outside the cache");
     }
   } else if (p.kv_batch_idx != nullptr) {
@@ -153,7 +161,8 @@ __global__ void kv_append_kernel(const KvAppendParams p) {
     ok = kb >= 0 && kb < p.cache_batch;
     if (!ok && threadIdx.x == 0) {
       printf("attention: cache_batch_idx[%lld] = %lld is outside the batch of k_cache (%lld)\n",
-             static_cast<long long>(b), static_cast<long long>(kb), static_cast<long long>(p.cache_batch));
+             static_cast<long long>(b), static_cast<long long>(kb),
+             static_cast<long long>(p.cache_batch));
       stop_kernel("cache_batch_idx value outside the cache");
     }
   }
@@ -162,23 +171,28 @@ __global__ void kv_append_kernel(const KvAppendParams p) {
     ok = false;
     if (threadIdx.x == 0) {
       printf("attention: rotary_cos / rotary_sin have %lld rows, sequence %lld needs row %lld\n",
-             static_cast<long long>(p.rotary_rows), static_cast<long long>(b), static_cast<long long>(row));
+             static_cast<long long>(p.rotary_rows), static_cast<long long>(b),
+             static_cast<long long>(row));
       stop_kernel("rotary_cos row outside the table");
     }
   }
   if (!ok) return;
   T* k_cache = static_cast<T*>(p.k_cache);
   T* v_cache = static_cast<T*>(p.v_cache);
-  const int64_t k_off = paged ? block * p.k_cache_batch_stride + (row % p.page_block_size) * p.k_cache_row_stride
-                              : kb * p.k_cache_batch_stride + row * p.k_cache_row_stride;
-  const int64_t v_off = paged ? block * p.v_cache_batch_stride + (row % p.page_block_size) * p.v_cache_row_stride
-                              : kb * p.v_cache_batch_stride + row * p.v_cache_row_stride;
+  const int64_t k_off =
+      paged ? block * p.k_cache_batch_stride + (row % p.page_block_size) * p.k_cache_row_stride
+            : kb * p.k_cache_batch_stride + row * p.k_cache_row_stride;
+  const int64_t v_off =
+      paged ? block * p.v_cache_batch_stride + (row % p.page_block_size) * p.v_cache_row_stride
+            : kb * p.v_cache_batch_stride + row * p.v_cache_row_stride;
   const int64_t n = p.heads_kv * p.head_dim;
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
     const int64_t h = e / p.head_dim;
     const int64_t c = e % p.head_dim;
-    const T* k = static_cast<const T*>(p.k_new) + b * p.k_new_batch_stride + i * p.k_new_row_stride + h * p.k_new_head_stride;
-    const T* v = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride + i * p.v_new_row_stride + h * p.v_new_head_stride;
+    const T* k = static_cast<const T*>(p.k_new) + b * p.k_new_batch_stride +
+                 i * p.k_new_row_stride + h * p.k_new_head_stride;
+    const T* v = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride +
+                 i * p.v_new_row_stride + h * p.v_new_head_stride;
     k_cache[k_off + h * p.k_cache_head_stride + c] = rotary ? rotate<T, TT>(p, k, c, row) : k[c];
     v_cache[v_off + h * p.v_cache_head_stride + c] = v[c];
   }
@@ -192,10 +206,13 @@ __global__ void rotate_q_kernel(const KvAppendParams p) {
   const int64_t pos = start + (p.q_positions_per_token ? i : 0);
   if (start < 0 || pos >= p.rotary_rows) {
     if (threadIdx.x == 0) {
-      printf("attention: rotary_cos / rotary_sin have %lld rows, query %lld of sequence %lld needs row %lld "
-             "(cache_seqlens[%lld] = %lld)\n",
-             static_cast<long long>(p.rotary_rows), static_cast<long long>(i), static_cast<long long>(b),
-             static_cast<long long>(pos), static_cast<long long>(b), static_cast<long long>(start));
+      printf(
+          "attention: rotary_cos / rotary_sin have %lld rows, query %lld of sequence %lld needs "
+          "row %lld "
+          "(cache_seqlens[%lld] = %lld)\n",
+          static_cast<long long>(p.rotary_rows), static_cast<long long>(i),
+          static_cast<long long>(b), static_cast<long long>(pos), static_cast<long long>(b),
+          static_cast<long long>(start));
       stop_kernel("rotary_cos row outside the table");
     }
     return;
@@ -204,8 +221,10 @@ __global__ void rotate_q_kernel(const KvAppendParams p) {
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
     const int64_t h = e / p.head_dim;
     const int64_t c = e % p.head_dim;
-    const T* src = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride;
-    T* dst = static_cast<T*>(p.q_out) + b * p.q_out_batch_stride + i * p.q_out_row_stride + h * p.q_out_head_stride;
+    const T* src = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_row_stride +
+                   h * p.q_head_stride;
+    T* dst = static_cast<T*>(p.q_out) + b * p.q_out_batch_stride + i * p.q_out_row_stride +
+             h * p.q_out_head_stride;
     dst[c] = rotate<T, TT>(p, src, c, pos);
   }
 }
@@ -213,7 +232,8 @@ __global__ void rotate_q_kernel(const KvAppendParams p) {
 template <typename T, typename TT>
 void launch_append(const KvAppendParams& p, cudaStream_t stream) {
   if (p.k_new != nullptr && p.batch * p.seqlen_new > 0) {
-    kv_append_kernel<T, TT><<<static_cast<unsigned>(p.batch * p.seqlen_new), kThreads, 0, stream>>>(p);
+    kv_append_kernel<T, TT>
+        <<<static_cast<unsigned>(p.batch * p.seqlen_new), kThreads, 0, stream>>>(p);
   }
   if (p.rotary_cos != nullptr && p.q != nullptr && p.batch * p.seqlen_q > 0) {
     rotate_q_kernel<T, TT><<<static_cast<unsigned>(p.batch * p.seqlen_q), kThreads, 0, stream>>>(p);
@@ -248,8 +268,8 @@ cudaError_t cache_write(const CacheWriteParams& p, cudaStream_t stream) {
 }
 
 cudaError_t kv_append(const KvAppendParams& p, cudaStream_t stream) {
-  if (p.cache_seqlens == nullptr || p.batch * p.seqlen_new > kMaxGrid || p.batch * p.seqlen_q > kMaxGrid ||
-      (p.block_table != nullptr && p.page_block_size <= 0)) {
+  if (p.cache_seqlens == nullptr || p.batch * p.seqlen_new > kMaxGrid ||
+      p.batch * p.seqlen_q > kMaxGrid || (p.block_table != nullptr && p.page_block_size <= 0)) {
     return cudaErrorInvalidValue;
   }
   return dispatch::floats(p.dtype, [&](auto t) {

@@ -44,19 +44,19 @@ namespace attention {
 struct CacheLayout {
   void* data = nullptr;
   int64_t block_stride = 0, row_stride = 0, head_stride = 0;
-  int64_t x = 1;                 // channels per innermost group (head_size for unsplit layouts)
-  int64_t d_outer_stride = 0;    // stride of d / x
-  int64_t d_inner_stride = 1;    // stride of d % x
+  int64_t x = 1;               // channels per innermost group (head_size for unsplit layouts)
+  int64_t d_outer_stride = 0;  // stride of d / x
+  int64_t d_inner_stride = 1;  // stride of d % x
 };
 
 struct CacheWriteParams {
   DType dtype = DType::kBFloat16;
-  int64_t num_tokens = 0;        // tokens written: slot_mapping.size(0) (<= key.size(0))
+  int64_t num_tokens = 0;  // tokens written: slot_mapping.size(0) (<= key.size(0))
   int64_t num_heads = 0;
   int64_t head_size = 0;
-  const void* key = nullptr;     // [>= num_tokens, num_heads, head_size]
+  const void* key = nullptr;  // [>= num_tokens, num_heads, head_size]
   int64_t key_token_stride = 0, key_head_stride = 0;
-  const void* value = nullptr;   // [>= num_tokens, num_heads, head_size]
+  const void* value = nullptr;  // [>= num_tokens, num_heads, head_size]
   int64_t value_token_stride = 0, value_head_stride = 0;
   CacheLayout key_cache, value_cache;
   int64_t num_blocks = 0;
@@ -72,7 +72,7 @@ struct KvAppendParams {
 
   // New keys / values (optional: seqlen_new = 0 or null pointers writes nothing).
   int64_t seqlen_new = 0;
-  const void* k_new = nullptr;   // [batch, seqlen_new, heads_kv, head_dim]
+  const void* k_new = nullptr;  // [batch, seqlen_new, heads_kv, head_dim]
   int64_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
   const void* v_new = nullptr;
   int64_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
@@ -82,8 +82,8 @@ struct KvAppendParams {
   int64_t k_cache_batch_stride = 0, k_cache_row_stride = 0, k_cache_head_stride = 0;
   void* v_cache = nullptr;
   int64_t v_cache_batch_stride = 0, v_cache_row_stride = 0, v_cache_head_stride = 0;
-  int64_t cache_batch = 0;       // not paged: batch dimension of the caches
-  int64_t cache_seqlen = 0;      // not paged: rows per cache sequence
+  int64_t cache_batch = 0;   // not paged: batch dimension of the caches
+  int64_t cache_seqlen = 0;  // not paged: rows per cache sequence
 
   const int32_t* cache_seqlens = nullptr;  // [batch] (required)
   const int32_t* kv_batch_idx = nullptr;   // [batch] (not paged)
@@ -94,15 +94,15 @@ struct KvAppendParams {
   int64_t num_blocks = 0;
 
   // Rotary embedding (optional).
-  const void* rotary_cos = nullptr;        // [rotary_rows, rotary_dim / 2]
+  const void* rotary_cos = nullptr;  // [rotary_rows, rotary_dim / 2]
   const void* rotary_sin = nullptr;
-  bool rotary_fp32 = false;                // tables float32, else the dtype of q
+  bool rotary_fp32 = false;  // tables float32, else the dtype of q
   int64_t rotary_rows = 0, rotary_dim = 0;
   int64_t rotary_cos_row_stride = 0, rotary_sin_row_stride = 0;  // unit stride along a row
   bool rotary_interleaved = true;
 
   // q rotated into q_out (only with rotary tables).
-  const void* q = nullptr;                 // [batch, seqlen_q, heads_q, head_dim]
+  const void* q = nullptr;  // [batch, seqlen_q, heads_q, head_dim]
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   void* q_out = nullptr;
   int64_t q_out_batch_stride = 0, q_out_row_stride = 0, q_out_head_stride = 0;

@@ -23,26 +23,40 @@ namespace {
 namespace dispatch {
 
 // An element type as a value: f(auto tag) gets it back as typename decltype(tag)::type.
-template <typename T> struct TypeTag { using type = T; };
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
 
 // The float set: kFloat32 -> float, kFloat16 -> __half, kBFloat16 -> __nv_bfloat16.
-template <typename DType, typename F> cudaError_t floats(DType dtype, F&& f) {
+template <typename DType, typename F>
+cudaError_t floats(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat16: return f(TypeTag<__half>{});
-    case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
-    default: return cudaErrorInvalidValue;
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat16:
+      return f(TypeTag<__half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<__nv_bfloat16>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
 // The float set and kFloat64 -> double.
-template <typename DType, typename F> cudaError_t floats_and_double(DType dtype, F&& f) {
+template <typename DType, typename F>
+cudaError_t floats_and_double(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat16: return f(TypeTag<__half>{});
-    case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
-    case DType::kFloat64: return f(TypeTag<double>{});
-    default: return cudaErrorInvalidValue;
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat16:
+      return f(TypeTag<__half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case DType::kFloat64:
+      return f(TypeTag<double>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -53,8 +67,10 @@ template <typename DType, typename T, typename F>
 cudaError_t same_or_float(DType dtype, DType ref_dtype, TypeTag<T> ref, F&& f) {
   if (dtype == ref_dtype) return f(ref);
   switch (dtype) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    default: return cudaErrorInvalidValue;
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

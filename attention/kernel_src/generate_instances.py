@@ -42,6 +42,8 @@ def fwd_instances(dtype: str, head_dim: int) -> list[tuple[str, str, str]]:
     return [(DTYPES[dtype], cfg, mod) for cfg in CONFIGS[head_dim] for mod in SCORE_MODS]
 
 
+# The generated text is what clang-format (.clang-format) makes of it, so that
+# `scripts/dev.sh format` leaves it unchanged and the drift test holds.
 def instances_header() -> str:
     lines = [
         BANNER,
@@ -63,19 +65,21 @@ def instances_header() -> str:
         "using CombineKernelFn = void (*)(CombineArgs);",
         "",
         "// attn_fwd_kernel<T, Cfg, kScoreMod> (attention_fwd_kernel.cuh).",
-        "template <typename T, class Cfg, bool kScoreMod> FwdKernelFn fwd_kernel();",
+        "template <typename T, class Cfg, bool kScoreMod>",
+        "FwdKernelFn fwd_kernel();",
         "// attn_fwd_combine_kernel<T> (attention_fwd_combine_kernel.cuh).",
-        "template <typename T> CombineKernelFn combine_kernel();",
+        "template <typename T>",
+        "CombineKernelFn combine_kernel();",
         "",
     ]
     for head_dim in CONFIGS:
         for dtype in DTYPES:
             lines.append(f"// attention_fwd_hdim{head_dim}_{dtype}.cu")
             for t, cfg, mod in fwd_instances(dtype, head_dim):
-                lines.append(f"template <> FwdKernelFn fwd_kernel<{t}, {cfg}, {mod}>();")
+                lines += ["template <>", f"FwdKernelFn fwd_kernel<{t}, {cfg}, {mod}>();"]
     lines.append("// attention_fwd_combine.cu")
     for t in DTYPES.values():
-        lines.append(f"template <> CombineKernelFn combine_kernel<{t}>();")
+        lines += ["template <>", f"CombineKernelFn combine_kernel<{t}>();"]
     lines += ["", "}  // namespace cuda", "}  // namespace attention", ""]
     return "\n".join(lines)
 
@@ -100,7 +104,8 @@ def translation_unit(include: str, body: list[str]) -> str:
 
 def fwd_unit(dtype: str, head_dim: int) -> str:
     body = [
-        f"template <> FwdKernelFn fwd_kernel<{t}, {cfg}, {mod}>() {{ return attn_fwd_kernel<{t}, {cfg}, {mod}>; }}"
+        f"template <>\nFwdKernelFn fwd_kernel<{t}, {cfg}, {mod}>() {{\n"
+        f"  return attn_fwd_kernel<{t}, {cfg}, {mod}>;\n}}"
         for t, cfg, mod in fwd_instances(dtype, head_dim)
     ]
     return translation_unit("attention_fwd_kernel.cuh", body)
@@ -108,7 +113,8 @@ def fwd_unit(dtype: str, head_dim: int) -> str:
 
 def combine_unit() -> str:
     body = [
-        f"template <> CombineKernelFn combine_kernel<{t}>() {{ return attn_fwd_combine_kernel<{t}>; }}"
+        f"template <>\nCombineKernelFn combine_kernel<{t}>() {{\n"
+        f"  return attn_fwd_combine_kernel<{t}>;\n}}"
         for t in DTYPES.values()
     ]
     return translation_unit("attention_fwd_combine_kernel.cuh", body)
@@ -127,7 +133,9 @@ def generated_files() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
-    parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: kernel_src/)")
+    parser.add_argument(
+        "--out", type=Path, default=HERE, help="output folder (default: kernel_src/)"
+    )
     args = parser.parse_args(argv)
     stale = []
     for name, text in generated_files().items():

@@ -29,7 +29,7 @@ D products, one exp / log, the running max), or exactly +inf for a row that sees
 """
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,9 @@ def gen(seed: int) -> torch.Generator:
 
 
 def randn(shape, dtype, device, seed=0, scale=1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=gen(seed), dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+    return (torch.randn(shape, generator=gen(seed), dtype=torch.float32) * scale).to(
+        device=device, dtype=dtype
+    )
 
 
 def alibi_slopes(heads: int, device, batch: Optional[int] = None, seed: int = 7) -> torch.Tensor:
@@ -148,7 +150,9 @@ def pytorch_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0
 # ---- checks ----
 
 
-def check_out(ours: torch.Tensor, pytorch: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, what: str) -> None:
+def check_out(
+    ours: torch.Tensor, pytorch: torch.Tensor, ref: torch.Tensor, v: torch.Tensor, what: str
+) -> None:
     """The error bound of the module docstring (max over the tensor)."""
     ours, pytorch = ours.detach().cpu().double(), pytorch.detach().cpu().double()
     assert torch.isfinite(ours).all(), f"{what}: non-finite output"
@@ -156,16 +160,22 @@ def check_out(ours: torch.Tensor, pytorch: torch.Tensor, ref: torch.Tensor, v: t
     err_pt = (pytorch - ref).abs().max().item() if ref.numel() else 0.0
     vmax = v.detach().abs().max().item() if v.numel() else 0.0
     bound = 2 * err_pt + FLOOR * vmax
-    assert err <= bound, f"{what}: max error {err:.3g} > 2 x PyTorch's {err_pt:.3g} + floor {FLOOR * vmax:.3g}"
+    assert err <= bound, (
+        f"{what}: max error {err:.3g} > 2 x PyTorch's {err_pt:.3g} + floor {FLOOR * vmax:.3g}"
+    )
 
 
 def check_lse(lse: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     lse = lse.detach().cpu().double()
     inf = torch.isinf(ref)
-    assert torch.equal(torch.isinf(lse) & (lse > 0), inf), f"{what}: +inf lse exactly on the rows without keys"
+    assert torch.equal(torch.isinf(lse) & (lse > 0), inf), (
+        f"{what}: +inf lse exactly on the rows without keys"
+    )
     diff = (lse[~inf] - ref[~inf]).abs()
     tol = LSE_TOL * (1 + ref[~inf].abs())
-    assert bool((diff <= tol).all()), f"{what}: lse error {diff.max().item() if diff.numel() else 0:.3g}"
+    assert bool((diff <= tol).all()), (
+        f"{what}: lse error {diff.max().item() if diff.numel() else 0:.3g}"
+    )
 
 
 # ---- batches made of sequences ----
@@ -176,11 +186,19 @@ def lengths(seed: int, batch: int, lo: int, hi: int) -> List[int]:
 
 
 def cu_seqlens(lens: Sequence[int], device) -> torch.Tensor:
-    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    return torch.tensor(
+        [0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device
+    )
 
 
-def paged_cache(k_seqs: Sequence[torch.Tensor], v_seqs: Sequence[torch.Tensor], block_size: int, seed: int,
-                extra_blocks: int = 3, max_blocks: Optional[int] = None):
+def paged_cache(
+    k_seqs: Sequence[torch.Tensor],
+    v_seqs: Sequence[torch.Tensor],
+    block_size: int,
+    seed: int,
+    extra_blocks: int = 3,
+    max_blocks: Optional[int] = None,
+):
     """Scatter per-sequence K/V rows [L_b, H_kv, D] into a paged cache [num_blocks, block_size,
     H_kv, D] (random garbage elsewhere) with a random block table (each sequence's blocks at
     random, distinct places; unused table entries point at random valid blocks)."""
@@ -192,7 +210,9 @@ def paged_cache(k_seqs: Sequence[torch.Tensor], v_seqs: Sequence[torch.Tensor], 
     k_cache = randn((num_blocks, block_size, hk, d), dtype, device, seed=seed + 100, scale=30.0)
     v_cache = randn((num_blocks, block_size, hk, d), dtype, device, seed=seed + 101, scale=30.0)
     perm = torch.randperm(num_blocks, generator=gen(seed)).tolist()
-    table = torch.randint(0, num_blocks, (len(k_seqs), width), generator=gen(seed + 1), dtype=torch.int32)
+    table = torch.randint(
+        0, num_blocks, (len(k_seqs), width), generator=gen(seed + 1), dtype=torch.int32
+    )
     at = 0
     for b, (ks, vs) in enumerate(zip(k_seqs, v_seqs)):
         for i in range(need[b]):
@@ -208,8 +228,17 @@ def paged_cache(k_seqs: Sequence[torch.Tensor], v_seqs: Sequence[torch.Tensor], 
 
 
 def sequences_check(
-    outs: Sequence[torch.Tensor], q_seqs, k_seqs, v_seqs, scale, what, causal=False, window=(-1, -1), softcap=0.0,
-    slopes: Optional[Sequence[Optional[torch.Tensor]]] = None, lses: Optional[Sequence[torch.Tensor]] = None,
+    outs: Sequence[torch.Tensor],
+    q_seqs,
+    k_seqs,
+    v_seqs,
+    scale,
+    what,
+    causal=False,
+    window=(-1, -1),
+    softcap=0.0,
+    slopes: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    lses: Optional[Sequence[torch.Tensor]] = None,
 ) -> None:
     """Checks each sequence's output (and lse) against the reference and PyTorch's error."""
     refs, pts, ours = [], [], []
@@ -223,15 +252,25 @@ def sequences_check(
         if lses is not None:
             check_lse(lses[b], ref_lse, f"{what} lse of sequence {b}")
     v_all = torch.cat([v.reshape(-1) for v in v_seqs]) if v_seqs else torch.zeros(0)
-    check_out(torch.cat([o.reshape(-1, *o.shape[-2:]) for o in ours]),
-              torch.cat([p.reshape(-1, *p.shape[-2:]) for p in pts]),
-              torch.cat([r.reshape(-1, *r.shape[-2:]) for r in refs]), v_all, what)
+    check_out(
+        torch.cat([o.reshape(-1, *o.shape[-2:]) for o in ours]),
+        torch.cat([p.reshape(-1, *p.shape[-2:]) for p in pts]),
+        torch.cat([r.reshape(-1, *r.shape[-2:]) for r in refs]),
+        v_all,
+        what,
+    )
 
 
 # ---- rotary (flash-attn's apply_rotary_emb, float64) ----
 
 
-def ref_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool):
+def ref_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    interleaved: bool,
+):
     """x [S, H, D] rotated at table rows positions [S] -> float64; cos/sin [rows, rot/2]."""
     x = x.detach().cpu().double()
     rot = 2 * cos.shape[1]

@@ -24,4 +24,6 @@ kernel, device = kernel_fixtures(REPO_ID, version=1, build_dir=BUILD_DIR)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", KERNELS_CI_MARKER)
-    config.addinivalue_line("markers", "slow: torch.compile or whole models; still part of the default run")
+    config.addinivalue_line(
+        "markers", "slow: torch.compile or whole models; still part of the default run"
+    )

@@ -9,9 +9,7 @@ in tests/test_bench_table.py.
 
 from pathlib import Path
 
-import pytest
 import torch
-
 from attention_cases import BF16, randn, ref_attention
 from attention_fixture import benchmark_fixtures, benchmark_workloads
 
@@ -47,21 +45,27 @@ def test_references_agree_with_float64(kernel, sweep):
     q = randn((37, 4, 64), BF16, "cpu", seed=1)
     k = randn((50, 2, 64), BF16, "cpu", seed=2)
     v = randn((50, 2, 64), BF16, "cpu", seed=3)
-    ref, _ = ref_attention(q, k, v, 64 ** -0.5, causal=True)
+    ref, _ = ref_attention(q, k, v, 64**-0.5, causal=True)
     got, _ = kernel._reference.attention(q, k, v, causal=True)
     assert (got.double() - ref).abs().max() < 1e-5
     rows = torch.tensor([0, 5, 36])
     got = sweep.reference_rows(q, k, v, rows, causal=True)
     assert (got.double() - ref[rows]).abs().max() < 1e-5
     slopes = torch.rand(4) * 0.3
-    ref, ref_lse = ref_attention(q, k, v, 0.1, causal=True, window=(9, 0), softcap=2.0, slopes=slopes)
-    got, lse = kernel._reference.attention(q, k, v, 0.1, True, (9, 0), 2.0, slopes, dtype=torch.float64)
+    ref, ref_lse = ref_attention(
+        q, k, v, 0.1, causal=True, window=(9, 0), softcap=2.0, slopes=slopes
+    )
+    got, lse = kernel._reference.attention(
+        q, k, v, 0.1, True, (9, 0), 2.0, slopes, dtype=torch.float64
+    )
     assert (got - ref).abs().max() < 1e-12 and torch.allclose(lse, ref_lse)
 
 
 def test_sweep_counts(sweep):
     c = sweep.Case("prefill", "bfloat16", 8, 2048, 128, 32, 32, causal=True)
     assert sweep.flops(c) == 4 * 8 * 32 * 2048 * 2048 * 128 // 2
-    assert sweep.flops(sweep.Case("prefill", "bfloat16", 8, 2048, 128, 32, 32, causal=False)) == 2 * sweep.flops(c)
+    assert sweep.flops(
+        sweep.Case("prefill", "bfloat16", 8, 2048, 128, 32, 32, causal=False)
+    ) == 2 * sweep.flops(c)
     d = sweep.Case("decode", "bfloat16", 64, 32768, 128, 32, 8, layout="paged16")
     assert sweep.kv_bytes(d) == 2 * 64 * 32768 * 8 * 128 * 2

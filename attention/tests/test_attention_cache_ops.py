@@ -7,7 +7,6 @@ values)."""
 
 import pytest
 import torch
-
 from attention_cases import dtype_id, dtypes_for, expect_raises, gen, randn
 
 
@@ -46,7 +45,9 @@ def _expected_paged(key, value, k_cache, v_cache, slots):
 def test_reshape_and_cache_flash(kernel, device, block_size, slot_dtype):
     tokens, heads, d, blocks = 23, 3, 64, 9
     for dtype in dtypes_for(device):
-        key = randn((tokens + 4, heads, d), dtype, device, seed=1)  # 4 padding tokens past slot_mapping
+        key = randn(
+            (tokens + 4, heads, d), dtype, device, seed=1
+        )  # 4 padding tokens past slot_mapping
         value = randn((tokens + 4, heads, d), dtype, device, seed=2)
         k_cache = randn((blocks, block_size, heads, d), dtype, device, seed=3)
         v_cache = randn((blocks, block_size, heads, d), dtype, device, seed=4)
@@ -83,7 +84,9 @@ def test_reshape_and_cache(kernel, device, x):
         v_cache = randn((blocks, heads, d, bs), dtype, device, seed=4)
         slots = _slots(tokens, blocks, bs, 5, skip=(3,)).to(device)
         k_ref, v_ref = _expected_paged(key, value, k_cache, v_cache, slots)
-        kernel.reshape_and_cache(key, value, k_cache, v_cache, slots, "auto", torch.ones(1), torch.ones(1))
+        kernel.reshape_and_cache(
+            key, value, k_cache, v_cache, slots, "auto", torch.ones(1), torch.ones(1)
+        )
         assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), dtype_id(dtype)
 
 
@@ -94,8 +97,12 @@ def test_paged_writes_feed_paged_attention(kernel, device):
     heads, hk, d, bs, blocks = 4, 2, 64, 16, 12
     lens = [30, 7]
     table = torch.tensor([[3, 9, 0, 0], [5, 0, 0, 0]], dtype=torch.int32, device=device)
-    slots = torch.cat([table[b, torch.arange(n) // bs].long() * bs + torch.arange(n, device=device) % bs
-                       for b, n in enumerate(lens)])
+    slots = torch.cat(
+        [
+            table[b, torch.arange(n) // bs].long() * bs + torch.arange(n, device=device) % bs
+            for b, n in enumerate(lens)
+        ]
+    )
     key = randn((sum(lens), hk, d), dtype, device, seed=1)
     value = randn((sum(lens), hk, d), dtype, device, seed=2)
     k_cache = torch.zeros((blocks, bs, hk, d), dtype=dtype, device=device)
@@ -104,8 +111,18 @@ def test_paged_writes_feed_paged_attention(kernel, device):
     q = randn((len(lens), heads, d), dtype, device, seed=3)
     cu_q = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
     used = torch.tensor(lens, dtype=torch.int32, device=device)
-    got = kernel.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 1, max(lens), seqused_k=used,
-                                        block_table=table, causal=True)
+    got = kernel.flash_attn_varlen_func(
+        q,
+        k_cache,
+        v_cache,
+        cu_q,
+        None,
+        1,
+        max(lens),
+        seqused_k=used,
+        block_table=table,
+        causal=True,
+    )
     cu_k = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=device)
     want = kernel.flash_attn_varlen_func(q, key, value, cu_q, cu_k, 1, max(lens), causal=True)
     assert torch.equal(got, want)
@@ -131,9 +148,13 @@ def test_bad_inputs(kernel, device):
     with expect_raises("key"):
         f(randn((4, 2, 64), dtype, device)[..., ::2], key, k_cache, v_cache, slots)
     with expect_raises("key_cache"):
-        kernel.reshape_and_cache(key, key, k_cache, v_cache, slots)  # flash layout where vLLM's is expected
+        kernel.reshape_and_cache(
+            key, key, k_cache, v_cache, slots
+        )  # flash layout where vLLM's is expected
     if device == "cpu":
         k0 = k_cache.clone()
         with expect_raises("slot_mapping"):
-            f(key, key, k_cache, v_cache, torch.tensor([0, 1, 24, 2], device=device))  # 3 x 8 = 24 slots
+            f(
+                key, key, k_cache, v_cache, torch.tensor([0, 1, 24, 2], device=device)
+            )  # 3 x 8 = 24 slots
         assert torch.equal(k_cache, k0), "nothing is written when a slot is out of range"

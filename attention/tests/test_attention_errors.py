@@ -8,14 +8,16 @@ written. dropout and any backward raise NotImplementedError.
 
 import pytest
 import torch
-
 from attention_cases import BF16, F16, F32, cu_seqlens, dtypes_for, expect_raises, randn
 
 
 def _qkv(device, dtype=None, b=2, s=8, h=4, hk=2, d=32):
     dtype = dtype or dtypes_for(device)[-1]
-    return (randn((b, s, h, d), dtype, device, seed=1), randn((b, s, hk, d), dtype, device, seed=2),
-            randn((b, s, hk, d), dtype, device, seed=3))
+    return (
+        randn((b, s, h, d), dtype, device, seed=1),
+        randn((b, s, hk, d), dtype, device, seed=2),
+        randn((b, s, hk, d), dtype, device, seed=3),
+    )
 
 
 @pytest.mark.kernels_ci
@@ -24,14 +26,14 @@ def test_dense_bad_inputs(kernel, device):
     f = kernel.flash_attn_func
     other = F16 if q.dtype != F16 else BF16
     calls = [
-        ("k", lambda: f(q, k.to(other), v)),                                   # dtype mismatch
+        ("k", lambda: f(q, k.to(other), v)),  # dtype mismatch
         ("v", lambda: f(q, k, v.to(other))),
-        ("q", lambda: f(q.to(torch.float64), k.double(), v.double())),        # unsupported dtype
-        ("q", lambda: f(q[0], k, v)),                                          # rank
-        ("k", lambda: f(q, k[:1], v)),                                         # batch
-        ("v", lambda: f(q, k, v[:, :4])),                                      # shape
-        ("q", lambda: f(randn((2, 8, 3, 32), q.dtype, device), k, v)),       # 3 heads vs 2 kv heads
-        ("k", lambda: f(q, randn((2, 8, 2, 16), q.dtype, device), v)),       # head_dim
+        ("q", lambda: f(q.to(torch.float64), k.double(), v.double())),  # unsupported dtype
+        ("q", lambda: f(q[0], k, v)),  # rank
+        ("k", lambda: f(q, k[:1], v)),  # batch
+        ("v", lambda: f(q, k, v[:, :4])),  # shape
+        ("q", lambda: f(randn((2, 8, 3, 32), q.dtype, device), k, v)),  # 3 heads vs 2 kv heads
+        ("k", lambda: f(q, randn((2, 8, 2, 16), q.dtype, device), v)),  # head_dim
         ("q", lambda: f(randn((2, 8, 4, 64), q.dtype, device)[..., ::2], k, v)),  # last-dim stride
         ("k", lambda: f(q, randn((2, 8, 2, 64), q.dtype, device)[..., ::2], v)),
         ("alibi_slopes", lambda: f(q, k, v, alibi_slopes=torch.ones(3, device=device))),
@@ -54,7 +56,9 @@ def test_device_mismatch(kernel, device):
         kernel.flash_attn_func(q, k.to("meta"), v)
     with expect_raises("cu_seqlens_k"):
         lens = cu_seqlens([8, 8], device)
-        kernel.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), lens, lens.to("meta"), 8, 8)
+        kernel.flash_attn_varlen_func(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), lens, lens.to("meta"), 8, 8
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA head-dim and dtype rules")
@@ -76,20 +80,34 @@ def test_varlen_bad_inputs(kernel, device):
     cu = cu_seqlens(lens, device)
     f = kernel.flash_attn_varlen_func
     calls = [
-        ("cu_seqlens_q", lambda: f(q, k, k, cu.long(), cu, 5, 5)),             # not int32
+        ("cu_seqlens_q", lambda: f(q, k, k, cu.long(), cu, 5, 5)),  # not int32
         ("cu_seqlens_k", lambda: f(q, k, k, cu, cu.long(), 5, 5)),
-        ("cu_seqlens_q", lambda: f(q, k, k, cu[None], cu, 5, 5)),             # not 1-D
-        ("cu_seqlens_k", lambda: f(q, k, k, cu, cu[:2], 5, 5)),               # not [batch + 1]
-        ("q", lambda: f(q[None], k, k, cu, cu, 5, 5)),                        # rank
-        ("seqused_k", lambda: f(q, k, k, cu, cu, 5, 5, seqused_k=torch.ones(3, dtype=torch.int32, device=device))),
+        ("cu_seqlens_q", lambda: f(q, k, k, cu[None], cu, 5, 5)),  # not 1-D
+        ("cu_seqlens_k", lambda: f(q, k, k, cu, cu[:2], 5, 5)),  # not [batch + 1]
+        ("q", lambda: f(q[None], k, k, cu, cu, 5, 5)),  # rank
+        (
+            "seqused_k",
+            lambda: f(
+                q, k, k, cu, cu, 5, 5, seqused_k=torch.ones(3, dtype=torch.int32, device=device)
+            ),
+        ),
         ("max_seqlen_q", lambda: f(q, k, k, cu, cu, -1, 5)),
     ]
     if device == "cpu":  # values
         calls += [
-            ("cu_seqlens_q", lambda: f(q, k, k, torch.tensor([0, 5, 3], dtype=torch.int32), cu, 5, 5)),
-            ("cu_seqlens_q", lambda: f(q, k, k, torch.tensor([0, 3, 9], dtype=torch.int32), cu, 6, 5)),  # > total
-            ("cu_seqlens_k", lambda: f(q, k, k, cu, cu, 5, 4)),               # a sequence longer than max
-            ("seqused_k", lambda: f(q, k, k, cu, cu, 5, 5, seqused_k=torch.tensor([3, 6], dtype=torch.int32))),
+            (
+                "cu_seqlens_q",
+                lambda: f(q, k, k, torch.tensor([0, 5, 3], dtype=torch.int32), cu, 5, 5),
+            ),
+            (
+                "cu_seqlens_q",
+                lambda: f(q, k, k, torch.tensor([0, 3, 9], dtype=torch.int32), cu, 6, 5),
+            ),  # > total
+            ("cu_seqlens_k", lambda: f(q, k, k, cu, cu, 5, 4)),  # a sequence longer than max
+            (
+                "seqused_k",
+                lambda: f(q, k, k, cu, cu, 5, 5, seqused_k=torch.tensor([3, 6], dtype=torch.int32)),
+            ),
         ]
     for arg, call in calls:
         with expect_raises(arg):
@@ -106,28 +124,70 @@ def test_paged_bad_inputs(kernel, device):
     used = torch.tensor([20, 5], dtype=torch.int32, device=device)
     f = kernel.flash_attn_varlen_func
     calls = [
-        ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table.long())),
-        ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table[:1])),
-        ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table[0])),
+        (
+            "block_table",
+            lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table.long()),
+        ),
+        (
+            "block_table",
+            lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table[:1]),
+        ),
+        (
+            "block_table",
+            lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=table[0]),
+        ),
         ("k", lambda: f(q, cache[0], cache[0], cu, None, 1, 32, seqused_k=used, block_table=table)),
     ]
     if device == "cpu":
         bad = torch.tensor([[0, 6], [2, 3]], dtype=torch.int32)  # block 6 of 6
         neg = torch.tensor([[0, 1], [-1, 3]], dtype=torch.int32)
         calls += [
-            ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=bad)),
-            ("block_table", lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=neg)),
+            (
+                "block_table",
+                lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=bad),
+            ),
+            (
+                "block_table",
+                lambda: f(q, cache, cache, cu, None, 1, 32, seqused_k=used, block_table=neg),
+            ),
             # cache too small: 40 keys in a 2-block (32-row) table
-            ("seqused_k", lambda: f(q, cache, cache, cu, None, 1, 40,
-                                    seqused_k=torch.tensor([40, 1], dtype=torch.int32), block_table=table)),
-            ("cu_seqlens_k", lambda: f(q, cache, cache, cu, cu_seqlens([33, 1], device), 1, 33, block_table=table)),
+            (
+                "seqused_k",
+                lambda: f(
+                    q,
+                    cache,
+                    cache,
+                    cu,
+                    None,
+                    1,
+                    40,
+                    seqused_k=torch.tensor([40, 1], dtype=torch.int32),
+                    block_table=table,
+                ),
+            ),
+            (
+                "cu_seqlens_k",
+                lambda: f(
+                    q, cache, cache, cu, cu_seqlens([33, 1], device), 1, 33, block_table=table
+                ),
+            ),
         ]
     for arg, call in calls:
         with expect_raises(arg):
             call()
     # a table entry past the keys in use is never read, so it need not be valid
     ok = torch.tensor([[0, 99], [2, -5]], dtype=torch.int32, device=device)
-    f(q, cache, cache, cu, None, 1, 32, seqused_k=torch.tensor([16, 3], dtype=torch.int32, device=device), block_table=ok)
+    f(
+        q,
+        cache,
+        cache,
+        cu,
+        None,
+        1,
+        32,
+        seqused_k=torch.tensor([16, 3], dtype=torch.int32, device=device),
+        block_table=ok,
+    )
 
 
 @pytest.mark.kernels_ci
@@ -142,33 +202,90 @@ def test_kvcache_bad_inputs(kernel, device):
     cos = torch.ones(40, 8, dtype=dtype, device=device)
     f = kernel.flash_attn_with_kvcache
     calls = [
-        ("cache_seqlens", lambda: f(q, kc, vc, kn, kn)),                                   # required with k
+        ("cache_seqlens", lambda: f(q, kc, vc, kn, kn)),  # required with k
         ("v", lambda: f(q, kc, vc, kn, None, cache_seqlens=seqlens)),
         ("cache_seqlens", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens.long())),
         ("cache_seqlens", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens[:1])),
         ("k", lambda: f(q, kc, vc, kn[:, :, :1], kn, cache_seqlens=seqlens)),
-        ("k_cache", lambda: f(randn((b, 1, 3, d), dtype, device), kc, vc, cache_seqlens=seqlens)),  # heads
-        ("rotary_cos", lambda: f(q, kc, vc, cache_seqlens=seqlens, rotary_cos=cos, rotary_sin=cos)),  # no new k
+        (
+            "k_cache",
+            lambda: f(randn((b, 1, 3, d), dtype, device), kc, vc, cache_seqlens=seqlens),
+        ),  # heads
+        (
+            "rotary_cos",
+            lambda: f(q, kc, vc, cache_seqlens=seqlens, rotary_cos=cos, rotary_sin=cos),
+        ),  # no new k
         ("rotary_sin", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=cos)),
-        ("rotary_cos", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=torch.ones(40, 17, dtype=dtype,
-                                                                                            device=device),
-                                 rotary_sin=torch.ones(40, 17, dtype=dtype, device=device))),  # rotary_dim > d
-        ("cache_batch_idx", lambda: f(q, kc, vc, cache_seqlens=seqlens,
-                                      cache_batch_idx=torch.zeros(b, dtype=torch.int64, device=device))),
-        ("cache_leftpad", lambda: f(q, kc, vc, cache_seqlens=seqlens, block_table=torch.zeros(b, 1, dtype=torch.int32,
-                                                                                             device=device),
-                                    cache_leftpad=torch.zeros(b, dtype=torch.int32, device=device))),
+        (
+            "rotary_cos",
+            lambda: f(
+                q,
+                kc,
+                vc,
+                kn,
+                kn,
+                cache_seqlens=seqlens,
+                rotary_cos=torch.ones(40, 17, dtype=dtype, device=device),
+                rotary_sin=torch.ones(40, 17, dtype=dtype, device=device),
+            ),
+        ),  # rotary_dim > d
+        (
+            "cache_batch_idx",
+            lambda: f(
+                q,
+                kc,
+                vc,
+                cache_seqlens=seqlens,
+                cache_batch_idx=torch.zeros(b, dtype=torch.int64, device=device),
+            ),
+        ),
+        (
+            "cache_leftpad",
+            lambda: f(
+                q,
+                kc,
+                vc,
+                cache_seqlens=seqlens,
+                block_table=torch.zeros(b, 1, dtype=torch.int32, device=device),
+                cache_leftpad=torch.zeros(b, dtype=torch.int32, device=device),
+            ),
+        ),
     ]
     if device == "cpu":
         calls += [
             # cache too small: 15 + 2 new rows in a 16-row cache
-            ("cache_seqlens", lambda: f(q, kc, vc, kn, kn, cache_seqlens=torch.tensor([15, 0], dtype=torch.int32))),
-            ("cache_batch_idx", lambda: f(q, kc, vc, cache_seqlens=seqlens,
-                                          cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))),
-            ("cache_leftpad", lambda: f(q, kc, vc, cache_seqlens=seqlens,
-                                        cache_leftpad=torch.tensor([0, 5], dtype=torch.int32))),
-            ("rotary_cos", lambda: f(q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=cos[:4],
-                                     rotary_sin=cos[:4])),  # table shorter than the positions
+            (
+                "cache_seqlens",
+                lambda: f(
+                    q, kc, vc, kn, kn, cache_seqlens=torch.tensor([15, 0], dtype=torch.int32)
+                ),
+            ),
+            (
+                "cache_batch_idx",
+                lambda: f(
+                    q,
+                    kc,
+                    vc,
+                    cache_seqlens=seqlens,
+                    cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32),
+                ),
+            ),
+            (
+                "cache_leftpad",
+                lambda: f(
+                    q,
+                    kc,
+                    vc,
+                    cache_seqlens=seqlens,
+                    cache_leftpad=torch.tensor([0, 5], dtype=torch.int32),
+                ),
+            ),
+            (
+                "rotary_cos",
+                lambda: f(
+                    q, kc, vc, kn, kn, cache_seqlens=seqlens, rotary_cos=cos[:4], rotary_sin=cos[:4]
+                ),
+            ),  # table shorter than the positions
         ]
     for arg, call in calls:
         k0 = kc.clone()
@@ -209,7 +326,9 @@ def _packed(device, b=2, s=8, h=4, d=32, heads_extra=0):
 
 
 def _fwd(kernel, q, k, v, out):
-    return kernel.ops.fwd(q, k, v, out, None, 0.0, q.shape[-1] ** -0.5, False, -1, -1, 0.0, False, None)
+    return kernel.ops.fwd(
+        q, k, v, out, None, 0.0, q.shape[-1] ** -0.5, False, -1, -1, 0.0, False, None
+    )
 
 
 @pytest.mark.kernels_ci

@@ -9,11 +9,8 @@ float32 ops. The attention output is checked against the float64 reference over 
 cache rows with the bound of attention_cases.py, using that same rotated q.
 """
 
-import math
-
 import pytest
 import torch
-
 from attention_cases import (
     BF16,
     F32,
@@ -22,7 +19,6 @@ from attention_cases import (
     dtypes_for,
     paged_cache,
     randn,
-    ref_rotary,
     rotary_tables,
     sequences_check,
 )
@@ -53,9 +49,30 @@ def _setup(device, dtype, batch, cache_len, h, hk, d, seed=0, cache_batch=None):
     return k_cache, v_cache
 
 
-def _check(kernel, device, dtype, *, batch=3, h=8, hk=2, d=64, cache_len=97, new=0, causal=True, rotary=None,
-           rotary_dtype=None, batch_idx=False, leftpad=False, block_size=None, window=(-1, -1), softcap=0.0,
-           alibi=False, num_splits=0, seqlen_q=None, seed=0):
+def _check(
+    kernel,
+    device,
+    dtype,
+    *,
+    batch=3,
+    h=8,
+    hk=2,
+    d=64,
+    cache_len=97,
+    new=0,
+    causal=True,
+    rotary=None,
+    rotary_dtype=None,
+    batch_idx=False,
+    leftpad=False,
+    block_size=None,
+    window=(-1, -1),
+    softcap=0.0,
+    alibi=False,
+    num_splits=0,
+    seqlen_q=None,
+    seed=0,
+):
     """One flash_attn_with_kvcache call checked end to end (cache rows and output)."""
     seqlen_q = seqlen_q or max(new, 1)
     gen = torch.Generator().manual_seed(seed)
@@ -63,18 +80,26 @@ def _check(kernel, device, dtype, *, batch=3, h=8, hk=2, d=64, cache_len=97, new
     seqlens = torch.randint(0, cache_len - new + 1, (batch,), generator=gen).tolist()
     seqlens[0] = cache_len - new  # one sequence fills its cache
     pads = [torch.randint(0, s + 1, (1,), generator=gen).item() if leftpad else 0 for s in seqlens]
-    idx = torch.randperm(cache_batch, generator=gen)[:batch].tolist() if batch_idx else list(range(batch))
+    idx = (
+        torch.randperm(cache_batch, generator=gen)[:batch].tolist()
+        if batch_idx
+        else list(range(batch))
+    )
     q = randn((batch, seqlen_q, h, d), dtype, device, seed=seed + 3)
     k_new = randn((batch, new, hk, d), dtype, device, seed=seed + 4) if new else None
     v_new = randn((batch, new, hk, d), dtype, device, seed=seed + 5) if new else None
 
     # the logical caches [cache_batch][cache_len] (before the update)
-    k_log, v_log = _setup(device, dtype, batch, cache_len, h, hk, d, seed=seed, cache_batch=cache_batch)
+    k_log, v_log = _setup(
+        device, dtype, batch, cache_len, h, hk, d, seed=seed, cache_batch=cache_batch
+    )
     if block_size is None:
         k_cache, v_cache, table = k_log.clone(), v_log.clone(), None
     else:
         # paged: one block list per sequence (cache_batch_idx does not apply)
-        k_cache, v_cache, table = paged_cache(list(k_log[:batch]), list(v_log[:batch]), block_size, seed=seed + 6)
+        k_cache, v_cache, table = paged_cache(
+            list(k_log[:batch]), list(v_log[:batch]), block_size, seed=seed + 6
+        )
         k_log, v_log = k_log[:batch], v_log[:batch]
     cos = sin = None
     if rotary is not None:
@@ -84,12 +109,23 @@ def _check(kernel, device, dtype, *, batch=3, h=8, hk=2, d=64, cache_len=97, new
     k_before = k_cache.clone()
 
     out, lse = kernel.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+        q,
+        k_cache,
+        v_cache,
+        k_new,
+        v_new,
+        rotary_cos=cos,
+        rotary_sin=sin,
         cache_seqlens=torch.tensor(seqlens, dtype=torch.int32, device=device),
         cache_batch_idx=torch.tensor(idx, dtype=torch.int32, device=device) if batch_idx else None,
         cache_leftpad=torch.tensor(pads, dtype=torch.int32, device=device) if leftpad else None,
-        block_table=table, causal=causal, window_size=window, softcap=softcap,
-        rotary_interleaved=rotary[1] if rotary else True, alibi_slopes=slopes, num_splits=num_splits,
+        block_table=table,
+        causal=causal,
+        window_size=window,
+        softcap=softcap,
+        rotary_interleaved=rotary[1] if rotary else True,
+        alibi_slopes=slopes,
+        num_splits=num_splits,
         return_softmax_lse=True,
     )
     what = f"{dtype_id(dtype)} new={new} rotary={rotary} paged={block_size}"
@@ -99,7 +135,9 @@ def _check(kernel, device, dtype, *, batch=3, h=8, hk=2, d=64, cache_len=97, new
         ks, vs = k_log[cb].clone(), v_log[cb].clone()
         if new:
             pos = torch.arange(seqlens[b], seqlens[b] + new)
-            kn = rotate_like_kernel(k_new[b], cos, sin, pos, rotary[1]) if rotary else k_new[b].cpu()
+            kn = (
+                rotate_like_kernel(k_new[b], cos, sin, pos, rotary[1]) if rotary else k_new[b].cpu()
+            )
             ks[seqlens[b] : seqlens[b] + new] = kn.to(device)
             vs[seqlens[b] : seqlens[b] + new] = v_new[b]
             # the cache itself: new rows written exactly, nothing else touched
@@ -114,7 +152,9 @@ def _check(kernel, device, dtype, *, batch=3, h=8, hk=2, d=64, cache_len=97, new
         qb = q[b]
         if rotary:
             per_token = causal or window[0] >= 0 or window[1] >= 0
-            pos = seqlens[b] + (torch.arange(seqlen_q) if per_token else torch.zeros(seqlen_q, dtype=torch.long))
+            pos = seqlens[b] + (
+                torch.arange(seqlen_q) if per_token else torch.zeros(seqlen_q, dtype=torch.long)
+            )
             qb = rotate_like_kernel(qb, cos, sin, pos, rotary[1]).to(device)
         end = seqlens[b] + new
         q_seqs.append(qb)
@@ -122,10 +162,21 @@ def _check(kernel, device, dtype, *, batch=3, h=8, hk=2, d=64, cache_len=97, new
         v_seqs.append(vs[pads[b] : end])
     if block_size is None and batch_idx:
         untouched = [i for i in range(cache_batch) if i not in idx]
-        assert torch.equal(k_cache[untouched], k_before[untouched]), f"{what}: other caches were written"
+        assert torch.equal(k_cache[untouched], k_before[untouched]), (
+            f"{what}: other caches were written"
+        )
     sequences_check(
-        list(out.unbind(0)), q_seqs, k_seqs, v_seqs, d ** -0.5, what, causal=causal, window=window, softcap=softcap,
-        slopes=None if slopes is None else list(slopes.unbind(0)), lses=list(lse.unbind(0)),
+        list(out.unbind(0)),
+        q_seqs,
+        k_seqs,
+        v_seqs,
+        d**-0.5,
+        what,
+        causal=causal,
+        window=window,
+        softcap=softcap,
+        slopes=None if slopes is None else list(slopes.unbind(0)),
+        lses=list(lse.unbind(0)),
     )
 
 
@@ -142,7 +193,11 @@ def test_append(kernel, device, new, causal):
         _check(kernel, device, dtype, new=new, causal=causal, seed=new)
 
 
-@pytest.mark.parametrize("rotary", [(64, True), (64, False), (32, True), (32, False)], ids=lambda r: f"rot{r[0]}_{'gptj' if r[1] else 'neox'}")
+@pytest.mark.parametrize(
+    "rotary",
+    [(64, True), (64, False), (32, True), (32, False)],
+    ids=lambda r: f"rot{r[0]}_{'gptj' if r[1] else 'neox'}",
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_append_rotary(kernel, device, rotary, causal):
     for dtype in dtypes_for(device):
@@ -162,7 +217,16 @@ def test_cache_batch_idx_and_leftpad(kernel, device):
 def test_paged(kernel, device, block_size):
     for dtype in dtypes_for(device):
         _check(kernel, device, dtype, new=0, block_size=block_size, cache_len=300, seed=8)
-        _check(kernel, device, dtype, new=4, block_size=block_size, cache_len=300, rotary=(32, False), seed=9)
+        _check(
+            kernel,
+            device,
+            dtype,
+            new=4,
+            block_size=block_size,
+            cache_len=300,
+            rotary=(32, False),
+            seed=9,
+        )
 
 
 def test_options_and_splits(kernel, device):
@@ -170,7 +234,9 @@ def test_options_and_splits(kernel, device):
     _check(kernel, device, dtype, new=1, window=(16, 0), softcap=5.0, alibi=True, seed=10)
     _check(kernel, device, dtype, new=6, seqlen_q=6, causal=True, window=(8, 0), seed=11)
     for splits in (0, 1, 4):
-        _check(kernel, device, dtype, batch=2, hk=1, cache_len=700, new=1, num_splits=splits, seed=12)
+        _check(
+            kernel, device, dtype, batch=2, hk=1, cache_len=700, new=1, num_splits=splits, seed=12
+        )
 
 
 def test_int_cache_seqlens_and_low_level_op(kernel, device):
@@ -180,13 +246,48 @@ def test_int_cache_seqlens_and_low_level_op(kernel, device):
     k_cache = randn((b, s, h, d), dtype, device, seed=2)
     v_cache = randn((b, s, h, d), dtype, device, seed=3)
     out = kernel.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=25)
-    sequences_check(list(out.unbind(0)), q.unbind(0), list(k_cache[:, :25]), list(v_cache[:, :25]), d ** -0.5,
-                    "int cache_seqlens")
+    sequences_check(
+        list(out.unbind(0)),
+        q.unbind(0),
+        list(k_cache[:, :25]),
+        list(v_cache[:, :25]),
+        d**-0.5,
+        "int cache_seqlens",
+    )
     # no cache_seqlens: every cache row is a key
     out = kernel.flash_attn_with_kvcache(q, k_cache, v_cache)
-    sequences_check(list(out.unbind(0)), q.unbind(0), k_cache.unbind(0), v_cache.unbind(0), d ** -0.5, "full caches")
+    sequences_check(
+        list(out.unbind(0)),
+        q.unbind(0),
+        k_cache.unbind(0),
+        v_cache.unbind(0),
+        d**-0.5,
+        "full caches",
+    )
     seqlens = torch.tensor([25, 25], dtype=torch.int32, device=device)
-    got, lse = kernel.ops.fwd_kvcache(q, k_cache, v_cache, None, None, seqlens, None, None, None, None, None, None,
-                                      None, d ** -0.5, False, -1, -1, 0.0, True, 0)
-    want, want_lse = kernel.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=25, return_softmax_lse=True)
+    got, lse = kernel.ops.fwd_kvcache(
+        q,
+        k_cache,
+        v_cache,
+        None,
+        None,
+        seqlens,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        d**-0.5,
+        False,
+        -1,
+        -1,
+        0.0,
+        True,
+        0,
+    )
+    want, want_lse = kernel.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=25, return_softmax_lse=True
+    )
     assert torch.equal(got, want) and torch.equal(lse, want_lse)

@@ -25,14 +25,12 @@ test dtype) may be at most twice as far from it as SDPA in the same dtype, plus 
 about 2e-7, the bf16 ones about 3e-3).
 """
 
-import copy
 import functools
 import types
 from dataclasses import replace
 
 import pytest
 import torch
-
 from attention_cases import BF16, F32, dtype_id, randn
 
 transformers = pytest.importorskip("transformers")
@@ -48,8 +46,14 @@ LOGIT_FLOOR = 2.0**-20
 def _config(device):
     # head_dim 16 on the CPU (the issue's config); CUDA instantiates head_dim >= 32.
     return LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
         head_dim=16 if device == "cpu" else 32,
     )
 
@@ -81,7 +85,9 @@ def _run(model, ids, mask, steps=3):
         out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
         logits = [out.logits.float().cpu()]
         for step in range(steps):
-            token = torch.full((ids.shape[0], 1), (7 * step + 3) % 128, dtype=ids.dtype, device=device)
+            token = torch.full(
+                (ids.shape[0], 1), (7 * step + 3) % 128, dtype=ids.dtype, device=device
+            )
             mask = torch.cat([mask, torch.ones_like(token)], dim=1)
             out = model(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)
             logits.append(out.logits.float().cpu())
@@ -96,7 +102,9 @@ def _compare(ours, pytorch, ref, mask, what):
         r = r.double()
         err = (o.double() - r).abs().max().item()
         err_pt = (p.double() - r).abs().max().item()
-        assert err <= 2 * err_pt + LOGIT_FLOOR, f"{what} step {step}: {err:.3g} vs SDPA {err_pt:.3g}"
+        assert err <= 2 * err_pt + LOGIT_FLOOR, (
+            f"{what} step {step}: {err:.3g} vs SDPA {err_pt:.3g}"
+        )
 
 
 def _dtypes(device):
@@ -109,10 +117,22 @@ def isolated_interfaces(monkeypatch):
     test, and so is the flash-attention state transformers caches at module level."""
     from transformers import modeling_flash_attention_utils as mfa
 
-    monkeypatch.setattr(AttentionInterface, "_global_mapping", dict(AttentionInterface._global_mapping))
-    monkeypatch.setattr(AttentionMaskInterface, "_global_mapping", dict(AttentionMaskInterface._global_mapping))
-    for name in ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
-                 "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn"):
+    monkeypatch.setattr(
+        AttentionInterface, "_global_mapping", dict(AttentionInterface._global_mapping)
+    )
+    monkeypatch.setattr(
+        AttentionMaskInterface, "_global_mapping", dict(AttentionMaskInterface._global_mapping)
+    )
+    for name in (
+        "_loaded_implementation",
+        "_flash_fn",
+        "_flash_varlen_fn",
+        "_flash_with_kvcache_fn",
+        "_pad_fn",
+        "_unpad_fn",
+        "_process_flash_kwargs_fn",
+        "_process_with_kvcache_kwargs_fn",
+    ):
         if hasattr(mfa, name):  # the set differs between transformers releases
             monkeypatch.setattr(mfa, name, getattr(mfa, name))
     return monkeypatch
@@ -133,8 +153,13 @@ def test_llama_through_attention_interface(kernel, device, dtype, isolated_inter
     _compare(ours, pytorch, ref, mask, f"AttentionInterface {dtype_id(dtype)}")
     # unpadded batch: the flash_attn_func path (no mask)
     full = torch.ones_like(mask)
-    _compare(_run(_model(device, NAME, dtype), ids, full, steps=1), _run(_model(device, "sdpa", dtype), ids, full, steps=1),
-             _run(_model(device, "sdpa", torch.float64), ids, full, steps=1), full, "unpadded")
+    _compare(
+        _run(_model(device, NAME, dtype), ids, full, steps=1),
+        _run(_model(device, "sdpa", dtype), ids, full, steps=1),
+        _run(_model(device, "sdpa", torch.float64), ids, full, steps=1),
+        full,
+        "unpadded",
+    )
 
 
 def _kernels_version():
@@ -168,7 +193,9 @@ def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
 
     if _kernels_version() < Version("0.18.2"):
         isolated_interfaces.setattr(hub_kernels, "is_kernels_available", lambda *a, **k: True)
-        isolated_interfaces.setattr(hub_kernels, "get_kernel_hub", kernels.get_kernel, raising=False)
+        isolated_interfaces.setattr(
+            hub_kernels, "get_kernel_hub", kernels.get_kernel, raising=False
+        )
     # Count the calls that reach our functions (transformers looks them up on the module that
     # LOCAL_KERNELS resolves to, which is this fixture's module): where and when transformers
     # stores them differs between releases, so the test checks that they ran.
@@ -195,7 +222,9 @@ def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
         # Releases before the kernels >= 0.18.2 gate accept the repo id without loading it (no
         # error at set_attn_implementation, a KeyError at the first forward): their Hub route
         # does not exist with the pinned kernels, so there is nothing of ours to test there.
-        pytest.skip(f"transformers {transformers.__version__} did not register {REPO_ID} through its Hub route")
+        pytest.skip(
+            f"transformers {transformers.__version__} did not register {REPO_ID} through its Hub route"
+        )
     ref = _run(_model(device, "sdpa", torch.float64), ids, mask)
     pytorch = _run(_model(device, "sdpa", dtype), ids, mask)
     ours = _run(model, ids, mask)
@@ -213,10 +242,18 @@ def diffusers_hub(kernel, monkeypatch):
     ad = pytest.importorskip("diffusers.models.attention_dispatch")
     registry = dict(ad._HUB_KERNELS_REGISTRY)
     for name in (ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB):
-        registry[name] = replace(registry[name], repo_id=REPO_ID, version=1, kernel_fn=None, wrapped_forward_fn=None,
-                                 wrapped_backward_fn=None)
+        registry[name] = replace(
+            registry[name],
+            repo_id=REPO_ID,
+            version=1,
+            kernel_fn=None,
+            wrapped_forward_fn=None,
+            wrapped_backward_fn=None,
+        )
     monkeypatch.setattr(ad, "_HUB_KERNELS_REGISTRY", registry)
-    monkeypatch.setattr(ad, "DIFFUSERS_TRUST_REMOTE_KERNELS", True)  # no Hub call for the publisher check
+    monkeypatch.setattr(
+        ad, "DIFFUSERS_TRUST_REMOTE_KERNELS", True
+    )  # no Hub call for the publisher check
     for name in (ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB):
         ad._maybe_download_kernel_for_backend(name)
     return ad
@@ -230,16 +267,21 @@ def test_diffusers_flash_hub(kernel, device, diffusers_hub):
     cfg = ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB]
     assert cfg.kernel_fn is kernel.flash_attn_func
     assert cfg.wrapped_forward_fn is kernel.flash_attn_interface._flash_attn_forward
-    out = ad.dispatch_attention_fn(q, k, v, is_causal=True, backend=ad.AttentionBackendName.FLASH_HUB)
+    out = ad.dispatch_attention_fn(
+        q, k, v, is_causal=True, backend=ad.AttentionBackendName.FLASH_HUB
+    )
     want = kernel.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(out, want)
-    out, lse = ad.dispatch_attention_fn(q, k, v, backend=ad.AttentionBackendName.FLASH_HUB,
-                                        attention_kwargs={"return_lse": True})
+    out, lse = ad.dispatch_attention_fn(
+        q, k, v, backend=ad.AttentionBackendName.FLASH_HUB, attention_kwargs={"return_lse": True}
+    )
     assert out.shape == q.shape and lse.shape == (b, h, s)
     # the context-parallel forward op calls flash_attn_interface._flash_attn_forward itself
     saved = []
     ctx = types.SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
-    out_cp, lse_cp = ad._flash_attention_hub_forward_op(ctx, q, k, v, None, 0.0, True, None, False, True)
+    out_cp, lse_cp = ad._flash_attention_hub_forward_op(
+        ctx, q, k, v, None, 0.0, True, None, False, True
+    )
     assert torch.equal(out_cp, want) and lse_cp.shape == (b, s, h)
     ctx.saved_tensors = tuple(saved)
     with pytest.raises(NotImplementedError, match="backward"):
@@ -254,11 +296,15 @@ def test_diffusers_flash_varlen_hub(kernel, device, diffusers_hub):
     k, v = (randn((b, sk, h, d), dtype, device, seed=i) for i in (2, 3))
     mask = torch.ones(b, sk, dtype=torch.bool, device=device)
     mask[1, 12:] = False  # the second sequence has 12 keys
-    out = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend=ad.AttentionBackendName.FLASH_VARLEN_HUB)
+    out = ad.dispatch_attention_fn(
+        q, k, v, attn_mask=mask, backend=ad.AttentionBackendName.FLASH_VARLEN_HUB
+    )
     for i, n in enumerate((sk, 12)):
         want = kernel.flash_attn_func(q[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n])
         assert torch.equal(out[i : i + 1], want)
     saved = []
     ctx = types.SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
-    out_cp, lse_cp = ad._flash_varlen_attention_hub_forward_op(ctx, q, k, v, None, 0.0, False, None, False, True)
+    out_cp, lse_cp = ad._flash_varlen_attention_hub_forward_op(
+        ctx, q, k, v, None, 0.0, False, None, False, True
+    )
     assert out_cp.shape == q.shape and lse_cp.shape == (b, sq, h)

@@ -17,7 +17,6 @@ backend); only the CPU is checked for that.
 
 import pytest
 import torch
-
 from attention_cases import dtype_id, dtypes_for, randn, visible
 
 NAN = float("nan")
@@ -40,11 +39,17 @@ def _check(out, lse, clean_out, clean_lse, nan_rows, lse_nan_rows, what, whole_r
         assert bool(isnan[nan_rows].all()), f"{what}: a NaN row is NaN in every column"
     assert torch.equal(out[~nan_rows], clean_out[~nan_rows]), f"{what}: the other rows changed"
     assert torch.equal(torch.isnan(lse), lse_nan_rows), f"{what}: NaN lse entries"
-    assert torch.equal(lse[~lse_nan_rows], clean_lse[~lse_nan_rows]), f"{what}: the other lse changed"
+    assert torch.equal(lse[~lse_nan_rows], clean_lse[~lse_nan_rows]), (
+        f"{what}: the other lse changed"
+    )
 
 
-MASKS = {"full": (False, (-1, -1)), "causal": (True, (-1, -1)), "window": (False, (8, 3)),
-         "causal_window": (True, (8, -1))}
+MASKS = {
+    "full": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "window": (False, (8, 3)),
+    "causal_window": (True, (8, -1)),
+}
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -61,8 +66,9 @@ def test_prefill_nan(kernel, device, mask, head_dim):
         v = randn((batch, len_k, hk, head_dim), dtype, device, seed=3)
 
         def run(q_, k_, v_):
-            out, lse, _ = kernel.flash_attn_func(q_, k_, v_, causal=causal, window_size=window,
-                                                 return_attn_probs=True)
+            out, lse, _ = kernel.flash_attn_func(
+                q_, k_, v_, causal=causal, window_size=window, return_attn_probs=True
+            )
             return out, lse
 
         clean_out, clean_lse = run(q, k, v)
@@ -84,7 +90,9 @@ def test_prefill_nan(kernel, device, mask, head_dim):
         rows = torch.zeros(batch, len_q, h, dtype=torch.bool)
         for g in range(group):
             rows[bk, :, hkv * group + g] = vis[:, jk]
-        assert rows.any() and (mask == "full" or (~rows[bk, :, hkv * group]).any()), "seen by some rows, not all"
+        assert rows.any() and (mask == "full" or (~rows[bk, :, hkv * group]).any()), (
+            "seen by some rows, not all"
+        )
         out, lse = run(q, kn, v)
         _check(out, lse, clean_out, clean_lse, rows, rows.permute(0, 2, 1), what + ": NaN in k")
 
@@ -93,10 +101,20 @@ def test_prefill_nan(kernel, device, mask, head_dim):
         vn[bk, jk, hkv, 7] = NAN
         out, lse = run(q, k, vn)
         if device == "cpu":
-            _check(out, lse, clean_out, clean_lse, rows, torch.zeros_like(clean_lse, dtype=torch.bool),
-                   what + ": NaN in v", whole_row=False)
+            _check(
+                out,
+                lse,
+                clean_out,
+                clean_lse,
+                rows,
+                torch.zeros_like(clean_lse, dtype=torch.bool),
+                what + ": NaN in v",
+                whole_row=False,
+            )
         else:  # masked rows of the key's tile may see 0 x NaN (module docstring)
-            assert bool(_row_nan(out.cpu())[rows].all()), what + ": NaN in v reaches the rows that see it"
+            assert bool(_row_nan(out.cpu())[rows].all()), (
+                what + ": NaN in v reaches the rows that see it"
+            )
             assert torch.equal(lse.cpu(), clean_lse.cpu()), what + ": NaN in v leaves the lse"
 
 
@@ -115,7 +133,9 @@ def test_rows_without_keys_stay_empty(kernel, device, causal):
         v = randn((batch, len_k, hk, d), dtype, device, seed=6)
         q[0, :, 1] = NAN  # every row of head 1
         k[0, 0, 0, 0] = NAN  # key 0, seen by the first rows that see any key
-        out, lse, _ = kernel.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+        out, lse, _ = kernel.flash_attn_func(
+            q, k, v, causal=causal, window_size=window, return_attn_probs=True
+        )
         out, lse = out.cpu().float(), lse.cpu()
         nan_rows = torch.zeros(batch, len_q, h, dtype=torch.bool)
         nan_rows[0, :, 1] = ~empty
@@ -124,12 +144,16 @@ def test_rows_without_keys_stay_empty(kernel, device, causal):
         assert torch.equal(torch.isnan(lse), nan_rows.permute(0, 2, 1)), dtype_id(dtype)
         assert bool(empty.any())
         assert bool((out[0, empty] == 0).all()), "rows without a visible key: out 0"
-        assert bool((lse[0][:, empty] == float("inf")).all()), "rows without a visible key: lse +inf"
+        assert bool((lse[0][:, empty] == float("inf")).all()), (
+            "rows without a visible key: lse +inf"
+        )
         # rows of head 0 that see keys but not key 0: finite
         seen = ~empty & ~vis[:, 0]
         if not causal:
             assert bool(seen.any())
-        assert bool(torch.isfinite(out[0, seen, 0]).all()) and bool(torch.isfinite(lse[0, 0, seen]).all())
+        assert bool(torch.isfinite(out[0, seen, 0]).all()) and bool(
+            torch.isfinite(lse[0, 0, seen]).all()
+        )
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
@@ -166,8 +190,15 @@ def test_decode_split_kv_nan(kernel, device, num_splits, paged):
                             vp[table[b, n], :cnt] = v_[b, rows]
                 k_, v_ = kp, vp
                 kwargs["block_table"] = table.to(device)
-            return kernel.flash_attn_with_kvcache(q_, k_, v_, cache_seqlens=cache_seqlens, num_splits=num_splits,
-                                                  return_softmax_lse=True, **kwargs)
+            return kernel.flash_attn_with_kvcache(
+                q_,
+                k_,
+                v_,
+                cache_seqlens=cache_seqlens,
+                num_splits=num_splits,
+                return_softmax_lse=True,
+                **kwargs,
+            )
 
         clean_out, clean_lse = run(q, k_cache, v_cache)
         none = torch.zeros(batch, 1, h, dtype=torch.bool)
@@ -190,8 +221,16 @@ def test_decode_split_kv_nan(kernel, device, num_splits, paged):
         vn = v_cache.clone()
         vn[1, 300, 1, 0] = NAN
         out, lse = run(q, k_cache, vn)
-        _check(out, lse, clean_out, clean_lse, rows, torch.zeros_like(rows.permute(0, 2, 1)), what + ": NaN in v",
-               whole_row=False)
+        _check(
+            out,
+            lse,
+            clean_out,
+            clean_lse,
+            rows,
+            torch.zeros_like(rows.permute(0, 2, 1)),
+            what + ": NaN in v",
+            whole_row=False,
+        )
 
         # Past the sequence's length (key 680 of sequence 1, cache_seqlens 650): nothing.
         kn = k_cache.clone()
@@ -199,4 +238,12 @@ def test_decode_split_kv_nan(kernel, device, num_splits, paged):
         kn[1, 680, 1, 0] = NAN
         vn[1, 680, 1, 0] = NAN
         out, lse = run(q, kn, vn)
-        _check(out, lse, clean_out, clean_lse, none, none.permute(0, 2, 1), what + ": NaN past the length")
+        _check(
+            out,
+            lse,
+            clean_out,
+            clean_lse,
+            none,
+            none.permute(0, 2, 1),
+            what + ": NaN past the length",
+        )

@@ -10,22 +10,16 @@ import math
 
 import pytest
 import torch
-
 from attention_cases import (
     BF16,
-    F16,
     F32,
     alibi_slopes,
-    check_lse,
-    check_out,
     cu_seqlens,
     dtype_id,
     dtypes_for,
     lengths,
     paged_cache,
-    pytorch_attention,
     randn,
-    ref_attention,
     sequences_check,
 )
 from attention_fixture import run_in_fresh_process
@@ -42,7 +36,9 @@ CASES = [
     (2, 33, 40, 6, 3, 192),
 ]
 CPU_CASES = [(2, 19, 23, 3, 1, 16), (1, 9, 9, 2, 1, 40)]  # head dims only the CPU supports
-CUDA_CASES = [(1, 4096, 4096, 8, 2, 128)] + [(2, 257, 300, 4, 2, d) for d in (32, 64, 96, 128, 192, 256)]
+CUDA_CASES = [(1, 4096, 4096, 8, 2, 128)] + [
+    (2, 257, 300, 4, 2, d) for d in (32, 64, 96, 128, 192, 256)
+]
 
 # Score options: mask and modifiers (window = flash-attn's (left, right)).
 MODES = {
@@ -90,15 +86,29 @@ def test_flash_attn_func(kernel, device, case, mode):
         v = randn((b, sk, hk, d), dtype, device, seed=3)
         slopes = _slopes(opts, b, h, device)
         out, lse, probs = kernel.flash_attn_func(
-            q, k, v, causal=opts.get("causal", False), window_size=window, softcap=opts.get("softcap", 0.0),
-            alibi_slopes=slopes, return_attn_probs=True,
+            q,
+            k,
+            v,
+            causal=opts.get("causal", False),
+            window_size=window,
+            softcap=opts.get("softcap", 0.0),
+            alibi_slopes=slopes,
+            return_attn_probs=True,
         )
         assert probs is None and out.dtype == dtype and out.shape == q.shape
         assert lse.dtype == F32 and lse.shape == (b, h, sq)
         sequences_check(
-            [out[i] for i in range(b)], [q[i] for i in range(b)], [k[i] for i in range(b)], [v[i] for i in range(b)],
-            d ** -0.5, f"{dtype_id(dtype)} {mode}", causal=opts.get("causal", False), window=window,
-            softcap=opts.get("softcap", 0.0), slopes=_per_batch(slopes, b), lses=[lse[i] for i in range(b)],
+            [out[i] for i in range(b)],
+            [q[i] for i in range(b)],
+            [k[i] for i in range(b)],
+            [v[i] for i in range(b)],
+            d**-0.5,
+            f"{dtype_id(dtype)} {mode}",
+            causal=opts.get("causal", False),
+            window=window,
+            softcap=opts.get("softcap", 0.0),
+            slopes=_per_batch(slopes, b),
+            lses=[lse[i] for i in range(b)],
         )
 
 
@@ -114,8 +124,15 @@ def test_softmax_scale(kernel, device):
     for dtype in dtypes_for(device):
         q, k, v = (randn((b, s, h, d), dtype, device, seed=i) for i in range(3))
         out = kernel.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
-        sequences_check([out[i] for i in range(b)], q.unbind(0), k.unbind(0), v.unbind(0), 0.3, dtype_id(dtype),
-                        causal=True)
+        sequences_check(
+            [out[i] for i in range(b)],
+            q.unbind(0),
+            k.unbind(0),
+            v.unbind(0),
+            0.3,
+            dtype_id(dtype),
+            causal=True,
+        )
 
 
 def test_strided_inputs(kernel, device):
@@ -129,8 +146,16 @@ def test_strided_inputs(kernel, device):
         v = randn((b, hk, sk, d), dtype, device, seed=3).transpose(1, 2)
         assert not q.is_contiguous() and not k.is_contiguous()
         out, lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
-        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, dtype_id(dtype),
-                        causal=True, lses=list(lse.unbind(0)))
+        sequences_check(
+            list(out.unbind(0)),
+            q.unbind(0),
+            k.unbind(0),
+            v.unbind(0),
+            d**-0.5,
+            dtype_id(dtype),
+            causal=True,
+            lses=list(lse.unbind(0)),
+        )
         # views starting one element into their buffer (not 16-byte aligned: the CUDA binding
         # reads them through aligned copies) give the same result
         qm = torch.empty((b, sq, h, d + 1), dtype=dtype, device=device)[..., 1:]
@@ -141,13 +166,53 @@ def test_strided_inputs(kernel, device):
         # out-param op into a strided, sentinel-filled buffer: every other element stays intact
         buf = torch.full((b, sq, h, 2 * d), 7.0, dtype=dtype, device=device)
         dst = buf[..., :d]
-        kernel.ops.attn_fwd(dst, q, k, v, None, None, None, None, None, None, None, None, 0, 0, d ** -0.5, 0.0, True,
-                            -1, -1, 0)
+        kernel.ops.attn_fwd(
+            dst,
+            q,
+            k,
+            v,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            0,
+            0,
+            d**-0.5,
+            0.0,
+            True,
+            -1,
+            -1,
+            0,
+        )
         assert torch.equal(dst, out)
         assert bool((buf[..., d:] == 7.0).all())
         buf = torch.full((b, sq, h, d + 1), 7.0, dtype=dtype, device=device)
-        kernel.ops.attn_fwd(buf[..., 1:], q, k, v, None, None, None, None, None, None, None, None, 0, 0, d ** -0.5,
-                            0.0, True, -1, -1, 0)  # an unaligned out (CUDA: written through a temporary)
+        kernel.ops.attn_fwd(
+            buf[..., 1:],
+            q,
+            k,
+            v,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            0,
+            0,
+            d**-0.5,
+            0.0,
+            True,
+            -1,
+            -1,
+            0,
+        )  # an unaligned out (CUDA: written through a temporary)
         assert torch.equal(buf[..., 1:], out) and bool((buf[..., 0] == 7.0).all())
 
 
@@ -157,14 +222,29 @@ def test_packed_forms(kernel, device):
         qkv = randn((b, s, 3, h, d), dtype, device, seed=1)
         out = kernel.flash_attn_qkvpacked_func(qkv, causal=True)
         q, k, v = qkv.unbind(2)
-        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, "qkvpacked", causal=True)
+        sequences_check(
+            list(out.unbind(0)),
+            q.unbind(0),
+            k.unbind(0),
+            v.unbind(0),
+            d**-0.5,
+            "qkvpacked",
+            causal=True,
+        )
 
         q = randn((b, s, h, d), dtype, device, seed=2)
         kv = randn((b, s + 5, 2, hk, d), dtype, device, seed=3)
         out = kernel.flash_attn_kvpacked_func(q, kv, window_size=(8, 8))
         k, v = kv.unbind(2)
-        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, "kvpacked",
-                        window=(8, 8))
+        sequences_check(
+            list(out.unbind(0)),
+            q.unbind(0),
+            k.unbind(0),
+            v.unbind(0),
+            d**-0.5,
+            "kvpacked",
+            window=(8, 8),
+        )
 
         lens = [5, 1, 17]
         cu = cu_seqlens(lens, device)
@@ -172,16 +252,27 @@ def test_packed_forms(kernel, device):
         out = kernel.flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=True)
         q, k, v = qkv.unbind(1)
         split = lambda t: list(t.split(lens))  # noqa: E731
-        sequences_check(split(out), split(q), split(k), split(v), d ** -0.5, "varlen qkvpacked", causal=True)
+        sequences_check(
+            split(out), split(q), split(k), split(v), d**-0.5, "varlen qkvpacked", causal=True
+        )
 
         lens_k = [9, 3, 20]
         cu_k = cu_seqlens(lens_k, device)
         q = randn((sum(lens), h, d), dtype, device, seed=5)
         kv = randn((sum(lens_k), 2, hk, d), dtype, device, seed=6)
-        out = kernel.flash_attn_varlen_kvpacked_func(q, kv, cu, cu_k, max(lens), max(lens_k), causal=True)
+        out = kernel.flash_attn_varlen_kvpacked_func(
+            q, kv, cu, cu_k, max(lens), max(lens_k), causal=True
+        )
         k, v = kv.unbind(1)
-        sequences_check(split(out), split(q), list(k.split(lens_k)), list(v.split(lens_k)), d ** -0.5,
-                        "varlen kvpacked", causal=True)
+        sequences_check(
+            split(out),
+            split(q),
+            list(k.split(lens_k)),
+            list(v.split(lens_k)),
+            d**-0.5,
+            "varlen kvpacked",
+            causal=True,
+        )
 
 
 VARLEN_MODES = ["plain", "causal", "causal_window", "softcap", "all"]
@@ -204,14 +295,31 @@ def test_varlen(kernel, device, mode):
         v = randn((sum(lens_k), hk, d), dtype, device, seed=3)
         slopes = _slopes(opts, batch, h, device)
         out, lse, _ = kernel.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=opts.get("causal", False), window_size=window,
-            softcap=opts.get("softcap", 0.0), alibi_slopes=slopes, return_attn_probs=True,
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            max(lens_q),
+            max(lens_k),
+            causal=opts.get("causal", False),
+            window_size=window,
+            softcap=opts.get("softcap", 0.0),
+            alibi_slopes=slopes,
+            return_attn_probs=True,
         )
         assert lse.shape == (h, sum(lens_q))
         sequences_check(
-            list(out.split(lens_q)), list(q.split(lens_q)), list(k.split(lens_k)), list(v.split(lens_k)), d ** -0.5,
-            f"{dtype_id(dtype)} varlen {mode}", causal=opts.get("causal", False), window=window,
-            softcap=opts.get("softcap", 0.0), slopes=_per_batch(slopes, batch),
+            list(out.split(lens_q)),
+            list(q.split(lens_q)),
+            list(k.split(lens_k)),
+            list(v.split(lens_k)),
+            d**-0.5,
+            f"{dtype_id(dtype)} varlen {mode}",
+            causal=opts.get("causal", False),
+            window=window,
+            softcap=opts.get("softcap", 0.0),
+            slopes=_per_batch(slopes, batch),
             lses=[lse[:, a:e] for a, e in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:])],
         )
 
@@ -226,11 +334,28 @@ def test_varlen_seqused_k(kernel, device):
         q = randn((sum(lens_q), h, d), dtype, device, seed=1)
         k = randn((sum(lens_k), hk, d), dtype, device, seed=2)
         v = randn((sum(lens_k), hk, d), dtype, device, seed=3)
-        out = kernel.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                            seqused_k=torch.tensor(used, dtype=torch.int32, device=device))
+        out = kernel.flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            max(lens_q),
+            max(lens_k),
+            causal=True,
+            seqused_k=torch.tensor(used, dtype=torch.int32, device=device),
+        )
         ks = [t[:u] for t, u in zip(k.split(lens_k), used)]
         vs = [t[:u] for t, u in zip(v.split(lens_k), used)]
-        sequences_check(list(out.split(lens_q)), list(q.split(lens_q)), ks, vs, d ** -0.5, dtype_id(dtype), causal=True)
+        sequences_check(
+            list(out.split(lens_q)),
+            list(q.split(lens_q)),
+            ks,
+            vs,
+            d**-0.5,
+            dtype_id(dtype),
+            causal=True,
+        )
 
 
 @pytest.mark.parametrize("block_size", [16, 256, 7])
@@ -244,15 +369,35 @@ def test_varlen_paged(kernel, device, block_size):
     for dtype in dtypes_for(device):
         ks = [randn((n, hk, d), dtype, device, seed=10 + i) for i, n in enumerate(lens_k)]
         vs = [randn((n, hk, d), dtype, device, seed=20 + i) for i, n in enumerate(lens_k)]
-        k_cache, v_cache, table = paged_cache(ks, vs, block_size, seed=3,
-                                              max_blocks=math.ceil(max(lens_k) / block_size) + 2)
+        k_cache, v_cache, table = paged_cache(
+            ks, vs, block_size, seed=3, max_blocks=math.ceil(max(lens_k) / block_size) + 2
+        )
         q = randn((sum(lens_q), h, d), dtype, device, seed=1)
         lens = torch.tensor(lens_k, dtype=torch.int32, device=device)
-        for kwargs in (dict(cu_seqlens_k=cu_seqlens(lens_k, device)), dict(cu_seqlens_k=None, seqused_k=lens)):
-            out = kernel.flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q),
-                                                max_seqlen_k=max(lens_k), causal=True, block_table=table, **kwargs)
-            sequences_check(list(out.split(lens_q)), list(q.split(lens_q)), ks, vs, d ** -0.5,
-                            f"{dtype_id(dtype)} paged {block_size}", causal=True)
+        for kwargs in (
+            dict(cu_seqlens_k=cu_seqlens(lens_k, device)),
+            dict(cu_seqlens_k=None, seqused_k=lens),
+        ):
+            out = kernel.flash_attn_varlen_func(
+                q,
+                k_cache,
+                v_cache,
+                cu_seqlens_q=cu_q,
+                max_seqlen_q=max(lens_q),
+                max_seqlen_k=max(lens_k),
+                causal=True,
+                block_table=table,
+                **kwargs,
+            )
+            sequences_check(
+                list(out.split(lens_q)),
+                list(q.split(lens_q)),
+                ks,
+                vs,
+                d**-0.5,
+                f"{dtype_id(dtype)} paged {block_size}",
+                causal=True,
+            )
 
 
 def test_low_level_ops(kernel, device):
@@ -260,27 +405,70 @@ def test_low_level_ops(kernel, device):
     dtype = dtypes_for(device)[-1]
     b, s, h, d = 2, 19, 2, 64
     q, k, v = (randn((b, s, h, d), dtype, device, seed=i) for i in range(3))
-    out, lse = kernel.ops.fwd(q, k, v, None, None, 0.0, d ** -0.5, True, -1, -1, 0.0, False, None)
+    out, lse = kernel.ops.fwd(q, k, v, None, None, 0.0, d**-0.5, True, -1, -1, 0.0, False, None)
     want, want_lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     dst = torch.empty_like(q)
-    out2, _ = kernel.ops.fwd(q, k, v, dst, None, 0.0, d ** -0.5, True, -1, -1, 0.0, False, None)
+    out2, _ = kernel.ops.fwd(q, k, v, dst, None, 0.0, d**-0.5, True, -1, -1, 0.0, False, None)
     assert out2.data_ptr() == dst.data_ptr() and torch.equal(dst, want)
 
     lens = [7, 12]
     cu = cu_seqlens(lens, device)
     qv, kv, vv = (randn((sum(lens), h, d), dtype, device, seed=i) for i in range(3))
-    out, lse = kernel.ops.varlen_fwd(qv, kv, vv, None, cu, cu, None, None, None, None, max(lens), max(lens), 0.0,
-                                     d ** -0.5, False, True, -1, -1, 0.0, False, None)
-    want, want_lse, _ = kernel.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True,
-                                                      return_attn_probs=True)
+    out, lse = kernel.ops.varlen_fwd(
+        qv,
+        kv,
+        vv,
+        None,
+        cu,
+        cu,
+        None,
+        None,
+        None,
+        None,
+        max(lens),
+        max(lens),
+        0.0,
+        d**-0.5,
+        False,
+        True,
+        -1,
+        -1,
+        0.0,
+        False,
+        None,
+    )
+    want, want_lse, _ = kernel.flash_attn_varlen_func(
+        qv, kv, vv, cu, cu, max(lens), max(lens), causal=True, return_attn_probs=True
+    )
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     # zero_tensors: rows outside every sequence are 0 (and their lse -inf)
     qp = torch.cat([qv, randn((3, h, d), dtype, device, seed=9)])
-    out, lse = kernel.ops.varlen_fwd(qp, kv, vv, None, cu, cu, None, None, None, None, max(lens), max(lens), 0.0,
-                                     d ** -0.5, True, True, -1, -1, 0.0, False, None)
-    assert torch.equal(out[: sum(lens)], want) and bool((out[sum(lens):] == 0).all())
-    assert bool((lse[:, sum(lens):] == float("-inf")).all())
+    out, lse = kernel.ops.varlen_fwd(
+        qp,
+        kv,
+        vv,
+        None,
+        cu,
+        cu,
+        None,
+        None,
+        None,
+        None,
+        max(lens),
+        max(lens),
+        0.0,
+        d**-0.5,
+        True,
+        True,
+        -1,
+        -1,
+        0.0,
+        False,
+        None,
+    )
+    assert torch.equal(out[: sum(lens)], want) and bool((out[sum(lens) :] == 0).all())
+    assert bool((lse[:, sum(lens) :] == float("-inf")).all())
 
 
 def test_num_splits_do_not_change_the_result(kernel, device):
@@ -295,10 +483,38 @@ def test_num_splits_do_not_change_the_result(kernel, device):
     for splits in (0, 1, 3, 16):
         out = torch.empty_like(q)
         lse = torch.empty((b, h, sq), dtype=F32, device=device)
-        kernel.ops.attn_fwd(out, q, k, v, lse, None, None, None, None, None, None, None, 0, 0, d ** -0.5, 0.0, True,
-                            -1, -1, splits)
-        sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5, f"splits {splits}",
-                        causal=True, lses=list(lse.unbind(0)))
+        kernel.ops.attn_fwd(
+            out,
+            q,
+            k,
+            v,
+            lse,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            0,
+            0,
+            d**-0.5,
+            0.0,
+            True,
+            -1,
+            -1,
+            splits,
+        )
+        sequences_check(
+            list(out.unbind(0)),
+            q.unbind(0),
+            k.unbind(0),
+            v.unbind(0),
+            d**-0.5,
+            f"splits {splits}",
+            causal=True,
+            lses=list(lse.unbind(0)),
+        )
         results.append(out)
     if device == "cpu":
         assert all(torch.equal(r, results[0]) for r in results)
@@ -320,10 +536,38 @@ def test_split_kv_merges_at_every_head_dim(kernel, device, head_dim):
         for window in ((-1, -1), (200, 0)):
             out = torch.full_like(q, float("nan"))
             lse = torch.full((b, h, sq), float("nan"), dtype=F32, device=device)
-            kernel.ops.attn_fwd(out, q, k, v, lse, None, None, None, None, None, None, None, 0, 0, d ** -0.5, 0.0,
-                                False, window[0], window[1], splits)
-            sequences_check(list(out.unbind(0)), q.unbind(0), k.unbind(0), v.unbind(0), d ** -0.5,
-                            f"d {d} splits {splits} window {window}", window=window, lses=list(lse.unbind(0)))
+            kernel.ops.attn_fwd(
+                out,
+                q,
+                k,
+                v,
+                lse,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                0,
+                0,
+                d**-0.5,
+                0.0,
+                False,
+                window[0],
+                window[1],
+                splits,
+            )
+            sequences_check(
+                list(out.unbind(0)),
+                q.unbind(0),
+                k.unbind(0),
+                v.unbind(0),
+                d**-0.5,
+                f"d {d} splits {splits} window {window}",
+                window=window,
+                lses=list(lse.unbind(0)),
+            )
 
 
 def test_split_kv_merge_over_two_query_tiles(kernel, device):
@@ -345,11 +589,38 @@ def test_split_kv_merge_over_two_query_tiles(kernel, device):
     for splits in (0, 2, 5, 16):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((h, sum(lens_q)), float("nan"), dtype=F32, device=device)
-        kernel.ops.attn_fwd(out, q, k, v, lse, cu_q, None, used, None, None, None, None, max(lens_q), max(lens_k),
-                            d ** -0.5, 0.0, True, -1, -1, splits)
-        sequences_check(list(out.split(lens_q)), list(q.split(lens_q)), [t[:n] for t, n in zip(k, lens_k)],
-                        [t[:n] for t, n in zip(v, lens_k)], d ** -0.5, f"splits {splits}", causal=True,
-                        lses=list(lse.split(lens_q, dim=1)))
+        kernel.ops.attn_fwd(
+            out,
+            q,
+            k,
+            v,
+            lse,
+            cu_q,
+            None,
+            used,
+            None,
+            None,
+            None,
+            None,
+            max(lens_q),
+            max(lens_k),
+            d**-0.5,
+            0.0,
+            True,
+            -1,
+            -1,
+            splits,
+        )
+        sequences_check(
+            list(out.split(lens_q)),
+            list(q.split(lens_q)),
+            [t[:n] for t, n in zip(k, lens_k)],
+            [t[:n] for t, n in zip(v, lens_k)],
+            d**-0.5,
+            f"splits {splits}",
+            causal=True,
+            lses=list(lse.split(lens_q, dim=1)),
+        )
 
 
 _MERGE_CASES = """
@@ -423,7 +694,7 @@ def test_split_merge_paths_agree(kernel, device, tmp_path, monkeypatch):
     for (out0, lse0, workspace0), (out1, lse1, workspace1) in zip(outs["0"], outs["1"]):
         assert workspace0 > 0 and (workspace1 == 0) == clusters, (workspace0, workspace1)
         a, b = out0.float(), out1.float()
-        assert bool(((a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs())).all())
+        assert bool(((a - b).abs() <= 2.0**-7 * torch.maximum(a.abs(), b.abs())).all())
         assert torch.allclose(lse0, lse1, rtol=1e-5, atol=1e-5)
 
 
@@ -438,7 +709,27 @@ def test_cluster_merge_needs_no_workspace(kernel, device):
     k = randn((1, 4096, 8, 128), BF16, device, seed=52)
     v = randn((1, 4096, 8, 128), BF16, device, seed=53)
     out = torch.empty_like(q)
-    args = (out, q, k, v, None, None, None, None, None, None, None, None, 0, 0, 128 ** -0.5, 0.0, False, -1, -1)
+    args = (
+        out,
+        q,
+        k,
+        v,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        0,
+        0,
+        128**-0.5,
+        0.0,
+        False,
+        -1,
+        -1,
+    )
     kernel.ops.attn_fwd(*args, in_cluster)  # warm-up: the plan's device queries
     torch.cuda.synchronize()
     for splits, workspace in ((in_cluster, 0), (8, 8 * 32 * 128 * 4), (17, 17 * 32 * 128 * 4)):

@@ -92,7 +92,8 @@ using Named = std::pair<const char*, const at::Tensor*>;
 // Each written tensor must not share memory with any other tensor of the call, written or read
 // (torch_checks::may_overlap: exact, also for strided views of one buffer such as a packed qkv
 // tensor): "<op>: <written> must not share memory with <other>".
-void check_no_overlap(const char* op, const std::vector<Named>& written, const std::vector<Named>& read) {
+void check_no_overlap(const char* op, const std::vector<Named>& written,
+                      const std::vector<Named>& read) {
   for (size_t i = 0; i < written.size(); ++i) {
     for (size_t j = i + 1; j < written.size(); ++j) {
       torch_checks::check_no_overlap(op, written[i].first, *written[i].second, written[j].first,
@@ -105,7 +106,8 @@ void check_no_overlap(const char* op, const std::vector<Named>& written, const s
 }
 
 // The given optional tensors, by name, appended to `list`.
-void add_present(std::vector<Named>& list, std::initializer_list<std::pair<const char*, const OptTensor*>> opts) {
+void add_present(std::vector<Named>& list,
+                 std::initializer_list<std::pair<const char*, const OptTensor*>> opts) {
   for (const auto& [name, t] : opts) {
     if (present(*t)) list.emplace_back(name, &**t);
   }
@@ -149,7 +151,8 @@ struct Names {
   const char* cu_seqlens_q = "cu_seqlens_q";
   const char* cu_seqlens_k = "cu_seqlens_k";
   const char* seqused_k = "seqused_k";
-  const char* seqused_note = "";  // what seqused_k stands for when it was derived from other arguments
+  const char* seqused_note =
+      "";  // what seqused_k stands for when it was derived from other arguments
   const char* block_table = "block_table";
   const char* kv_batch_idx = "kv_batch_idx";
   const char* leftpad_k = "leftpad_k";
@@ -162,7 +165,8 @@ struct AttentionCall {
   const char* op = "";
   Names names;
   at::Tensor out, q, k, v;
-  OptTensor lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes;
+  OptTensor lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
+      alibi_slopes;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   double softmax_scale = 1.0, softcap = 0.0;
   bool causal = false;
@@ -175,7 +179,8 @@ struct AttentionCall {
 struct Geometry {
   bool varlen_q = false, varlen_k = false, paged = false;
   int64_t batch = 0, total_q = 0, seqlen_q = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
-  int64_t batch_k = 0, seqlen_k = 0, total_k = 0;  // dense: [batch_k, seqlen_k]; varlen: total_k rows
+  int64_t batch_k = 0, seqlen_k = 0,
+          total_k = 0;  // dense: [batch_k, seqlen_k]; varlen: total_k rows
   int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
 };
 
@@ -183,52 +188,60 @@ void check_device(const AttentionCall& c, const char* name, const at::Tensor& t)
   check_device_of(c.op, name, t, c.names.q, c.q);
 }
 
-void check_int32(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t dims, const char* layout) {
+void check_int32(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t dims,
+                 const char* layout) {
   check_device(c, name, t);
-  TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.scalar_type() == at::kInt, c.op, ": ", name, " must be int32, got ",
+              dtype_name(t.scalar_type()));
   TORCH_CHECK(t.dim() == dims, c.op, ": ", name, " must have shape ", layout, ", got ", t.sizes());
   if (dims == 1) {
-    TORCH_CHECK(t.is_contiguous(), c.op, ": ", name, " must be contiguous, got strides ", t.strides());
-  } else {
-    TORCH_CHECK(unit_last_stride(t), c.op, ": ", name, " must have stride 1 along its last dimension, got strides ",
+    TORCH_CHECK(t.is_contiguous(), c.op, ": ", name, " must be contiguous, got strides ",
                 t.strides());
+  } else {
+    TORCH_CHECK(unit_last_stride(t), c.op, ": ", name,
+                " must have stride 1 along its last dimension, got strides ", t.strides());
   }
 }
 
-void check_vector(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t expected, const char* what) {
+void check_vector(const AttentionCall& c, const char* name, const at::Tensor& t, int64_t expected,
+                  const char* what) {
   check_int32(c, name, t, 1, what);
   torch_checks::check_shape(c.op, name, t, {expected}, what);
 }
 
 // [batch + 1] cumulative lengths -> [batch] lengths (the key lengths of a paged
 // cache, flash-attn passes them as cu_seqlens_k).
-at::Tensor lengths_of(const at::Tensor& cu) { return cu.narrow(0, 1, cu.size(0) - 1).sub(cu.narrow(0, 0, cu.size(0) - 1)).to(at::kInt); }
+at::Tensor lengths_of(const at::Tensor& cu) {
+  return cu.narrow(0, 1, cu.size(0) - 1).sub(cu.narrow(0, 0, cu.size(0) - 1)).to(at::kInt);
+}
 
 // Index values of a CPU call (see the file header).
 void check_index_values_cpu(const AttentionCall& c, const Geometry& g) {
   const Names& n = c.names;
-  auto check_cu = [&](const at::Tensor& cu, const char* name, int64_t total, int64_t max_len, const char* max_name) {
+  auto check_cu = [&](const at::Tensor& cu, const char* name, int64_t total, int64_t max_len,
+                      const char* max_name) {
     const int32_t* v = cu.const_data_ptr<int32_t>();
     TORCH_CHECK(v[0] >= 0, c.op, ": ", name, "[0] = ", v[0], " must be >= 0");
     for (int64_t b = 0; b < g.batch; ++b) {
       const int64_t len = static_cast<int64_t>(v[b + 1]) - v[b];
-      TORCH_CHECK(len >= 0, c.op, ": ", name, " must be non-decreasing, got ", name, "[", b, "] = ", v[b], " > ",
-                  name, "[", b + 1, "] = ", v[b + 1]);
-      TORCH_CHECK(len <= max_len, c.op, ": ", name, ": sequence ", b, " has ", len, " tokens, more than ", max_name,
-                  " = ", max_len);
+      TORCH_CHECK(len >= 0, c.op, ": ", name, " must be non-decreasing, got ", name, "[", b,
+                  "] = ", v[b], " > ", name, "[", b + 1, "] = ", v[b + 1]);
+      TORCH_CHECK(len <= max_len, c.op, ": ", name, ": sequence ", b, " has ", len,
+                  " tokens, more than ", max_name, " = ", max_len);
     }
     TORCH_CHECK(v[g.batch] <= total, c.op, ": ", name, "[", g.batch, "] = ", v[g.batch],
                 " exceeds the number of packed rows (", total, ")");
   };
   if (g.varlen_q) check_cu(*c.cu_seqlens_q, n.cu_seqlens_q, g.total_q, g.seqlen_q, n.max_seqlen_q);
   if (g.varlen_k) check_cu(*c.cu_seqlens_k, n.cu_seqlens_k, g.total_k, g.seqlen_k, n.max_seqlen_k);
-  const int32_t* kv_idx = present(c.kv_batch_idx) ? c.kv_batch_idx->const_data_ptr<int32_t>() : nullptr;
+  const int32_t* kv_idx =
+      present(c.kv_batch_idx) ? c.kv_batch_idx->const_data_ptr<int32_t>() : nullptr;
   const int32_t* leftpad = present(c.leftpad_k) ? c.leftpad_k->const_data_ptr<int32_t>() : nullptr;
   const int32_t* used = present(c.seqused_k) ? c.seqused_k->const_data_ptr<int32_t>() : nullptr;
   for (int64_t b = 0; b < g.batch; ++b) {
     if (kv_idx != nullptr) {
-      TORCH_CHECK(kv_idx[b] >= 0 && kv_idx[b] < g.batch_k, c.op, ": ", n.kv_batch_idx, "[", b, "] = ", kv_idx[b],
-                  " is outside the batch of ", n.k, " [0, ", g.batch_k, ")");
+      TORCH_CHECK(kv_idx[b] >= 0 && kv_idx[b] < g.batch_k, c.op, ": ", n.kv_batch_idx, "[", b,
+                  "] = ", kv_idx[b], " is outside the batch of ", n.k, " [0, ", g.batch_k, ")");
     }
     int64_t available;  // key rows sequence b may use
     if (g.paged) {
@@ -239,16 +252,19 @@ void check_index_values_cpu(const AttentionCall& c, const Geometry& g) {
     } else {
       available = g.seqlen_k;
       if (leftpad != nullptr) {
-        TORCH_CHECK(leftpad[b] >= 0 && leftpad[b] <= g.seqlen_k, c.op, ": ", n.leftpad_k, "[", b, "] = ", leftpad[b],
-                    " is outside [0, ", g.seqlen_k, "] (the rows of ", n.k, ")");
+        TORCH_CHECK(leftpad[b] >= 0 && leftpad[b] <= g.seqlen_k, c.op, ": ", n.leftpad_k, "[", b,
+                    "] = ", leftpad[b], " is outside [0, ", g.seqlen_k, "] (the rows of ", n.k,
+                    ")");
         available -= leftpad[b];
       }
     }
     int64_t len_k = available;
     if (used != nullptr) {
-      TORCH_CHECK(used[b] >= 0 && used[b] <= available, c.op, ": ", n.seqused_k, "[", b, "]: sequence ", b,
-                  " uses ", used[b], " keys", n.seqused_note, ", but ", n.k, " has ", available, " rows for it",
-                  leftpad != nullptr ? " after its left padding" : "", " (valid: 0 .. ", available, ")");
+      TORCH_CHECK(used[b] >= 0 && used[b] <= available, c.op, ": ", n.seqused_k, "[", b,
+                  "]: sequence ", b, " uses ", used[b], " keys", n.seqused_note, ", but ", n.k,
+                  " has ", available, " rows for it",
+                  leftpad != nullptr ? " after its left padding" : "", " (valid: 0 .. ", available,
+                  ")");
       len_k = used[b];
     }
     if (g.paged && len_k > 0) {
@@ -256,9 +272,10 @@ void check_index_values_cpu(const AttentionCall& c, const Geometry& g) {
       const int32_t* row = bt.const_data_ptr<int32_t>() + b * bt.stride(0);
       const int64_t blocks = (len_k + g.block_size - 1) / g.block_size;
       for (int64_t i = 0; i < blocks; ++i) {
-        TORCH_CHECK(row[i] >= 0 && row[i] < g.num_blocks, c.op, ": ", n.block_table, "[", b, ", ", i, "] = ", row[i],
-                    " is outside the cache of ", g.num_blocks, " blocks (", n.k, ".size(0)); sequence ", b, " uses ",
-                    blocks, " blocks for its ", len_k, " keys");
+        TORCH_CHECK(row[i] >= 0 && row[i] < g.num_blocks, c.op, ": ", n.block_table, "[", b, ", ",
+                    i, "] = ", row[i], " is outside the cache of ", g.num_blocks, " blocks (", n.k,
+                    ".size(0)); sequence ", b, " uses ", blocks, " blocks for its ", len_k,
+                    " keys");
       }
     }
   }
@@ -286,18 +303,20 @@ Geometry check(AttentionCall& c) {
   // q
   g.varlen_q = present(c.cu_seqlens_q);
   if (g.varlen_q) {
-    TORCH_CHECK(c.q.dim() == 3, op, ": ", n.q, " must have shape [total_q, num_heads, head_dim] with ", n.cu_seqlens_q,
-                ", got ", c.q.sizes());
+    TORCH_CHECK(c.q.dim() == 3, op, ": ", n.q,
+                " must have shape [total_q, num_heads, head_dim] with ", n.cu_seqlens_q, ", got ",
+                c.q.sizes());
     check_int32(c, n.cu_seqlens_q, *c.cu_seqlens_q, 1, "[batch + 1]");
-    TORCH_CHECK(c.cu_seqlens_q->size(0) >= 1, op, ": ", n.cu_seqlens_q, " must have shape [batch + 1], got ",
-                c.cu_seqlens_q->sizes());
+    TORCH_CHECK(c.cu_seqlens_q->size(0) >= 1, op, ": ", n.cu_seqlens_q,
+                " must have shape [batch + 1], got ", c.cu_seqlens_q->sizes());
     g.batch = c.cu_seqlens_q->size(0) - 1;
     g.total_q = c.q.size(0);
-    TORCH_CHECK(c.max_seqlen_q >= 0, op, ": ", n.max_seqlen_q, " must be >= 0, got ", c.max_seqlen_q);
+    TORCH_CHECK(c.max_seqlen_q >= 0, op, ": ", n.max_seqlen_q, " must be >= 0, got ",
+                c.max_seqlen_q);
     g.seqlen_q = c.max_seqlen_q;
   } else {
-    TORCH_CHECK(c.q.dim() == 4, op, ": ", n.q, " must have shape [batch, seqlen_q, num_heads, head_dim], got ",
-                c.q.sizes());
+    TORCH_CHECK(c.q.dim() == 4, op, ": ", n.q,
+                " must have shape [batch, seqlen_q, num_heads, head_dim], got ", c.q.sizes());
     g.batch = c.q.size(0);
     g.seqlen_q = c.q.size(1);
     g.total_q = g.batch * g.seqlen_q;
@@ -313,53 +332,61 @@ Geometry check(AttentionCall& c) {
     if (!present(c.seqused_k)) {
       c.seqused_k = lengths_of(*c.cu_seqlens_k);
       c.names.seqused_k = c.names.cu_seqlens_k;
-      c.names.seqused_note = " (cu_seqlens_k[b + 1] - cu_seqlens_k[b], the key lengths of the paged cache)";
+      c.names.seqused_note =
+          " (cu_seqlens_k[b + 1] - cu_seqlens_k[b], the key lengths of the paged cache)";
     }
     c.cu_seqlens_k.reset();
   }
   g.varlen_k = present(c.cu_seqlens_k);
   if (g.paged) {
-    TORCH_CHECK(c.k.dim() == 4, op, ": ", n.k, " must be a paged cache [num_blocks, block_size, num_heads_k, head_dim] "
-                "with ", n.block_table, ", got ", c.k.sizes());
+    TORCH_CHECK(c.k.dim() == 4, op, ": ", n.k,
+                " must be a paged cache [num_blocks, block_size, num_heads_k, head_dim] "
+                "with ",
+                n.block_table, ", got ", c.k.sizes());
     check_int32(c, n.block_table, *c.block_table, 2, "[batch, max_blocks_per_seq]");
-    TORCH_CHECK(c.block_table->size(0) == g.batch, op, ": ", n.block_table, " must have shape [batch = ", g.batch,
-                ", max_blocks_per_seq], got ", c.block_table->sizes());
+    TORCH_CHECK(c.block_table->size(0) == g.batch, op, ": ", n.block_table,
+                " must have shape [batch = ", g.batch, ", max_blocks_per_seq], got ",
+                c.block_table->sizes());
     g.num_blocks = c.k.size(0);
     g.block_size = c.k.size(1);
     g.max_blocks = c.block_table->size(1);
     TORCH_CHECK(g.block_size > 0, op, ": ", n.k, " must have a block size > 0, got ", c.k.sizes());
     g.seqlen_k = g.max_blocks * g.block_size;
-    TORCH_CHECK(!present(c.kv_batch_idx), op, ": ", n.kv_batch_idx, " cannot be combined with ", n.block_table,
-                " (the block table selects each sequence's blocks)");
+    TORCH_CHECK(!present(c.kv_batch_idx), op, ": ", n.kv_batch_idx, " cannot be combined with ",
+                n.block_table, " (the block table selects each sequence's blocks)");
   } else if (g.varlen_k) {
-    TORCH_CHECK(c.k.dim() == 3, op, ": ", n.k, " must have shape [total_k, num_heads_k, head_dim] with ",
-                n.cu_seqlens_k, ", got ", c.k.sizes());
+    TORCH_CHECK(c.k.dim() == 3, op, ": ", n.k,
+                " must have shape [total_k, num_heads_k, head_dim] with ", n.cu_seqlens_k, ", got ",
+                c.k.sizes());
     check_vector(c, n.cu_seqlens_k, *c.cu_seqlens_k, g.batch + 1, "[batch + 1]");
-    TORCH_CHECK(c.max_seqlen_k >= 0, op, ": ", n.max_seqlen_k, " must be >= 0, got ", c.max_seqlen_k);
+    TORCH_CHECK(c.max_seqlen_k >= 0, op, ": ", n.max_seqlen_k, " must be >= 0, got ",
+                c.max_seqlen_k);
     g.total_k = c.k.size(0);
     g.seqlen_k = c.max_seqlen_k;
-    TORCH_CHECK(!present(c.kv_batch_idx), op, ": ", n.kv_batch_idx, " cannot be combined with ", n.cu_seqlens_k);
+    TORCH_CHECK(!present(c.kv_batch_idx), op, ": ", n.kv_batch_idx, " cannot be combined with ",
+                n.cu_seqlens_k);
   } else {
-    TORCH_CHECK(c.k.dim() == 4, op, ": ", n.k, " must have shape [batch, seqlen_k, num_heads_k, head_dim], got ",
-                c.k.sizes());
+    TORCH_CHECK(c.k.dim() == 4, op, ": ", n.k,
+                " must have shape [batch, seqlen_k, num_heads_k, head_dim], got ", c.k.sizes());
     g.batch_k = c.k.size(0);
     g.seqlen_k = c.k.size(1);
     if (present(c.kv_batch_idx)) {
       check_vector(c, n.kv_batch_idx, *c.kv_batch_idx, g.batch, "one cache index per sequence");
     } else {
-      TORCH_CHECK(g.batch_k == g.batch, op, ": ", n.k, " must have the batch size of ", n.q, " (", g.batch,
-                  "), got shape ", c.k.sizes());
+      TORCH_CHECK(g.batch_k == g.batch, op, ": ", n.k, " must have the batch size of ", n.q, " (",
+                  g.batch, "), got shape ", c.k.sizes());
     }
   }
   TORCH_CHECK(!present(c.leftpad_k) || (!g.paged && !g.varlen_k), op, ": ", n.leftpad_k,
               " cannot be combined with ", g.paged ? n.block_table : n.cu_seqlens_k);
-  TORCH_CHECK(c.v.sizes() == c.k.sizes(), op, ": ", n.v, " must have the shape of ", n.k, " ", c.k.sizes(), ", got ",
-              c.v.sizes());
+  TORCH_CHECK(c.v.sizes() == c.k.sizes(), op, ": ", n.v, " must have the shape of ", n.k, " ",
+              c.k.sizes(), ", got ", c.v.sizes());
   g.heads_kv = c.k.size(-2);
-  TORCH_CHECK(g.heads_kv > 0 && g.heads_q % g.heads_kv == 0, op, ": the number of heads of ", n.q, " (", g.heads_q,
-              ") must be a multiple of that of ", n.k, " and ", n.v, " (", g.heads_kv, ")");
-  TORCH_CHECK(c.k.size(-1) == g.head_dim, op, ": ", n.k, " must have the head_dim of ", n.q, " (", g.head_dim,
-              "), got shape ", c.k.sizes());
+  TORCH_CHECK(g.heads_kv > 0 && g.heads_q % g.heads_kv == 0, op, ": the number of heads of ", n.q,
+              " (", g.heads_q, ") must be a multiple of that of ", n.k, " and ", n.v, " (",
+              g.heads_kv, ")");
+  TORCH_CHECK(c.k.size(-1) == g.head_dim, op, ": ", n.k, " must have the head_dim of ", n.q, " (",
+              g.head_dim, "), got shape ", c.k.sizes());
   if (device.is_cuda()) {
     TORCH_CHECK(supported_head_dim_cuda(g.head_dim), op, ": head_dim ", g.head_dim, " of ", n.q,
                 " is not supported on CUDA (supported: 32, 64, 96, 128, 192, 256)");
@@ -370,33 +397,39 @@ Geometry check(AttentionCall& c) {
                                 {n.k, &c.k},
                                 {n.v, &c.v},
                                 {n.out, &c.out}}) {
-    TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension (head_dim), got "
-                "strides ", t->strides());
+    TORCH_CHECK(unit_last_stride(*t), op, ": ", name,
+                " must have stride 1 along its last dimension (head_dim), got "
+                "strides ",
+                t->strides());
   }
 
   // out, lse
-  TORCH_CHECK(c.out.sizes() == c.q.sizes(), op, ": ", n.out, " must have the shape of ", n.q, " ", c.q.sizes(),
-              ", got ", c.out.sizes());
+  TORCH_CHECK(c.out.sizes() == c.q.sizes(), op, ": ", n.out, " must have the shape of ", n.q, " ",
+              c.q.sizes(), ", got ", c.out.sizes());
   if (present(c.lse)) {
     const at::Tensor& lse = *c.lse;
     check_device(c, n.lse, lse);
     TORCH_CHECK(lse.scalar_type() == at::kFloat, op, ": ", n.lse, " must be float32, got ",
                 dtype_name(lse.scalar_type()));
     if (g.varlen_q) {
-      TORCH_CHECK(lse.dim() == 2 && lse.size(0) == g.heads_q && lse.size(1) == g.total_q, op, ": ", n.lse,
-                  " must have shape [num_heads = ", g.heads_q, ", total_q = ", g.total_q, "], got ", lse.sizes());
+      TORCH_CHECK(lse.dim() == 2 && lse.size(0) == g.heads_q && lse.size(1) == g.total_q, op, ": ",
+                  n.lse, " must have shape [num_heads = ", g.heads_q, ", total_q = ", g.total_q,
+                  "], got ", lse.sizes());
     } else {
-      TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.batch && lse.size(1) == g.heads_q && lse.size(2) == g.seqlen_q,
-                  op, ": ", n.lse, " must have shape [batch = ", g.batch, ", num_heads = ", g.heads_q,
-                  ", seqlen_q = ", g.seqlen_q, "], got ", lse.sizes());
+      TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.batch && lse.size(1) == g.heads_q &&
+                      lse.size(2) == g.seqlen_q,
+                  op, ": ", n.lse, " must have shape [batch = ", g.batch,
+                  ", num_heads = ", g.heads_q, ", seqlen_q = ", g.seqlen_q, "], got ", lse.sizes());
     }
-    TORCH_CHECK(unit_last_stride(lse), op, ": ", n.lse, " must have stride 1 along its last dimension, got strides ",
-                lse.strides());
+    TORCH_CHECK(unit_last_stride(lse), op, ": ", n.lse,
+                " must have stride 1 along its last dimension, got strides ", lse.strides());
   }
 
   // per-sequence vectors
-  if (present(c.seqused_k)) check_vector(c, n.seqused_k, *c.seqused_k, g.batch, "keys used per sequence");
-  if (present(c.leftpad_k)) check_vector(c, n.leftpad_k, *c.leftpad_k, g.batch, "left padding per sequence");
+  if (present(c.seqused_k))
+    check_vector(c, n.seqused_k, *c.seqused_k, g.batch, "keys used per sequence");
+  if (present(c.leftpad_k))
+    check_vector(c, n.leftpad_k, *c.leftpad_k, g.batch, "left padding per sequence");
   if (present(c.alibi_slopes)) {
     const at::Tensor& a = *c.alibi_slopes;
     check_device(c, n.alibi_slopes, a);
@@ -424,9 +457,12 @@ Geometry check(AttentionCall& c) {
   check_no_overlap(op, written, read);
 
   // scalars
-  TORCH_CHECK(std::isfinite(c.softmax_scale), op, ": softmax_scale must be finite, got ", c.softmax_scale);
-  TORCH_CHECK(c.softcap >= 0.0 && std::isfinite(c.softcap), op, ": softcap must be >= 0 (0: none), got ", c.softcap);
-  TORCH_CHECK(c.num_splits >= 0, op, ": num_splits must be >= 0 (0: the backend's choice), got ", c.num_splits);
+  TORCH_CHECK(std::isfinite(c.softmax_scale), op, ": softmax_scale must be finite, got ",
+              c.softmax_scale);
+  TORCH_CHECK(c.softcap >= 0.0 && std::isfinite(c.softcap), op,
+              ": softcap must be >= 0 (0: none), got ", c.softcap);
+  TORCH_CHECK(c.num_splits >= 0, op, ": num_splits must be >= 0 (0: the backend's choice), got ",
+              c.num_splits);
   c.window_left = c.window_left < 0 ? -1 : c.window_left;
   c.window_right = c.window_right < 0 ? -1 : c.window_right;
   if (c.causal) c.window_right = 0;
@@ -555,7 +591,8 @@ void run_attention(AttentionCall& c) {
     if (out_tmp) a.out = at::empty(a.out.sizes(), a.out.options());
     const bool lse_tmp = present(a.lse) && reinterpret_cast<uintptr_t>(a.lse->data_ptr()) % 8 != 0;
     if (lse_tmp) a.lse = at::empty(a.lse->sizes(), a.lse->options());
-    if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous()) a.alibi_slopes = a.alibi_slopes->contiguous();
+    if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous())
+      a.alibi_slopes = a.alibi_slopes->contiguous();
     p = make_params(a, g);
     const int64_t splits = attention::cuda::attn_fwd_accum_splits(p);
     at::Tensor out_accum, lse_accum;
@@ -579,11 +616,13 @@ void run_attention(AttentionCall& c) {
 // ---- flash-attn's C++ entry points ----
 
 void check_no_dropout(const char* op, double p_dropout, bool return_softmax) {
-  TORCH_CHECK_NOT_IMPLEMENTED(p_dropout == 0.0, op, ": dropout (p_dropout = ", p_dropout,
-                              ") is not implemented: this kernel is forward-only without dropout (use p_dropout = 0)");
-  TORCH_CHECK_NOT_IMPLEMENTED(!return_softmax, op,
-                              ": return_softmax (the attention probabilities S) is not implemented; the log-sum-exp "
-                              "is returned as softmax_lse");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      p_dropout == 0.0, op, ": dropout (p_dropout = ", p_dropout,
+      ") is not implemented: this kernel is forward-only without dropout (use p_dropout = 0)");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !return_softmax, op,
+      ": return_softmax (the attention probabilities S) is not implemented; the log-sum-exp "
+      "is returned as softmax_lse");
 }
 
 // An output like q: q's strides when they are dense (flash-attn's empty_like), else contiguous.
@@ -592,8 +631,9 @@ at::Tensor output_like(const at::Tensor& q) {
   return at::empty(q.sizes(), q.options());
 }
 
-at::Tensor given_or_new_out(const OptTensor& out, const at::Tensor& q) { return present(out) ? *out : output_like(q); }
-
+at::Tensor given_or_new_out(const OptTensor& out, const at::Tensor& q) {
+  return present(out) ? *out : output_like(q);
+}
 
 // ---- vLLM cache writers ----
 
@@ -611,19 +651,21 @@ attention::CacheLayout layout_of(const at::Tensor& t, bool split_key) {
   return c;
 }
 
-void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
-                 at::Tensor& value_cache, const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                 const OptTensor& k_scale, const OptTensor& v_scale) {
+void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Tensor& value,
+                 at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                 const std::string& kv_cache_dtype, const OptTensor& k_scale,
+                 const OptTensor& v_scale) {
   TORCH_CHECK_NOT_IMPLEMENTED(kv_cache_dtype == "auto", op, ": kv_cache_dtype '", kv_cache_dtype,
                               "' is not supported (only 'auto': the caches have the dtype of key)");
   (void)k_scale;
   (void)v_scale;
   const at::Device device = key.device();
-  TORCH_CHECK(to_dtype(key.scalar_type()).has_value(), op, ": key must be float32, float16 or bfloat16, got ",
-              dtype_name(key.scalar_type()));
-  TORCH_CHECK(key.dim() == 3, op, ": key must have shape [num_tokens, num_heads, head_size], got ", key.sizes());
-  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value must have the shape of key ", key.sizes(), ", got ",
-              value.sizes());
+  TORCH_CHECK(to_dtype(key.scalar_type()).has_value(), op,
+              ": key must be float32, float16 or bfloat16, got ", dtype_name(key.scalar_type()));
+  TORCH_CHECK(key.dim() == 3, op, ": key must have shape [num_tokens, num_heads, head_size], got ",
+              key.sizes());
+  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value must have the shape of key ", key.sizes(),
+              ", got ", value.sizes());
   const int64_t heads = key.size(1);
   const int64_t head_size = key.size(2);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"value", &value},
@@ -635,19 +677,23 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"value", &value},
                                 {"key_cache", &key_cache},
                                 {"value_cache", &value_cache}}) {
-    TORCH_CHECK(t->scalar_type() == key.scalar_type(), op, ": ", name, " must have the dtype of key (expected ",
-                dtype_name(key.scalar_type()), ", got ", dtype_name(t->scalar_type()),
-                "; kv_cache_dtype 'auto' stores key's dtype)");
+    TORCH_CHECK(t->scalar_type() == key.scalar_type(), op, ": ", name,
+                " must have the dtype of key (expected ", dtype_name(key.scalar_type()), ", got ",
+                dtype_name(t->scalar_type()), "; kv_cache_dtype 'auto' stores key's dtype)");
   }
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"key", &key}, {"value", &value}}) {
-    TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension (head_size), got "
-                "strides ", t->strides());
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor*>{"key", &key}, {"value", &value}}) {
+    TORCH_CHECK(unit_last_stride(*t), op, ": ", name,
+                " must have stride 1 along its last dimension (head_size), got "
+                "strides ",
+                t->strides());
   }
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong || slot_mapping.scalar_type() == at::kInt, op,
-              ": slot_mapping must be int64 or int32, got ", dtype_name(slot_mapping.scalar_type()));
+              ": slot_mapping must be int64 or int32, got ",
+              dtype_name(slot_mapping.scalar_type()));
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) <= key.size(0), op,
-              ": slot_mapping must have shape [num_tokens] with num_tokens <= key.size(0) = ", key.size(0), ", got ",
-              slot_mapping.sizes());
+              ": slot_mapping must have shape [num_tokens] with num_tokens <= key.size(0) = ",
+              key.size(0), ", got ", slot_mapping.sizes());
   TORCH_CHECK(slot_mapping.is_contiguous(), op, ": slot_mapping must be contiguous, got strides ",
               slot_mapping.strides());
 
@@ -666,19 +712,24 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
   p.slot_mapping_int64 = slot_mapping.scalar_type() == at::kLong;
   if (flash) {
     for (const auto& [name, t] :
-         {std::pair<const char*, const at::Tensor*>{"key_cache", &key_cache}, {"value_cache", &value_cache}}) {
+         {std::pair<const char*, const at::Tensor*>{"key_cache", &key_cache},
+          {"value_cache", &value_cache}}) {
       TORCH_CHECK(t->dim() == 4 && t->size(2) == heads && t->size(3) == head_size, op, ": ", name,
-                  " must have shape [num_blocks, block_size, num_heads = ", heads, ", head_size = ", head_size,
-                  "], got ", t->sizes());
+                  " must have shape [num_blocks, block_size, num_heads = ", heads,
+                  ", head_size = ", head_size, "], got ", t->sizes());
       TORCH_CHECK(unit_last_stride(*t), op, ": ", name,
-                  " must have stride 1 along its last dimension (head_size), got strides ", t->strides());
+                  " must have stride 1 along its last dimension (head_size), got strides ",
+                  t->strides());
     }
-    TORCH_CHECK(value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == key_cache.size(1), op,
-                ": value_cache must have the shape of key_cache ", key_cache.sizes(), ", got ", value_cache.sizes());
+    TORCH_CHECK(
+        value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == key_cache.size(1), op,
+        ": value_cache must have the shape of key_cache ", key_cache.sizes(), ", got ",
+        value_cache.sizes());
     p.num_blocks = key_cache.size(0);
     p.block_size = key_cache.size(1);
-    for (auto [layout, t] : {std::pair<attention::CacheLayout*, at::Tensor*>{&p.key_cache, &key_cache},
-                             {&p.value_cache, &value_cache}}) {
+    for (auto [layout, t] :
+         {std::pair<attention::CacheLayout*, at::Tensor*>{&p.key_cache, &key_cache},
+          {&p.value_cache, &value_cache}}) {
       layout->data = t->mutable_data_ptr();
       layout->block_stride = t->stride(0);
       layout->row_stride = t->stride(1);
@@ -689,12 +740,15 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
   } else {
     TORCH_CHECK(key_cache.dim() == 5 && key_cache.size(1) == heads && key_cache.size(4) > 0 &&
                     key_cache.size(2) * key_cache.size(4) == head_size,
-                op, ": key_cache must have shape [num_blocks, num_heads = ", heads, ", head_size / x, block_size, x] ",
-                "with head_size = ", head_size, " a multiple of x, got ", key_cache.sizes());
-    TORCH_CHECK(value_cache.dim() == 4 && value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == heads &&
-                    value_cache.size(2) == head_size && value_cache.size(3) == key_cache.size(3),
-                op, ": value_cache must have shape [num_blocks = ", key_cache.size(0), ", num_heads = ", heads,
-                ", head_size = ", head_size, ", block_size = ", key_cache.size(3), "], got ", value_cache.sizes());
+                op, ": key_cache must have shape [num_blocks, num_heads = ", heads,
+                ", head_size / x, block_size, x] ", "with head_size = ", head_size,
+                " a multiple of x, got ", key_cache.sizes());
+    TORCH_CHECK(value_cache.dim() == 4 && value_cache.size(0) == key_cache.size(0) &&
+                    value_cache.size(1) == heads && value_cache.size(2) == head_size &&
+                    value_cache.size(3) == key_cache.size(3),
+                op, ": value_cache must have shape [num_blocks = ", key_cache.size(0),
+                ", num_heads = ", heads, ", head_size = ", head_size,
+                ", block_size = ", key_cache.size(3), "], got ", value_cache.sizes());
     p.num_blocks = key_cache.size(0);
     p.block_size = key_cache.size(3);
     p.key_cache = layout_of(key_cache, true);
@@ -719,7 +773,8 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
     const c10::cuda::CUDAGuard device_guard(device);
-    const cudaError_t err = attention::cuda::cache_write(p, c10::cuda::getCurrentCUDAStream(device.index()));
+    const cudaError_t err =
+        attention::cuda::cache_write(p, c10::cuda::getCurrentCUDAStream(device.index()));
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
     return;
   }
@@ -731,12 +786,13 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
 
 // ---- the ops of torch_binding.h ----
 
-void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& lse,
-              const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, const OptTensor& seqused_k,
-              const OptTensor& block_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
-              const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-              double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t num_splits,
-              std::optional<bool> enable_pdl) {
+void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const OptTensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+              const OptTensor& seqused_k, const OptTensor& block_table,
+              const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
+              const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
+              double softmax_scale, double softcap, bool causal, int64_t window_left,
+              int64_t window_right, int64_t num_splits, std::optional<bool> enable_pdl) {
   AttentionCall c;
   c.pdl_request = pdl::request_of(enable_pdl);
   c.op = "attn_fwd";
@@ -763,14 +819,16 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
   run_attention(c);
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
-                            const OptTensor& alibi_slopes, double p_dropout, double softmax_scale, bool is_causal,
-                            int64_t window_size_left, int64_t window_size_right, double softcap, bool return_softmax,
-                            const std::optional<at::Generator>& gen, std::optional<bool> enable_pdl) {
+std::tuple<at::Tensor, at::Tensor> fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
+    const OptTensor& alibi_slopes, double p_dropout, double softmax_scale, bool is_causal,
+    int64_t window_size_left, int64_t window_size_right, double softcap, bool return_softmax,
+    const std::optional<at::Generator>& gen, std::optional<bool> enable_pdl) {
   (void)gen;
   constexpr const char* op = "fwd";
   check_no_dropout(op, p_dropout, return_softmax);
-  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ",
+              q.sizes());
   AttentionCall c;
   c.pdl_request = pdl::request_of(enable_pdl);
   c.op = op;
@@ -790,19 +848,19 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k,
   return std::make_tuple(c.out, lse);
 }
 
-std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const OptTensor& out, const at::Tensor& cu_seqlens_q,
-                                   const at::Tensor& cu_seqlens_k, const OptTensor& seqused_k,
-                                   const OptTensor& leftpad_k, const OptTensor& block_table,
-                                   const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                   double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
-                                   int64_t window_size_left, int64_t window_size_right, double softcap,
-                                   bool return_softmax, const std::optional<at::Generator>& gen,
-                                   std::optional<bool> enable_pdl) {
+std::tuple<at::Tensor, at::Tensor> varlen_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_k,
+    const OptTensor& leftpad_k, const OptTensor& block_table, const OptTensor& alibi_slopes,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, double p_dropout, double softmax_scale,
+    bool zero_tensors, bool is_causal, int64_t window_size_left, int64_t window_size_right,
+    double softcap, bool return_softmax, const std::optional<at::Generator>& gen,
+    std::optional<bool> enable_pdl) {
   (void)gen;
   constexpr const char* op = "varlen_fwd";
   check_no_dropout(op, p_dropout, return_softmax);
-  TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ",
+              q.sizes());
   AttentionCall c;
   c.pdl_request = pdl::request_of(enable_pdl);
   c.op = op;
@@ -835,27 +893,31 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
   return std::make_tuple(c.out, lse);
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
-                                    const OptTensor& k, const OptTensor& v, const OptTensor& cache_seqlens,
-                                    const OptTensor& rotary_cos, const OptTensor& rotary_sin,
-                                    const OptTensor& cache_batch_idx, const OptTensor& cache_leftpad,
-                                    const OptTensor& block_table, const OptTensor& alibi_slopes,
-                                    const OptTensor& out, double softmax_scale, bool is_causal,
-                                    int64_t window_size_left, int64_t window_size_right, double softcap,
-                                    bool rotary_interleaved, int64_t num_splits, std::optional<bool> enable_pdl) {
+std::tuple<at::Tensor, at::Tensor> fwd_kvcache(
+    const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache, const OptTensor& k,
+    const OptTensor& v, const OptTensor& cache_seqlens, const OptTensor& rotary_cos,
+    const OptTensor& rotary_sin, const OptTensor& cache_batch_idx, const OptTensor& cache_leftpad,
+    const OptTensor& block_table, const OptTensor& alibi_slopes, const OptTensor& out,
+    double softmax_scale, bool is_causal, int64_t window_size_left, int64_t window_size_right,
+    double softcap, bool rotary_interleaved, int64_t num_splits, std::optional<bool> enable_pdl) {
   constexpr const char* op = "fwd_kvcache";
-  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ",
+              q.sizes());
   const int64_t batch = q.size(0);
   const bool paged = present(block_table);
   const bool new_kv = present(k);
   const bool rotary = present(rotary_cos);
-  TORCH_CHECK(new_kv == present(v), op, ": k and v must be given together (new keys and values to append)");
-  TORCH_CHECK(rotary == present(rotary_sin), op, ": rotary_cos and rotary_sin must be given together");
+  TORCH_CHECK(new_kv == present(v), op,
+              ": k and v must be given together (new keys and values to append)");
+  TORCH_CHECK(rotary == present(rotary_sin), op,
+              ": rotary_cos and rotary_sin must be given together");
   TORCH_CHECK(!new_kv || present(cache_seqlens), op,
               ": cache_seqlens is required with new k / v (the cache row where they are appended)");
-  TORCH_CHECK(!rotary || new_kv, op, ": rotary_cos / rotary_sin need new k / v to append (flash-attn's rule)");
+  TORCH_CHECK(!rotary || new_kv, op,
+              ": rotary_cos / rotary_sin need new k / v to append (flash-attn's rule)");
   TORCH_CHECK(k_cache.dim() == 4, op, ": k_cache must have shape ",
-              paged ? "[num_blocks, block_size, num_heads_k, head_dim]" : "[batch_cache, seqlen_cache, num_heads_k, head_dim]",
+              paged ? "[num_blocks, block_size, num_heads_k, head_dim]"
+                    : "[batch_cache, seqlen_cache, num_heads_k, head_dim]",
               ", got ", k_cache.sizes());
   const auto names = [&]() {
     Names n;
@@ -870,22 +932,27 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   if (present(cache_seqlens)) {
     const at::Tensor& s = *cache_seqlens;
     check_device_of(op, "cache_seqlens", s, "q", q);
-    TORCH_CHECK(s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == batch && s.is_contiguous(), op,
-                ": cache_seqlens must be a contiguous int32 tensor of shape [batch = ", batch, "], got ",
-                dtype_name(s.scalar_type()), " ", s.sizes());
+    TORCH_CHECK(
+        s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == batch && s.is_contiguous(), op,
+        ": cache_seqlens must be a contiguous int32 tensor of shape [batch = ", batch, "], got ",
+        dtype_name(s.scalar_type()), " ", s.sizes());
   }
   int64_t seqlen_new = 0;
   if (new_kv) {
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"k", &*k}, {"v", &*v}}) {
+    for (const auto& [name, t] :
+         {std::pair<const char*, const at::Tensor*>{"k", &*k}, {"v", &*v}}) {
       check_device_of(op, name, *t, "q", q);
       check_dtype_of(op, name, *t, "q", q);
-      TORCH_CHECK(t->dim() == 4 && t->size(0) == batch && t->size(2) == k_cache.size(2) && t->size(3) == k_cache.size(3),
-                  op, ": ", name, " must have shape [batch = ", batch, ", seqlen_new, num_heads_k = ", k_cache.size(2),
-                  ", head_dim = ", k_cache.size(3), "], got ", t->sizes());
-      TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension, got strides ",
-                  t->strides());
+      TORCH_CHECK(t->dim() == 4 && t->size(0) == batch && t->size(2) == k_cache.size(2) &&
+                      t->size(3) == k_cache.size(3),
+                  op, ": ", name, " must have shape [batch = ", batch,
+                  ", seqlen_new, num_heads_k = ", k_cache.size(2), ", head_dim = ", k_cache.size(3),
+                  "], got ", t->sizes());
+      TORCH_CHECK(unit_last_stride(*t), op, ": ", name,
+                  " must have stride 1 along its last dimension, got strides ", t->strides());
     }
-    TORCH_CHECK(v->size(1) == k->size(1), op, ": v must have the shape of k ", k->sizes(), ", got ", v->sizes());
+    TORCH_CHECK(v->size(1) == k->size(1), op, ": v must have the shape of k ", k->sizes(), ", got ",
+                v->sizes());
     seqlen_new = k->size(1);
   }
 
@@ -915,7 +982,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
     // Each tensor op here is a kernel launch on the decode path (about 1.5 us each in a CUDA graph
     // on an H200), so the common forms take none (cache_seqlens as it is) or one (int32 add).
     if (present(cache_leftpad)) {
-      at::Tensor used = cache_seqlens->to(at::kLong).add(seqlen_new).sub(cache_leftpad->to(at::kLong));
+      at::Tensor used =
+          cache_seqlens->to(at::kLong).add(seqlen_new).sub(cache_leftpad->to(at::kLong));
       c.seqused_k = used.to(at::kInt);
     } else if (seqlen_new == 0) {
       c.seqused_k = *cache_seqlens;
@@ -983,18 +1051,20 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
       for (const auto& [name, t] :
            {std::pair<const char*, const at::Tensor*>{"rotary_cos", &cos}, {"rotary_sin", &sin}}) {
         check_device_of(op, name, *t, "q", q);
-        TORCH_CHECK(t->scalar_type() == q.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
-                    " must have the dtype of q (", dtype_name(q.scalar_type()), ") or float32, got ",
-                    dtype_name(t->scalar_type()));
-        TORCH_CHECK(t->dim() == 2 && t->size(1) > 0 && 2 * t->size(1) <= g.head_dim, op, ": ", name,
-                    " must have shape [seqlen_ro, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ", g.head_dim,
-                    ", got ", t->sizes());
-        TORCH_CHECK(unit_last_stride(*t), op, ": ", name, " must have stride 1 along its last dimension, got strides ",
-                    t->strides());
+        TORCH_CHECK(t->scalar_type() == q.scalar_type() || t->scalar_type() == at::kFloat, op, ": ",
+                    name, " must have the dtype of q (", dtype_name(q.scalar_type()),
+                    ") or float32, got ", dtype_name(t->scalar_type()));
+        TORCH_CHECK(
+            t->dim() == 2 && t->size(1) > 0 && 2 * t->size(1) <= g.head_dim, op, ": ", name,
+            " must have shape [seqlen_ro, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ",
+            g.head_dim, ", got ", t->sizes());
+        TORCH_CHECK(unit_last_stride(*t), op, ": ", name,
+                    " must have stride 1 along its last dimension, got strides ", t->strides());
       }
       TORCH_CHECK(sin.sizes() == cos.sizes() && sin.scalar_type() == cos.scalar_type(), op,
                   ": rotary_sin must have the shape and dtype of rotary_cos (", cos.sizes(), " ",
-                  dtype_name(cos.scalar_type()), "), got ", sin.sizes(), " ", dtype_name(sin.scalar_type()));
+                  dtype_name(cos.scalar_type()), "), got ", sin.sizes(), " ",
+                  dtype_name(sin.scalar_type()));
       q_attn = at::empty(q.sizes(), q.options());
       a.rotary_cos = cos.const_data_ptr();
       a.rotary_sin = sin.const_data_ptr();
@@ -1028,7 +1098,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
 #if defined(CUDA_KERNEL)
     if (device.is_cuda()) {
       const c10::cuda::CUDAGuard device_guard(device);
-      const cudaError_t err = attention::cuda::kv_append(a, c10::cuda::getCurrentCUDAStream(device.index()));
+      const cudaError_t err =
+          attention::cuda::kv_append(a, c10::cuda::getCurrentCUDAStream(device.index()));
       TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
       launched = true;
     }
@@ -1040,16 +1111,18 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(const at::Tensor& q, at::Tensor& 
   return std::make_tuple(c.out, lse);
 }
 
-void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
-                       const at::Tensor& slot_mapping, const std::string& kv_cache_dtype, const OptTensor& k_scale,
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                       at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                       const std::string& kv_cache_dtype, const OptTensor& k_scale,
                        const OptTensor& v_scale) {
-  write_cache("reshape_and_cache", false, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-              v_scale);
+  write_cache("reshape_and_cache", false, key, value, key_cache, value_cache, slot_mapping,
+              kv_cache_dtype, k_scale, v_scale);
 }
 
 void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
-                             at::Tensor& value_cache, const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                             const OptTensor& k_scale, const OptTensor& v_scale) {
-  write_cache("reshape_and_cache_flash", true, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-              k_scale, v_scale);
+                             at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                             const std::string& kv_cache_dtype, const OptTensor& k_scale,
+                             const OptTensor& v_scale) {
+  write_cache("reshape_and_cache_flash", true, key, value, key_cache, value_cache, slot_mapping,
+              kv_cache_dtype, k_scale, v_scale);
 }

@@ -23,9 +23,11 @@
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
-      "attn_fwd(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor(b!)? lse, Tensor? cu_seqlens_q, "
+      "attn_fwd(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor(b!)? lse, Tensor? "
+      "cu_seqlens_q, "
       "Tensor? cu_seqlens_k, Tensor? seqused_k, Tensor? block_table, Tensor? kv_batch_idx, "
-      "Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+      "Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float "
+      "softmax_scale, "
       "float softcap, bool causal, int window_left, int window_right, int num_splits, "
       "bool? enable_pdl=None) -> ()");
   ATTN_IMPL(attn_fwd);
@@ -33,21 +35,26 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // flash-attn 2 C++ API (flash_api.cpp), forward only.
   ops.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor? alibi_slopes, float p_dropout, "
-      "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float softcap, "
+      "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float "
+      "softcap, "
       "bool return_softmax, Generator? gen, bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(fwd);
   ops.def(
-      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-      "Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, int max_seqlen_q, "
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor cu_seqlens_q, Tensor "
+      "cu_seqlens_k, "
+      "Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, int "
+      "max_seqlen_q, "
       "int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, bool is_causal, "
-      "int window_size_left, int window_size_right, float softcap, bool return_softmax, Generator? gen, "
+      "int window_size_left, int window_size_right, float softcap, bool return_softmax, Generator? "
+      "gen, "
       "bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(varlen_fwd);
   ops.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
       "Tensor? cache_seqlens, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_batch_idx, "
       "Tensor? cache_leftpad, Tensor? block_table, Tensor? alibi_slopes, Tensor(c!)? out, "
-      "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float softcap, "
+      "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float "
+      "softcap, "
       "bool rotary_interleaved, int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(fwd_kvcache);
 
@@ -57,7 +64,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale) -> ()");
   ATTN_IMPL(reshape_and_cache);
   ops.def(
-      "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) "
+      "value_cache, "
       "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale) -> ()");
   ATTN_IMPL(reshape_and_cache_flash);
 }

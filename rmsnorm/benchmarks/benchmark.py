@@ -24,7 +24,6 @@ same ops against F.rms_norm, torch.compile and LLaMA-style eager in the same run
 """
 
 import torch
-
 from kernels.benchmark import Benchmark
 
 EPS = 1e-6

@@ -49,13 +49,14 @@ import torch.nn.functional as F  # noqa: E402
 KERNEL_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(KERNEL_DIR.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
 from benchmark import (  # noqa: E402
     reference_fused_add_rms_norm,
     reference_rms_norm,
     reference_rms_norm_backward,
     relative_error,
 )
+
+import benchlib  # noqa: E402
 
 DEVICE = "cuda"
 EPS = 1e-6
@@ -208,7 +209,10 @@ def cases(quick: bool) -> list[Case]:
             Case(BWD, bf16, t, 4096) for t in (64, 4096)
         ]
     ordered = [
-        Case(op, bf16, t, h) for h in HEADLINE_HIDDEN for t in HEADLINE_TOKENS for op in (FWD, FUSED, BWD)
+        Case(op, bf16, t, h)
+        for h in HEADLINE_HIDDEN
+        for t in HEADLINE_TOKENS
+        for op in (FWD, FUSED, BWD)
     ]
     other_hidden = [h for h in HIDDEN if h not in HEADLINE_HIDDEN]
     other_tokens = [t for t in TOKENS if t not in HEADLINE_TOKENS]
@@ -273,8 +277,15 @@ def run_forward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, dic
     if case.tokens <= DECODE_MAX_TOKENS:
         # Decode sizes: a call costs its launch more than its GPU time; report what an eager
         # caller sees too (Python + dispatcher + launch; torch.compile adds its guards).
-        wall = {k: benchlib.wall_time_us(timed[k], rep_ms=REP_MS) for k in ("ours", "F.rms_norm", "compile")}
-    extra = {"finite_after_timing": all(bool(torch.isfinite(b).all()) for b in in_place)} if in_place else {}
+        wall = {
+            k: benchlib.wall_time_us(timed[k], rep_ms=REP_MS)
+            for k in ("ours", "F.rms_norm", "compile")
+        }
+    extra = (
+        {"finite_after_timing": all(bool(torch.isfinite(b).all()) for b in in_place)}
+        if in_place
+        else {}
+    )
     return us, wall, extra
 
 
@@ -298,7 +309,11 @@ def run_backward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, di
     compiled_fn = benchlib.compiled(llama_rms_norm, tag)
     with torch.cuda.stream(stream):  # record the forwards on the stream the backward is timed on
         xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
-        outputs = {"eager": llama_rms_norm(xr, wr), "F.rms_norm": f_rms_norm(xr, wr), "compile": compiled_fn(xr, wr)}
+        outputs = {
+            "eager": llama_rms_norm(xr, wr),
+            "F.rms_norm": f_rms_norm(xr, wr),
+            "compile": compiled_fn(xr, wr),
+        }
     timed = {"ours": lambda: kernel.apply_rms_norm_backward(grad, x, w, None, None, EPS)}
     for name, y in outputs.items():
         timed[name] = lambda y=y: torch.autograd.grad(y, (xr, wr), grad, retain_graph=True)
@@ -309,7 +324,9 @@ def run_backward(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict, di
 def run_case(kernel, case: Case, l2_bytes: int | None) -> dict:
     dtype = getattr(torch, case.dtype)
     us, wall, extra = (run_backward if case.op == BWD else run_forward)(kernel, case, dtype)
-    result = benchlib.timing_row(case, _bytes(case, torch.finfo(dtype).bits // 8), l2_bytes, us, wall, BASELINES)
+    result = benchlib.timing_row(
+        case, _bytes(case, torch.finfo(dtype).bits // 8), l2_bytes, us, wall, BASELINES
+    )
     result.update(extra)
     return result
 
@@ -323,7 +340,9 @@ def _summary(r: dict) -> str:
 
 
 def parse_args(argv=None):
-    parser = benchlib.sweep_arguments(__doc__.split("\n\n")[0], "bf16, hidden 4096/8192, 4 token counts", BUDGET_S)
+    parser = benchlib.sweep_arguments(
+        __doc__.split("\n\n")[0], "bf16, hidden 4096/8192, 4 token counts", BUDGET_S
+    )
     return parser.parse_args(argv)
 
 
@@ -331,8 +350,14 @@ def main():
     args = parse_args()
     order = {op: i for i, op in enumerate((FWD, FUSED, BWD))}
     benchlib.run_budgeted_sweep(
-        kernel_name="rmsnorm", kernel_dir=KERNEL_DIR, start=_START, args=args, budget_s=BUDGET_S,
-        cases=cases(args.quick), run_case=run_case, summary=_summary,
+        kernel_name="rmsnorm",
+        kernel_dir=KERNEL_DIR,
+        start=_START,
+        args=args,
+        budget_s=BUDGET_S,
+        cases=cases(args.quick),
+        run_case=run_case,
+        summary=_summary,
         sort_key=lambda r: (order[r["op"]], r["dtype"], r["hidden"], r["tokens"]),
         notes={"method": METHOD, "baselines": BASELINES_NOTE, "contenders": CONTENDERS},
     )

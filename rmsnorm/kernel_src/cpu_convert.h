@@ -82,7 +82,7 @@ inline bool cpu_has_f16c() {
 }
 
 __attribute__((target("avx,f16c"))) inline void load_half_f16c(float* dst, const c10::Half* src,
-                                                                 int64_t n) {
+                                                               int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -92,7 +92,7 @@ __attribute__((target("avx,f16c"))) inline void load_half_f16c(float* dst, const
 }
 
 __attribute__((target("avx,f16c"))) inline void store_half_f16c(c10::Half* dst, const float* src,
-                                                                  int64_t n) {
+                                                                int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);

@@ -56,8 +56,8 @@ constexpr int64_t kBlockRows = 64;
 // ---- dtypes and conversions ----
 
 void check_dtype(const char* op, const char* name, DType dtype) {
-  TORCH_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16,
-              op, ": unsupported DType value ", static_cast<int>(dtype), " for ", name);
+  TORCH_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16, op,
+              ": unsupported DType value ", static_cast<int>(dtype), " for ", name);
 }
 
 using cpu_convert::at_index;
@@ -282,10 +282,10 @@ void bwd(const RmsNormBwdParams& p) {
   at::parallel_for(0, plan.chunks, 1, [&](int64_t first_chunk, int64_t last_chunk) {
     const int64_t nbuf = 7;  // n, n', g, t and the three RowSum blocks
     const std::unique_ptr<float[]> buffers(new float[nbuf * hidden]);
-    float* n = buffers.get();    // r, then n = r * rstd
-    float* nr = n + hidden;      // n' (when round_norm)
-    float* g = nr + hidden;      // grad_out, then gy, gn, grad_input
-    float* t = g + hidden;       // scale, grad_residual rows
+    float* n = buffers.get();  // r, then n = r * rstd
+    float* nr = n + hidden;    // n' (when round_norm)
+    float* g = nr + hidden;    // grad_out, then gy, gn, grad_input
+    float* t = g + hidden;     // scale, grad_residual rows
     RowSum sum_gw(hidden, t + hidden);
     RowSum sum_gs(hidden, t + 2 * hidden);
     RowSum sum_gsh(hidden, t + 3 * hidden);
@@ -344,12 +344,11 @@ void bwd(const RmsNormBwdParams& p) {
         const float mean_gn_n = dot(g, n, hidden) / static_cast<float>(hidden);
         for (int64_t i = 0; i < hidden; ++i) g[i] = rstd * (g[i] - n[i] * mean_gn_n);
         if (p.grad_residual != nullptr) {
-          load(p.in_dtype, t,
-               at_index(p.grad_residual, p.in_dtype, row * p.grad_residual_stride), hidden);
+          load(p.in_dtype, t, at_index(p.grad_residual, p.in_dtype, row * p.grad_residual_stride),
+               hidden);
           for (int64_t i = 0; i < hidden; ++i) g[i] += t[i];
         }
-        store(p.in_dtype, at_index(p.grad_input, p.in_dtype, row * p.grad_input_stride), g,
-              hidden);
+        store(p.in_dtype, at_index(p.grad_input, p.in_dtype, row * p.grad_input_stride), g, hidden);
       }
       sum_gw.flush();
       sum_gs.flush();
@@ -411,9 +410,9 @@ void rms_norm_bwd(const RmsNormBwdParams& params) {
   TORCH_CHECK(params.hidden > 0, op, ": hidden must be > 0 when rows > 0, got ", params.hidden);
   TORCH_CHECK(params.grad_weight == nullptr || params.weight != nullptr, op,
               ": grad_weight needs weight");
-  TORCH_CHECK((params.grad_scale == nullptr && params.grad_shift == nullptr) ||
-                  params.scale != nullptr,
-              op, ": grad_scale and grad_shift need scale");
+  TORCH_CHECK(
+      (params.grad_scale == nullptr && params.grad_shift == nullptr) || params.scale != nullptr, op,
+      ": grad_scale and grad_shift need scale");
   TORCH_CHECK(params.scale == nullptr || params.rows_per_sample > 0, op,
               ": rows_per_sample must be > 0, got ", params.rows_per_sample);
   bwd(params);

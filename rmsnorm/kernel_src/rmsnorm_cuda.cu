@@ -91,18 +91,18 @@ namespace cuda {
 namespace {
 
 using detail::Chunk;
-using detail::FastDivU64;
-using detail::from_float;
-using detail::launder;
-using detail::Ld;
-using detail::NormRound;
-using detail::St;
 using detail::chunk_from_float;
 using detail::cta_sum;
+using detail::FastDivU64;
+using detail::from_float;
 using detail::group_sum;
+using detail::launder;
+using detail::Ld;
 using detail::load_chunk;
+using detail::NormRound;
 using detail::prefetch_l2;
 using detail::round_norm;
+using detail::St;
 using detail::store_chunk;
 
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +198,8 @@ struct LaunchConfig {
 
 constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
 
-template <int kChunks> struct FwdBounds {
+template <int kChunks>
+struct FwdBounds {
   static constexpr int kThreads = LaunchConfig::max_group(kChunks);
   static constexpr int kMinBlocks = kChunks == 4 ? 2 : 1;
 };
@@ -207,10 +208,12 @@ template <int kChunks> struct FwdBounds {
 // estimates the registers of a thread's row data (x, grad_out, grad_residual, weight, scale
 // chunks) and of its grad_scale / grad_shift partials (grad_weight's accumulate in shared
 // memory).
-template <typename Tin, typename Tw, typename Tout, int kVec, int kMode> struct BwdShape {
-  static constexpr bool kTwoCtas =
-      kVec > 1 && sizeof(Tin) == 2 && sizeof(Tw) == 2 && sizeof(Tout) == 2 && kMode == 0;
-  template <typename T> static constexpr int regs(int chunks) {
+template <typename Tin, typename Tw, typename Tout, int kVec, int kMode>
+struct BwdShape {
+  static constexpr bool kTwoCtas = kVec > 1 && sizeof(Tin) == 2 && sizeof(Tw) == 2 &&
+                                   sizeof(Tout) == 2 && kMode == 0;
+  template <typename T>
+  static constexpr int regs(int chunks) {
     return chunks * (sizeof(T) * kVec < 4 ? 1 : static_cast<int>(sizeof(T)) * kVec / 4);
   }
   static constexpr int data_regs(int chunks) {
@@ -226,21 +229,32 @@ template <typename Tin, typename Tw, typename Tout, int kVec, int kMode> struct 
   static constexpr int kMinBlocks = kTwoCtas ? 2 : 1;
 };
 
-template <typename T> constexpr int kVecWidth = LaunchConfig::kVectorBytes / static_cast<int>(sizeof(T));
+template <typename T>
+constexpr int kVecWidth = LaunchConfig::kVectorBytes / static_cast<int>(sizeof(T));
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Calls f(std::integral_constant<NormRound, R>{}) for the runtime value r (uniform branch
 // outside the element loops).
-template <typename F> __device__ __forceinline__ void with_norm_round(NormRound r, F&& f) {
+template <typename F>
+__device__ __forceinline__ void with_norm_round(NormRound r, F&& f) {
   switch (r) {
-    case NormRound::kHalf: f(std::integral_constant<NormRound, NormRound::kHalf>{}); break;
-    case NormRound::kBFloat16: f(std::integral_constant<NormRound, NormRound::kBFloat16>{}); break;
-    default: f(std::integral_constant<NormRound, NormRound::kNone>{}); break;
+    case NormRound::kHalf:
+      f(std::integral_constant<NormRound, NormRound::kHalf>{});
+      break;
+    case NormRound::kBFloat16:
+      f(std::integral_constant<NormRound, NormRound::kBFloat16>{});
+      break;
+    default:
+      f(std::integral_constant<NormRound, NormRound::kNone>{});
+      break;
   }
 }
-template <typename F> __device__ __forceinline__ void with_bool(bool b, F&& f) {
+template <typename F>
+__device__ __forceinline__ void with_bool(bool b, F&& f) {
   if (b) {
     f(std::true_type{});
   } else {
@@ -252,14 +266,14 @@ template <typename F> __device__ __forceinline__ void with_bool(bool b, F&& f) {
 // Forward.
 // ---------------------------------------------------------------------------------------------
 struct FwdArgs {
-  void* out;                     // [rows, hidden], Tout
-  const void* input;             // [rows, hidden], Tin
-  const void* residual;          // [rows, hidden], Tin, or null (no fused add)
-  void* residual_out;            // [rows, hidden], Tin, set with residual
-  const void* weight;            // [hidden], Tw, or null (w' = 1)
-  const void* scale;             // [batch, hidden], Tin, or null (not modulated)
-  const void* shift;             // [batch, hidden], Tin, set with scale
-  float* rstd;                   // [rows] or null
+  void* out;             // [rows, hidden], Tout
+  const void* input;     // [rows, hidden], Tin
+  const void* residual;  // [rows, hidden], Tin, or null (no fused add)
+  void* residual_out;    // [rows, hidden], Tin, set with residual
+  const void* weight;    // [hidden], Tw, or null (w' = 1)
+  const void* scale;     // [batch, hidden], Tin, or null (not modulated)
+  const void* shift;     // [batch, hidden], Tin, set with scale
+  float* rstd;           // [rows] or null
   int64_t out_stride;
   int64_t input_stride;
   int64_t residual_stride;
@@ -268,16 +282,16 @@ struct FwdArgs {
   int64_t shift_stride;
   int64_t rows;
   int64_t hidden;
-  int64_t chunks;                // chunks per row: hidden / kVec
-  int64_t row_blocks;            // ceil(rows / rows_per_cta)
-  FastDivU64 sample_of_row;      // row / rows_per_sample
-  float inv_hidden;              // 1 / hidden, rounded to fp32
+  int64_t chunks;            // chunks per row: hidden / kVec
+  int64_t row_blocks;        // ceil(rows / rows_per_cta)
+  FastDivU64 sample_of_row;  // row / rows_per_sample
+  float inv_hidden;          // 1 / hidden, rounded to fp32
   float weight_offset;
   float eps;
-  int group;                     // threads per row
+  int group;  // threads per row
   int rows_per_cta;
   NormRound norm_round;
-  int64_t prefetch_rows;         // L2 prefetch distance in rows (0: none; plan_fwd_prefetch)
+  int64_t prefetch_rows;  // L2 prefetch distance in rows (0: none; plan_fwd_prefetch)
 };
 
 // Bytes of weight chunks a forward thread keeps in registers from its start (loaded once, with
@@ -290,10 +304,10 @@ constexpr int kMaxPrefetchWeightBytes = 32;
 // of the row: out_row[col ..], scale_row[col ..], shift_row[col ..] (the latter when modulated).
 template <NormRound kRound, bool kModulated, typename Tin, typename Tw, typename Tout, int kVec>
 __device__ __forceinline__ void fwd_store_chunk(Tout* out_row, int64_t col,
-                                                const Chunk<Tin, kVec>& r,
-                                                const Chunk<Tw, kVec>& w, bool has_weight,
-                                                float weight_offset, const Tin* scale_row,
-                                                const Tin* shift_row, float rstd) {
+                                                const Chunk<Tin, kVec>& r, const Chunk<Tw, kVec>& w,
+                                                bool has_weight, float weight_offset,
+                                                const Tin* scale_row, const Tin* shift_row,
+                                                float rstd) {
   Chunk<Tin, kVec> s{}, sh{};
   if constexpr (kModulated) {
     s = load_chunk<Ld::kReadOnly, Tin, kVec>(scale_row + col);
@@ -313,9 +327,10 @@ __device__ __forceinline__ void fwd_store_chunk(Tout* out_row, int64_t col,
 // The epilogue of one row of the register-resident forward: all chunks of this thread.
 template <NormRound kRound, bool kModulated, bool kPrefetchedWeight, typename Tout, typename Tin,
           typename Tw, int kVec, int kChunks>
-__device__ __forceinline__ void fwd_store_row(const FwdArgs& a, const Chunk<Tin, kVec> (&x)[kChunks],
-                                              const Chunk<Tw, kVec> (&w)[kChunks],
-                                              int64_t row, int lane, int chunks, float rstd) {
+__device__ __forceinline__ void fwd_store_row(const FwdArgs& a,
+                                              const Chunk<Tin, kVec> (&x)[kChunks],
+                                              const Chunk<Tw, kVec> (&w)[kChunks], int64_t row,
+                                              int lane, int chunks, float rstd) {
   const Tw* weight = static_cast<const Tw*>(a.weight);
   const bool has_weight = weight != nullptr;
   Tout* out = static_cast<Tout*>(a.out) + row * a.out_stride;
@@ -504,7 +519,7 @@ __global__ void __launch_bounds__(kChunks <= 2 ? LaunchConfig::kFwdFewRowsMaxGro
   if (lane == 0 && a.rstd != nullptr) a.rstd[row] = rstd;
   with_norm_round(a.norm_round, [&](auto round_tag) {
     fwd_store_row<decltype(round_tag)::value, false, kPrefetchW, Tout>(a, x, w, row, lane, chunks,
-                                                                      rstd);
+                                                                       rstd);
   });
 }
 
@@ -527,8 +542,10 @@ __global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads, 1)
   int parity = 0;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const Tin* in = static_cast<const Tin*>(a.input) + row * a.input_stride;
-    const Tin* res = fused ? static_cast<const Tin*>(a.residual) + row * a.residual_stride : nullptr;
-    Tin* res_out = fused ? static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride : nullptr;
+    const Tin* res =
+        fused ? static_cast<const Tin*>(a.residual) + row * a.residual_stride : nullptr;
+    Tin* res_out =
+        fused ? static_cast<Tin*>(a.residual_out) + row * a.residual_out_stride : nullptr;
     float ss[1] = {0.0f};
     for (int64_t base = threadIdx.x; base < a.chunks; base += step) {
       Chunk<Tin, kVec> x[kUnroll] = {};
@@ -617,15 +634,15 @@ __global__ void __launch_bounds__(LaunchConfig::kTwoPassThreads, 1)
 // Backward.
 // ---------------------------------------------------------------------------------------------
 struct BwdArgs {
-  void* grad_input;              // [rows, hidden], Tin
-  const void* grad_out;          // [rows, hidden], Tout
-  const void* input;             // [rows, hidden], Tin: the normalized tensor r
-  const void* grad_residual;     // [rows, hidden], Tin, or null
-  const void* weight;            // [hidden], Tw, or null
-  const void* scale;             // [batch, hidden], Tin, or null (not modulated)
-  float* ws_weight;              // [partials, hidden] partial sums of grad_weight, or null
-  float* ws_scale;               // [partials, hidden] of grad_scale, or null
-  float* ws_shift;               // [partials, hidden] of grad_shift, or null
+  void* grad_input;           // [rows, hidden], Tin
+  const void* grad_out;       // [rows, hidden], Tout
+  const void* input;          // [rows, hidden], Tin: the normalized tensor r
+  const void* grad_residual;  // [rows, hidden], Tin, or null
+  const void* weight;         // [hidden], Tw, or null
+  const void* scale;          // [batch, hidden], Tin, or null (not modulated)
+  float* ws_weight;           // [partials, hidden] partial sums of grad_weight, or null
+  float* ws_scale;            // [partials, hidden] of grad_scale, or null
+  float* ws_shift;            // [partials, hidden] of grad_shift, or null
   int64_t grad_input_stride;
   int64_t grad_out_stride;
   int64_t input_stride;
@@ -640,19 +657,19 @@ struct BwdArgs {
   int64_t partials;              // batch x ctas_per_sample
   FastDivU64 sample_of_partial;  // part / ctas_per_sample
   float inv_hidden;
-  float weight_offset;           // 1 without a weight (bwd_terms)
+  float weight_offset;  // 1 without a weight (bwd_terms)
   float eps;
-  int group;                     // threads per row
-  int slots;                     // rows in flight per CTA (groups per CTA)
+  int group;  // threads per row
+  int slots;  // rows in flight per CTA (groups per CTA)
   NormRound norm_round;
-  bool prefetch_l2;              // ask L2 for the next row of a group (plan_bwd_prefetch)
+  bool prefetch_l2;  // ask L2 for the next row of a group (plan_bwd_prefetch)
 };
 
 // Backward modes: what the scale of a modulated forward adds.
 enum BwdMode : int {
-  kBwdPlain = 0,        // no scale
-  kBwdModulated = 1,    // gy = grad_out * (1 + scale), no grad_scale / grad_shift
-  kBwdModGrads = 2,     // and the grad_scale / grad_shift partials
+  kBwdPlain = 0,      // no scale
+  kBwdModulated = 1,  // gy = grad_out * (1 + scale), no grad_scale / grad_shift
+  kBwdModGrads = 2,   // and the grad_scale / grad_shift partials
 };
 
 // Rows [begin, end) of partial `part`: a contiguous range inside one sample (possibly empty).
@@ -730,7 +747,8 @@ __device__ __forceinline__ void flush_partials(float* ws, const float* acc_smem,
 
 // Register partials (grad_scale / grad_shift): through acc_smem, once it is free, then flushed.
 template <int kVec, int kChunks>
-__device__ __forceinline__ void flush_register_partials(float* ws, const float (&acc)[kChunks][kVec],
+__device__ __forceinline__ void flush_register_partials(float* ws,
+                                                        const float (&acc)[kChunks][kVec],
                                                         float* acc_smem, const BwdArgs& a,
                                                         int64_t part, int slot, int lane) {
   if (ws == nullptr) return;  // uniform
@@ -767,9 +785,9 @@ __device__ __forceinline__ void bwd_store_row(
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float r = x[k].get(j);
-        const BwdTerms t = bwd_terms<kOffset>(g[k].get(j), w[k].get(j),
-                                              s[kMode != kBwdPlain ? k : 0].get(j),
-                                              kMode != kBwdPlain, a.weight_offset);
+        const BwdTerms t =
+            bwd_terms<kOffset>(g[k].get(j), w[k].get(j), s[kMode != kBwdPlain ? k : 0].get(j),
+                               kMode != kBwdPlain, a.weight_offset);
         const float n = r * rstd;
         float v = rstd * (t.gn - n * mean_gn_n);
         if constexpr (kGres) v += gr[k].get(j);
@@ -894,9 +912,9 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdMaxGroup,
 #pragma unroll
               for (int j = 0; j < kVec; ++j) {
                 const float r = x[k].get(j);
-                const BwdTerms t = bwd_terms<kOffset>(g[k].get(j), w[k].get(j),
-                                                      s[kModulated ? k : 0].get(j), kModulated,
-                                                      a.weight_offset);
+                const BwdTerms t =
+                    bwd_terms<kOffset>(g[k].get(j), w[k].get(j), s[kModulated ? k : 0].get(j),
+                                       kModulated, a.weight_offset);
                 ss += r * r;
                 dot += t.gn * r;
               }
@@ -989,8 +1007,8 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float r = x[u].get(j);
-            const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), modulated,
-                                         a.weight_offset);
+            const BwdTerms t =
+                bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), modulated, a.weight_offset);
             sums[0] += r * r;
             sums[1] += t.gn * r;
           }
@@ -1031,8 +1049,8 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
               const float r = x[u].get(j);
-              const BwdTerms t = bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), modulated,
-                                           a.weight_offset);
+              const BwdTerms t =
+                  bwd_terms(g[u].get(j), w[u].get(j), s[u].get(j), modulated, a.weight_offset);
               const float n = r * rstd;
               float v = rstd * (t.gn - n * mean_gn_n);
               if (has_gres) v += gr[u].get(j);
@@ -1058,21 +1076,21 @@ __global__ void __launch_bounds__(LaunchConfig::kBwdWideThreads, 1)
 // sample, over that sample's ctas_per_sample partials. Warp w of a block adds partials w,
 // w + kWarps, ... of 32 columns (128-byte rows), then the warp sums are added in order.
 struct ReduceArgs {
-  const float* ws_weight;        // [partials, hidden] or null
-  const float* ws_scale;         // [partials, hidden] or null
-  const float* ws_shift;         // [partials, hidden] or null
-  void* grad_weight;             // [hidden], Tw
-  void* grad_scale;              // [batch, hidden], Tin
-  void* grad_shift;              // [batch, hidden], Tin
+  const float* ws_weight;  // [partials, hidden] or null
+  const float* ws_scale;   // [partials, hidden] or null
+  const float* ws_shift;   // [partials, hidden] or null
+  void* grad_weight;       // [hidden], Tw
+  void* grad_scale;        // [batch, hidden], Tin
+  void* grad_shift;        // [batch, hidden], Tin
   int64_t grad_scale_stride;
   int64_t grad_shift_stride;
   int64_t hidden;
   int64_t batch;
   int64_t ctas_per_sample;
   int64_t partials;
-  int64_t col_blocks;            // ceil(hidden / 32)
-  int64_t blocks;                // jobs x col_blocks
-  FastDivU64 job_of_block;       // blk / col_blocks
+  int64_t col_blocks;       // ceil(hidden / 32)
+  int64_t blocks;           // jobs x col_blocks
+  FastDivU64 job_of_block;  // blk / col_blocks
 };
 
 template <typename Tin, typename Tw>
@@ -1120,7 +1138,8 @@ __global__ void __launch_bounds__(LaunchConfig::kReduceThreads, 1)
           s[u] += load_chunk<Ld::kStream, float, 1>(p + (i + u * kWarps) * a.hidden).get(0);
         }
       }
-      for (; i < count; i += kWarps) s[0] += load_chunk<Ld::kStream, float, 1>(p + i * a.hidden).get(0);
+      for (; i < count; i += kWarps)
+        s[0] += load_chunk<Ld::kStream, float, 1>(p + i * a.hidden).get(0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) sum += s[u];
     }
@@ -1133,9 +1152,11 @@ __global__ void __launch_bounds__(LaunchConfig::kReduceThreads, 1)
       if (kind == 0) {
         static_cast<Tw*>(a.grad_weight)[col] = from_float<Tw>(total);
       } else if (kind == 1) {
-        static_cast<Tin*>(a.grad_scale)[sample * a.grad_scale_stride + col] = from_float<Tin>(total);
+        static_cast<Tin*>(a.grad_scale)[sample * a.grad_scale_stride + col] =
+            from_float<Tin>(total);
       } else {
-        static_cast<Tin*>(a.grad_shift)[sample * a.grad_shift_stride + col] = from_float<Tin>(total);
+        static_cast<Tin*>(a.grad_shift)[sample * a.grad_shift_stride + col] =
+            from_float<Tin>(total);
       }
     }
     __syncthreads();
@@ -1180,13 +1201,13 @@ FwdPlan plan_fwd(int64_t rows, int64_t chunks, bool wide_rows_ok, int sms) {
   while (ceil_div(chunks, k) > min64(LaunchConfig::max_group(k), max_threads)) k *= 2;
   if (!few_rows && k < LaunchConfig::kFwdChunksManyRows) k = LaunchConfig::kFwdChunksManyRows;
   if (wide_rows_ok && rows >= static_cast<int64_t>(LaunchConfig::kFwdWideMinRowsPerSm) * sms &&
-      k < LaunchConfig::kFwdChunksWideRows &&
-      ceil_div(chunks, k) >= LaunchConfig::kFwdWideGroup) {
+      k < LaunchConfig::kFwdChunksWideRows && ceil_div(chunks, k) >= LaunchConfig::kFwdWideGroup) {
     k = LaunchConfig::kFwdChunksWideRows;
   }
   p.chunks_per_thread = k;
   p.group = group_for(ceil_div(chunks, k));
-  p.rows_per_cta = p.group < LaunchConfig::kFwdCtaThreads ? LaunchConfig::kFwdCtaThreads / p.group : 1;
+  p.rows_per_cta =
+      p.group < LaunchConfig::kFwdCtaThreads ? LaunchConfig::kFwdCtaThreads / p.group : 1;
   p.row_kernel = few_rows && p.rows_per_cta == 1;
   return p;
 }
@@ -1234,9 +1255,10 @@ BwdPartition partition_bwd(int64_t rows, int64_t rows_per_sample, int sms) {
   int64_t cps = ceil_div(target, p.batch);
   // At least kBwdMinRowsPerCta rows per CTA while that still gives every SM a CTA; below that
   // (small batches) one row per CTA, so that no CTA walks its rows one after another.
-  const int64_t min_rows = p.batch * ceil_div(rows_per_sample, LaunchConfig::kBwdMinRowsPerCta) >= sms
-                               ? LaunchConfig::kBwdMinRowsPerCta
-                               : 1;
+  const int64_t min_rows =
+      p.batch * ceil_div(rows_per_sample, LaunchConfig::kBwdMinRowsPerCta) >= sms
+          ? LaunchConfig::kBwdMinRowsPerCta
+          : 1;
   cps = min64(cps, ceil_div(rows_per_sample, min_rows));
   if (cps < 1) cps = 1;
   p.rows_per_cta = ceil_div(rows_per_sample, cps);
@@ -1317,10 +1339,15 @@ NormRound to_norm_round(bool round_norm, DType norm_dtype, bool* ok) {
   *ok = true;
   if (!round_norm) return NormRound::kNone;
   switch (norm_dtype) {
-    case DType::kFloat32: return NormRound::kNone;
-    case DType::kFloat16: return NormRound::kHalf;
-    case DType::kBFloat16: return NormRound::kBFloat16;
-    default: *ok = false; return NormRound::kNone;
+    case DType::kFloat32:
+      return NormRound::kNone;
+    case DType::kFloat16:
+      return NormRound::kHalf;
+    case DType::kBFloat16:
+      return NormRound::kBFloat16;
+    default:
+      *ok = false;
+      return NormRound::kNone;
   }
 }
 
@@ -1328,7 +1355,8 @@ NormRound to_norm_round(bool round_norm, DType norm_dtype, bool* ok) {
 
 // Asks for LaunchConfig::kFwdCarveoutPercent for kKernel on sm_90 devices, once per device. The
 // carveout is a hint: where it cannot be set, the driver's choice stands and nothing is reported.
-template <auto kKernel> void prefer_fwd_carveout() {
+template <auto kKernel>
+void prefer_fwd_carveout() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> asked[kMaxDevices] = {};
   int device = 0;
@@ -1389,10 +1417,10 @@ cudaError_t launch_fwd(FwdArgs args, int sms, pdl::Request pdl_request, cudaStre
   const int threads = plan.group * plan.rows_per_cta;
   // Bulk prefetches need 16-byte aligned rows of whole vectors: the vector path.
   const int64_t row_bytes = args.hidden * static_cast<int64_t>(sizeof(Tin));
-  args.prefetch_rows =
-      kVec > 1 ? plan_fwd_prefetch(plan, args.rows, row_bytes,
-                                   (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
-               : 0;
+  args.prefetch_rows = kVec > 1
+                           ? plan_fwd_prefetch(plan, args.rows, row_bytes,
+                                               (args.residual != nullptr ? 2 : 1) * row_bytes, sms)
+                           : 0;
   if (plan.two_pass) {
     return launch(pdl_request, pdl::ByDefault::kPlain,
                   rms_norm_fwd_two_pass_kernel<Tin, Tw, Tout, kVec>, args.rows, threads, 0, stream,
@@ -1410,11 +1438,16 @@ cudaError_t launch_fwd(FwdArgs args, int sms, pdl::Request pdl_request, cudaStre
     return launch_fwd_register<Tin, Tw, Tout, kVec, kChunks>(args, threads, pdl_request, stream);
   };
   switch (plan.chunks_per_thread) {
-    case 1: return launch_k(std::integral_constant<int, 1>{});
-    case 2: return launch_k(std::integral_constant<int, 2>{});
-    case 4: return launch_k(std::integral_constant<int, 4>{});
-    case 8: return launch_k(std::integral_constant<int, 8>{});
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return launch_k(std::integral_constant<int, 1>{});
+    case 2:
+      return launch_k(std::integral_constant<int, 2>{});
+    case 4:
+      return launch_k(std::integral_constant<int, 4>{});
+    case 8:
+      return launch_k(std::integral_constant<int, 8>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -1460,16 +1493,15 @@ cudaError_t run_fwd(const RmsNormFwdParams& p, cudaStream_t stream) {
 
   constexpr int V = kVecWidth<Tin>;
   const int64_t batch = ceil_div(p.rows, rows_per_sample);
-  const bool vec = p.hidden % V == 0 &&
-                   all_aligned({p.out, p.input, p.residual, p.residual_out, p.weight, p.scale,
-                                p.shift}) &&
-                   rows_aligned(p.out_stride, sizeof(Tout), p.rows) &&
-                   rows_aligned(p.input_stride, sizeof(Tin), p.rows) &&
-                   (p.residual == nullptr ||
-                    (rows_aligned(p.residual_stride, sizeof(Tin), p.rows) &&
-                     rows_aligned(p.residual_out_stride, sizeof(Tin), p.rows))) &&
-                   (p.scale == nullptr || (rows_aligned(p.scale_stride, sizeof(Tin), batch) &&
-                                           rows_aligned(p.shift_stride, sizeof(Tin), batch)));
+  const bool vec =
+      p.hidden % V == 0 &&
+      all_aligned({p.out, p.input, p.residual, p.residual_out, p.weight, p.scale, p.shift}) &&
+      rows_aligned(p.out_stride, sizeof(Tout), p.rows) &&
+      rows_aligned(p.input_stride, sizeof(Tin), p.rows) &&
+      (p.residual == nullptr || (rows_aligned(p.residual_stride, sizeof(Tin), p.rows) &&
+                                 rows_aligned(p.residual_out_stride, sizeof(Tin), p.rows))) &&
+      (p.scale == nullptr || (rows_aligned(p.scale_stride, sizeof(Tin), batch) &&
+                              rows_aligned(p.shift_stride, sizeof(Tin), batch)));
   return vec ? launch_fwd<Tin, Tw, Tout, V>(args, sms, pdl_request, stream)
              : launch_fwd<Tin, Tw, Tout, 1>(args, sms, pdl_request, stream);
 }
@@ -1486,13 +1518,14 @@ cudaError_t launch_bwd_mode(BwdArgs args, double dram_per_sm, pdl::Request pdl_r
     args.group = LaunchConfig::kBwdWideThreads;
     args.slots = 1;
     return launch(pdl_request, pdl::ByDefault::kPlain,
-                  rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials, LaunchConfig::kBwdWideThreads, 0, stream, args);
+                  rms_norm_bwd_wide_kernel<Tin, Tw, Tout, kVec>, args.partials,
+                  LaunchConfig::kBwdWideThreads, 0, stream, args);
   }
   args.group = group;
   args.slots = group < LaunchConfig::kBwdCtaThreads ? LaunchConfig::kBwdCtaThreads / group : 1;
   const int64_t row_bytes = args.hidden * static_cast<int64_t>(sizeof(Tin) + sizeof(Tout));
-  args.prefetch_l2 = plan_bwd_prefetch(BwdShape<Tin, Tw, Tout, kVec, kMode>::kMinBlocks,
-                                       args.slots, row_bytes, dram_per_sm);
+  args.prefetch_l2 = plan_bwd_prefetch(BwdShape<Tin, Tw, Tout, kVec, kMode>::kMinBlocks, args.slots,
+                                       row_bytes, dram_per_sm);
   // The grad_weight partials [slots, hidden] in shared memory: hidden <= group x kChunks x kVec
   // and group x slots <= 512, so at most 512 x 16 floats (32 KB, within the default 48 KB).
   static_assert(kChunks * kVec <= LaunchConfig::kBwdColumns, "shared memory bound");
@@ -1573,15 +1606,15 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
   args.norm_round = norm_round;
 
   constexpr int V = kVecWidth<Tin>;
-  const bool vec = p.hidden % V == 0 &&
-                   all_aligned({p.grad_input, p.grad_out, p.input, p.grad_residual, p.weight,
-                                p.scale, p.workspace}) &&
-                   rows_aligned(p.grad_input_stride, sizeof(Tin), p.rows) &&
-                   rows_aligned(p.grad_out_stride, sizeof(Tout), p.rows) &&
-                   rows_aligned(p.input_stride, sizeof(Tin), p.rows) &&
-                   (p.grad_residual == nullptr ||
-                    rows_aligned(p.grad_residual_stride, sizeof(Tin), p.rows)) &&
-                   (p.scale == nullptr || rows_aligned(p.scale_stride, sizeof(Tin), part.batch));
+  const bool vec =
+      p.hidden % V == 0 &&
+      all_aligned(
+          {p.grad_input, p.grad_out, p.input, p.grad_residual, p.weight, p.scale, p.workspace}) &&
+      rows_aligned(p.grad_input_stride, sizeof(Tin), p.rows) &&
+      rows_aligned(p.grad_out_stride, sizeof(Tout), p.rows) &&
+      rows_aligned(p.input_stride, sizeof(Tin), p.rows) &&
+      (p.grad_residual == nullptr || rows_aligned(p.grad_residual_stride, sizeof(Tin), p.rows)) &&
+      (p.scale == nullptr || rows_aligned(p.scale_stride, sizeof(Tin), part.batch));
   const double dram_per_sm = dram_bytes_per_us_per_sm(sms);
   cudaError_t err = vec ? launch_bwd<Tin, Tw, Tout, V>(args, dram_per_sm, pdl_request, stream)
                         : launch_bwd<Tin, Tw, Tout, 1>(args, dram_per_sm, pdl_request, stream);
@@ -1614,7 +1647,8 @@ cudaError_t run_bwd(const RmsNormBwdParams& p, cudaStream_t stream) {
 
 // Calls f(TypeTag<Tin>, TypeTag<Tw>, TypeTag<Tout>) for the 9 supported combinations: Tin
 // fp32/fp16/bf16, Tw and Tout each Tin or fp32; cudaErrorInvalidValue for any other.
-template <typename F> cudaError_t dispatch_types(DType in, DType weight, DType out, F&& f) {
+template <typename F>
+cudaError_t dispatch_types(DType in, DType weight, DType out, F&& f) {
   return dispatch::floats(in, [&](auto tin) {
     return dispatch::same_or_float(weight, in, tin, [&](auto tw) {
       return dispatch::same_or_float(out, in, tin, [&](auto tout) { return f(tin, tw, tout); });

@@ -26,20 +26,26 @@ namespace cuda {
 namespace detail {
 
 using cuda_chunk::Chunk;
-using cuda_chunk::FastDivU64;
 using cuda_chunk::chunk_from_float;
+using cuda_chunk::FastDivU64;
 
 // ---------------------------------------------------------------------------------------------
 // Conversions. Every value is computed in fp32 and rounded to nearest even once on store.
 // bf16 uses only conversions, which cuda_bf16.h emulates on sm_75.
 // ---------------------------------------------------------------------------------------------
 
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) {
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
@@ -47,7 +53,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // kNone for no rounding and for an fp32 norm_dtype.
 enum class NormRound : int { kNone = 0, kHalf = 1, kBFloat16 = 2 };
 
-template <NormRound kRound> __device__ __forceinline__ float round_norm(float x) {
+template <NormRound kRound>
+__device__ __forceinline__ float round_norm(float x) {
   if constexpr (kRound == NormRound::kHalf) {
     return __half2float(__float2half_rn(x));
   } else if constexpr (kRound == NormRound::kBFloat16) {
@@ -77,7 +84,8 @@ template <NormRound kRound> __device__ __forceinline__ float round_norm(float x)
 enum class Ld { kStream, kReadOnly, kPlain };
 enum class St { kStream, kPlain };
 
-template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ uint32_t ld_b16(const void* p) {
   unsigned short h;
   if constexpr (kPolicy == Ld::kStream) {
     asm volatile("ld.global.b16 %0, [%1];" : "=h"(h) : "l"(p));
@@ -88,7 +96,8 @@ template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) 
   }
   return h;
 }
-template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b32(const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ uint32_t ld_b32(const void* p) {
   uint32_t r;
   if constexpr (kPolicy == Ld::kStream) {
     asm volatile("ld.global.b32 %0, [%1];" : "=r"(r) : "l"(p));
@@ -99,15 +108,16 @@ template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b32(const void* p) 
   }
   return r;
 }
-template <Ld kPolicy> __device__ __forceinline__ void ld_b128(uint32_t* r, const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ void ld_b128(uint32_t* r, const void* p) {
   if constexpr (kPolicy == Ld::kStream) {
     asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-        : "l"(p));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "l"(p));
   } else if constexpr (kPolicy == Ld::kReadOnly) {
     asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-        : "l"(p));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "l"(p));
   } else {
     const uint4 v = *static_cast<const uint4*>(p);
     r[0] = v.x;
@@ -117,7 +127,8 @@ template <Ld kPolicy> __device__ __forceinline__ void ld_b128(uint32_t* r, const
   }
 }
 
-template <St kPolicy> __device__ __forceinline__ void st_b16(void* p, uint32_t v) {
+template <St kPolicy>
+__device__ __forceinline__ void st_b16(void* p, uint32_t v) {
   const unsigned short h = static_cast<unsigned short>(v);
   if constexpr (kPolicy == St::kStream) {
     asm volatile("st.global.cs.b16 [%0], %1;" ::"l"(p), "h"(h));
@@ -125,14 +136,16 @@ template <St kPolicy> __device__ __forceinline__ void st_b16(void* p, uint32_t v
     *static_cast<unsigned short*>(p) = h;
   }
 }
-template <St kPolicy> __device__ __forceinline__ void st_b32(void* p, uint32_t v) {
+template <St kPolicy>
+__device__ __forceinline__ void st_b32(void* p, uint32_t v) {
   if constexpr (kPolicy == St::kStream) {
     asm volatile("st.global.cs.b32 [%0], %1;" ::"l"(p), "r"(v));
   } else {
     *static_cast<uint32_t*>(p) = v;
   }
 }
-template <St kPolicy> __device__ __forceinline__ void st_b128(void* p, const uint32_t* v) {
+template <St kPolicy>
+__device__ __forceinline__ void st_b128(void* p, const uint32_t* v) {
   if constexpr (kPolicy == St::kStream) {
     asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v[0]), "r"(v[1]),
                  "r"(v[2]), "r"(v[3]));
@@ -193,7 +206,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 // so that fp32 values it converted before a row reduction are recomputed from the packed chunk
 // after it, instead of being kept live across it: 16-bit data then costs half a register per
 // element across the reduction, not one register per element for each derived value.
-template <typename T, int kN> __device__ __forceinline__ void launder(Chunk<T, kN>& c) {
+template <typename T, int kN>
+__device__ __forceinline__ void launder(Chunk<T, kN>& c) {
 #pragma unroll
   for (int i = 0; i < Chunk<T, kN>::kWords; ++i) asm volatile("" : "+r"(c.w[i]));
 }

@@ -44,19 +44,19 @@ struct RmsNormFwdParams {
   DType weight_dtype = DType::kFloat32;
   DType out_dtype = DType::kFloat32;
 
-  void* out = nullptr;             // [rows, hidden], out_dtype; may alias input (in place)
+  void* out = nullptr;  // [rows, hidden], out_dtype; may alias input (in place)
   int64_t out_stride = 0;
-  const void* input = nullptr;     // [rows, hidden]
+  const void* input = nullptr;  // [rows, hidden]
   int64_t input_stride = 0;
 
   // Fused residual add: both set or both null. residual_out may alias residual (vLLM's in-place
   // form writes residual <- input + residual).
   const void* residual = nullptr;  // [rows, hidden]
   int64_t residual_stride = 0;
-  void* residual_out = nullptr;    // [rows, hidden]
+  void* residual_out = nullptr;  // [rows, hidden]
   int64_t residual_out_stride = 0;
 
-  const void* weight = nullptr;    // [hidden] or null (w' = 1)
+  const void* weight = nullptr;  // [hidden] or null (w' = 1)
   float weight_offset = 0.0f;
 
   // Modulation: both set or both null; [batch, hidden] with batch = rows / rows_per_sample.
@@ -66,7 +66,7 @@ struct RmsNormFwdParams {
   int64_t shift_stride = 0;
   int64_t rows_per_sample = 1;
 
-  float* rstd = nullptr;           // [rows] fp32, optional output
+  float* rstd = nullptr;  // [rows] fp32, optional output
   float eps = 1e-6f;
   bool round_norm = false;
   DType norm_dtype = DType::kFloat32;
@@ -81,26 +81,26 @@ struct RmsNormBwdParams {
   DType weight_dtype = DType::kFloat32;
   DType out_dtype = DType::kFloat32;  // dtype of grad_out
 
-  void* grad_input = nullptr;         // [rows, hidden]; may alias grad_out or grad_residual
+  void* grad_input = nullptr;  // [rows, hidden]; may alias grad_out or grad_residual
   int64_t grad_input_stride = 0;
-  const void* grad_out = nullptr;     // [rows, hidden]
+  const void* grad_out = nullptr;  // [rows, hidden]
   int64_t grad_out_stride = 0;
-  const void* input = nullptr;        // [rows, hidden]: the tensor that was normalized
+  const void* input = nullptr;  // [rows, hidden]: the tensor that was normalized
   int64_t input_stride = 0;
   const void* grad_residual = nullptr;  // [rows, hidden] or null: gradient reaching residual_out
   int64_t grad_residual_stride = 0;
 
-  const void* weight = nullptr;       // [hidden] or null
+  const void* weight = nullptr;  // [hidden] or null
   float weight_offset = 0.0f;
-  const void* scale = nullptr;        // [batch, hidden] or null (not modulated)
+  const void* scale = nullptr;  // [batch, hidden] or null (not modulated)
   int64_t scale_stride = 0;
   int64_t rows_per_sample = 1;
 
   // Reductions, each optional. grad_scale and grad_shift need `scale` (a modulated forward).
-  void* grad_weight = nullptr;        // [hidden], weight_dtype
-  void* grad_scale = nullptr;         // [batch, hidden], in_dtype
+  void* grad_weight = nullptr;  // [hidden], weight_dtype
+  void* grad_scale = nullptr;   // [batch, hidden], in_dtype
   int64_t grad_scale_stride = 0;
-  void* grad_shift = nullptr;         // [batch, hidden], in_dtype
+  void* grad_shift = nullptr;  // [batch, hidden], in_dtype
   int64_t grad_shift_stride = 0;
 
   // fp32 scratch for the reductions: rms_norm_bwd_workspace_floats(params) floats, allocated by

@@ -137,7 +137,9 @@ class Parts:
     compute); the rest (w', m, |shift|) are the magnitudes the bounds need.
     """
 
-    def __init__(self, kernel, r, weight, eps, weight_offset=0.0, scale=None, shift=None, exact_sum=False):
+    def __init__(
+        self, kernel, r, weight, eps, weight_offset=0.0, scale=None, shift=None, exact_sum=False
+    ):
         ref = kernel._reference
         f64 = torch.float64
         r64 = r.detach().cpu().double()
@@ -148,8 +150,12 @@ class Parts:
         self.e_n = norm_error(self.hidden, exact_sum)  # relative error bound of the kernel's fp32 n
         self.rstd = ref.rstd(r64, eps, compute_dtype=f64).unsqueeze(-1)
         self.n = ref.rms_norm(r64, None, eps, compute_dtype=f64)
-        self.y = ref.rms_norm(r64, w, eps, weight_offset=weight_offset, scale=sc, shift=sh, compute_dtype=f64)
-        self.P = ref.rms_norm(r64, w, eps, weight_offset=weight_offset, scale=sc, compute_dtype=f64).abs()
+        self.y = ref.rms_norm(
+            r64, w, eps, weight_offset=weight_offset, scale=sc, shift=sh, compute_dtype=f64
+        )
+        self.P = ref.rms_norm(
+            r64, w, eps, weight_offset=weight_offset, scale=sc, compute_dtype=f64
+        ).abs()
         if w is None:
             self.w = torch.ones(self.hidden, dtype=f64)
             self.w32 = None  # no weight: no multiply in the kernel
@@ -163,15 +169,23 @@ class Parts:
 
 def forward_bound(parts: Parts, out_dtype, norm_dtype) -> torch.Tensor:
     h_out, f_out = HALF_ULP[out_dtype], FLOOR[out_dtype]
-    h_norm, f_norm = (HALF_ULP[norm_dtype], FLOOR[norm_dtype]) if norm_dtype is not None else (0.0, 0.0)
+    h_norm, f_norm = (
+        (HALF_ULP[norm_dtype], FLOOR[norm_dtype]) if norm_dtype is not None else (0.0, 0.0)
+    )
     e_n = parts.e_n
-    pre = (h_norm + e_n + 4 * U) * parts.P + f_norm * (parts.w * parts.m).abs() + U * (parts.P + parts.shift.abs())
+    pre = (
+        (h_norm + e_n + 4 * U) * parts.P
+        + f_norm * (parts.w * parts.m).abs()
+        + U * (parts.P + parts.shift.abs())
+    )
     return h_out * parts.y.abs() + f_out + (1 + h_out) * pre
 
 
 def assert_within(actual: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, what: str) -> None:
     """|actual - ref| <= bound elementwise; NaN (e.g. an unwritten, NaN-poisoned element) fails."""
-    assert tuple(actual.shape) == tuple(ref.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(ref.shape)}"
+    assert tuple(actual.shape) == tuple(ref.shape), (
+        f"{what}: shape {tuple(actual.shape)} != {tuple(ref.shape)}"
+    )
     a = actual.detach().double().cpu()
     ref = ref.detach().double().cpu()
     bound = torch.broadcast_to(bound.detach().double().cpu(), ref.shape)
@@ -206,7 +220,9 @@ def decided(parts: Parts, out_dtype, norm_dtype) -> Tuple[torch.Tensor, torch.Te
     return lo == hi, lo  # NaN (overflow of a huge row) never counts as decided
 
 
-def assert_decided(actual: torch.Tensor, parts: Parts, out_dtype, norm_dtype, what: str, min_fraction=None) -> float:
+def assert_decided(
+    actual: torch.Tensor, parts: Parts, out_dtype, norm_dtype, what: str, min_fraction=None
+) -> float:
     """Bitwise equality on the decided elements; returns the decided fraction.
 
     `min_fraction` (default: 0.5 when the first rounding of the pipeline is to a half dtype, else
@@ -219,7 +235,9 @@ def assert_decided(actual: torch.Tensor, parts: Parts, out_dtype, norm_dtype, wh
     if min_fraction is None:
         first = norm_dtype if norm_dtype is not None and norm_dtype != F32 else out_dtype
         min_fraction = 0.5 if first in HALF_DTYPES else 0.0
-    assert fraction >= min_fraction, f"{what}: only {fraction:.3f} of the elements are decided (the check would be vacuous)"
+    assert fraction >= min_fraction, (
+        f"{what}: only {fraction:.3f} of the elements are decided (the check would be vacuous)"
+    )
     diff = mask & ~((a == expected) | (a.isnan() & expected.isnan()))
     if bool(diff.any()):
         idx = tuple(int(i) for i in diff.nonzero()[0])
@@ -232,7 +250,18 @@ def assert_decided(actual: torch.Tensor, parts: Parts, out_dtype, norm_dtype, wh
 
 
 def check_forward(
-    kernel, out, r, weight, eps, *, norm_dtype, weight_offset=0.0, scale=None, shift=None, exact_sum=False, what=""
+    kernel,
+    out,
+    r,
+    weight,
+    eps,
+    *,
+    norm_dtype,
+    weight_offset=0.0,
+    scale=None,
+    shift=None,
+    exact_sum=False,
+    what="",
 ):
     """The forward bound, and the exact check on decided elements when unmodulated."""
     parts = Parts(kernel, r, weight, eps, weight_offset, scale, shift, exact_sum)
@@ -246,7 +275,17 @@ def check_forward(
 
 
 def reference_grads(
-    kernel, r, weight, grad_out, eps, *, weight_offset=0.0, scale=None, shift=None, grad_residual=None, norm_dtype="input"
+    kernel,
+    r,
+    weight,
+    grad_out,
+    eps,
+    *,
+    weight_offset=0.0,
+    scale=None,
+    shift=None,
+    grad_residual=None,
+    norm_dtype="input",
 ):
     """float64 autograd of the exact reference at the kernel's inputs, and the bounds.
 
@@ -265,7 +304,13 @@ def reference_grads(
         s64 = leaves["scale"] = scale.detach().double().cpu().requires_grad_()
         sh64 = leaves["shift"] = shift.detach().double().cpu().requires_grad_()
     y = kernel._reference.rms_norm(
-        r64, w64, eps, weight_offset=weight_offset, scale=s64, shift=sh64, compute_dtype=torch.float64
+        r64,
+        w64,
+        eps,
+        weight_offset=weight_offset,
+        scale=s64,
+        shift=sh64,
+        compute_dtype=torch.float64,
     )
     rstd = kernel._reference.rstd(r64, eps, compute_dtype=torch.float64).unsqueeze(-1)
     n = r64 * rstd
@@ -278,8 +323,16 @@ def reference_grads(
     # magnitudes (module docstring)
     with torch.no_grad():
         n, rstd = n.detach(), rstd.detach()
-        wv = torch.ones(hidden, dtype=torch.float64) if w64 is None else (weight_offset + w64.detach())
-        m = torch.ones(1, dtype=torch.float64) if s64 is None else (1 + per_sample(s64.detach(), r64))
+        wv = (
+            torch.ones(hidden, dtype=torch.float64)
+            if w64 is None
+            else (weight_offset + w64.detach())
+        )
+        m = (
+            torch.ones(1, dtype=torch.float64)
+            if s64 is None
+            else (1 + per_sample(s64.detach(), r64))
+        )
         gy = g * m
         gn = gy * wv
         mean_abs = (gn * n).abs().mean(-1, keepdim=True)
@@ -305,8 +358,12 @@ def reference_grads(
             h_s, f_s = HALF_ULP[in_dtype], FLOOR[in_dtype]
             mag_s = (g * n * wv).abs().reshape(batch, -1, hidden).sum(1).reshape(scale.shape)
             mag_sh = g.abs().reshape(batch, -1, hidden).sum(1).reshape(shift.shape)
-            bounds["scale"] = h_s * ref["scale"].abs() + f_s + (1 + h_s) * (e_n + (acc(per) + 4) * U) * mag_s
-            bounds["shift"] = h_s * ref["shift"].abs() + f_s + (1 + h_s) * (acc(per) + 1) * U * mag_sh
+            bounds["scale"] = (
+                h_s * ref["scale"].abs() + f_s + (1 + h_s) * (e_n + (acc(per) + 4) * U) * mag_s
+            )
+            bounds["shift"] = (
+                h_s * ref["shift"].abs() + f_s + (1 + h_s) * (acc(per) + 1) * U * mag_sh
+            )
     return {k: (ref[k], bounds[k]) for k in ref}
 
 

@@ -18,14 +18,25 @@ Not collected by pytest (no test_ prefix). `--device cpu` runs the same calls on
 import argparse
 from pathlib import Path
 
-import torch
-
 import kernels
+import torch
 
 EPS = 1e-6
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (rows, hidden)
-SHAPES = [(1, 1), (7, 3), (5, 8), (3, 13), (2, 127), (4, 4096), (3, 4097), (2, 14336), (1, 65544), (300, 24), (0, 64)]
+SHAPES = [
+    (1, 1),
+    (7, 3),
+    (5, 8),
+    (3, 13),
+    (2, 127),
+    (4, 4096),
+    (3, 4097),
+    (2, 14336),
+    (1, 65544),
+    (300, 24),
+    (0, 64),
+]
 
 
 def row_views(rows, hidden, dtype, device):
@@ -74,9 +85,13 @@ def run_plain(k, x, w, dtype):
     # General backward: grad_input, grad_weight, with and without grad_residual, in place.
     grad_out = torch.randn(x.shape, dtype=out_dtype, device=x.device)
     grad_weight = None if w is None else torch.empty_like(w)
-    ops.rms_norm_bwd(torch.empty_like(x), grad_weight, None, None, grad_out, x, w, None, None, EPS, 0.0, dtype)
+    ops.rms_norm_bwd(
+        torch.empty_like(x), grad_weight, None, None, grad_out, x, w, None, None, EPS, 0.0, dtype
+    )
     grad_res = torch.randn_like(x)
-    ops.rms_norm_bwd(grad_res, grad_weight, None, None, grad_out, x, w, grad_res, None, EPS, 1.0, None)
+    ops.rms_norm_bwd(
+        grad_res, grad_weight, None, None, grad_out, x, w, grad_res, None, EPS, 1.0, None
+    )
 
     # Differentiable forms through autograd (their own allocations).
     xg = x.detach().clone().requires_grad_()
@@ -96,14 +111,31 @@ def run_plain(k, x, w, dtype):
 
 def run_modulated(k, dtype, device):
     for batch, tokens, hidden in [(2, 3, 96), (3, 1, 13), (1, 5, 4097), (4, 7, 8), (2, 0, 16)]:
-        x = torch.randn(batch, tokens, hidden + 1, dtype=dtype, device=device)[..., 1:]  # misaligned view
+        x = torch.randn(batch, tokens, hidden + 1, dtype=dtype, device=device)[
+            ..., 1:
+        ]  # misaligned view
         for mod_shape in ((batch, hidden), (batch, 1, hidden)):
             scale = torch.randn(mod_shape, dtype=dtype, device=device)
             shift = torch.randn(mod_shape, dtype=dtype, device=device)
             for w in weights(hidden, dtype, device):
                 k.ops.rms_norm_modulate(torch.empty_like(x), x, w, scale, shift, EPS)
-                grads = [torch.empty_like(w) if w is not None else None, torch.empty_like(scale), torch.empty_like(scale)]
-                k.ops.rms_norm_bwd(torch.empty_like(x), *grads, torch.randn_like(x), x, w, None, scale, EPS, 0.0, None)
+                grads = [
+                    torch.empty_like(w) if w is not None else None,
+                    torch.empty_like(scale),
+                    torch.empty_like(scale),
+                ]
+                k.ops.rms_norm_bwd(
+                    torch.empty_like(x),
+                    *grads,
+                    torch.randn_like(x),
+                    x,
+                    w,
+                    None,
+                    scale,
+                    EPS,
+                    0.0,
+                    None,
+                )
                 leaves = [t.detach().clone().requires_grad_() for t in (x, scale, shift)]
                 wg = None if w is None else w.detach().clone().requires_grad_()
                 y = k.rms_norm_modulate(leaves[0], wg, leaves[1], leaves[2], EPS)
@@ -114,7 +146,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
-    k = kernels.get_local_kernel(Path(__file__).resolve().parent.parent / "build", backend=args.device)
+    k = kernels.get_local_kernel(
+        Path(__file__).resolve().parent.parent / "build", backend=args.device
+    )
     torch.manual_seed(0)
     calls = 0
     for dtype in DTYPES:
@@ -135,7 +169,9 @@ def main():
         run_plain(k, x, torch.randn(33, dtype=dtype, device=args.device), dtype)
     if args.device == "cuda":
         torch.cuda.synchronize()
-    print(f"sanitize: all ops ran ({calls} input/weight combinations, plus the modulated forms; {args.device})")
+    print(
+        f"sanitize: all ops ran ({calls} input/weight combinations, plus the modulated forms; {args.device})"
+    )
 
 
 if __name__ == "__main__":

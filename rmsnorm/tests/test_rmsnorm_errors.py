@@ -7,7 +7,6 @@ interleaved views that share no element run.
 
 import pytest
 import torch
-
 from rmsnorm_cases import F32, check_forward, make_input, make_weight
 
 EPS = 1e-6

@@ -26,7 +26,6 @@ import pytest
 import torch
 import torch.nn as nn
 from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
-
 from rmsnorm_cases import (
     BF16,
     DTYPES,
@@ -62,7 +61,9 @@ def named(monkeypatch):
 
     def attach(cls, layer_name):
         monkeypatch.setattr(cls, "kernel_layer_name", layer_name, raising=False)
-        monkeypatch.setattr(cls, "kernel_condition", staticmethod(lambda module: True), raising=False)
+        monkeypatch.setattr(
+            cls, "kernel_condition", staticmethod(lambda module: True), raising=False
+        )
 
     return attach
 
@@ -78,7 +79,11 @@ def _kernelize(model, kernel, kernel_layer_name, layer, device, mode):
 
 def _is_kernel_forward(module, layer):
     fn = getattr(module.forward, "__func__", None)
-    return fn is not None and fn.__module__.endswith(".layers") and fn.__qualname__.split(".")[0] in (layer, "RMSNorm")
+    return (
+        fn is not None
+        and fn.__module__.endswith(".layers")
+        and fn.__qualname__.split(".")[0] in (layer, "RMSNorm")
+    )
 
 
 def _run(module, x, mode_name, grad_out_seed=1):
@@ -142,7 +147,15 @@ def test_transformers_llama_rms_norm(kernel, device, named, layer, dtypes, mode_
     if grads is not None:
         grad_out, (gx, gw) = grads
         assert gx.dtype == xdtype and gw.dtype == wdtype
-        check_grads(kernel, {"input": gx, "weight": gw}, x, module.weight, grad_out, 1e-5, what=f"LlamaRMSNorm {mode_name}")
+        check_grads(
+            kernel,
+            {"input": gx, "weight": gw},
+            x,
+            module.weight,
+            grad_out,
+            1e-5,
+            what=f"LlamaRMSNorm {mode_name}",
+        )
 
 
 @pytest.mark.kernels_ci
@@ -205,7 +218,9 @@ def test_transformers_gemma_rms_norm(kernel, device, named, dtypes, mode_name):
     with torch.no_grad():
         module.weight.copy_(make_input((hidden,), wdtype, device, scale=0.5, seed=5))
     x = make_input((4, 7, hidden), xdtype, device)
-    ours = _kernelize(copy.deepcopy(module), kernel, "GemmaRMSNorm", "GemmaRMSNorm", device, MODES[mode_name])
+    ours = _kernelize(
+        copy.deepcopy(module), kernel, "GemmaRMSNorm", "GemmaRMSNorm", device, MODES[mode_name]
+    )
     assert _is_kernel_forward(ours, "GemmaRMSNorm")
 
     y, grads = _run(ours, x, mode_name)
@@ -219,8 +234,16 @@ def test_transformers_gemma_rms_norm(kernel, device, named, dtypes, mode_name):
     assert_decided(y_hf, parts, xdtype, None, "transformers")
     if grads is not None:
         grad_out, (gx, gw) = grads
-        check_grads(kernel, 
-            {"input": gx, "weight": gw}, x, module.weight, grad_out, 1e-6, weight_offset=1.0, norm_dtype=None, what="Gemma"
+        check_grads(
+            kernel,
+            {"input": gx, "weight": gw},
+            x,
+            module.weight,
+            grad_out,
+            1e-6,
+            weight_offset=1.0,
+            norm_dtype=None,
+            what="Gemma",
         )
 
 
@@ -229,10 +252,17 @@ def test_transformers_gemma_rms_norm(kernel, device, named, dtypes, mode_name):
 # (x dtype, weight: None / dtype): no weight, same dtype, fp32 weight with half input (fp32
 # result), and the odd half-weight-of-another-dtype cases (rounded to the weight dtype).
 DIFFUSERS_CASES = [
-    (F32, None), (BF16, None), (F16, None),
-    (F32, F32), (BF16, BF16), (F16, F16),
-    (BF16, F32), (F16, F32),
-    (F32, BF16), (F32, F16), (F16, BF16),
+    (F32, None),
+    (BF16, None),
+    (F16, None),
+    (F32, F32),
+    (BF16, BF16),
+    (F16, F16),
+    (BF16, F32),
+    (F16, F32),
+    (F32, BF16),
+    (F32, F16),
+    (F16, BF16),
 ]
 
 
@@ -243,11 +273,15 @@ def _diffusers_id(case):
 
 # Every case for inference; the training modes take one case per casting branch (CI time).
 DIFFUSERS_RUNS = [(case, "inference") for case in DIFFUSERS_CASES] + [
-    (case, mode) for mode in ("training", "training+compile") for case in [(F32, None), (BF16, BF16), (BF16, F32), (F32, BF16)]
+    (case, mode)
+    for mode in ("training", "training+compile")
+    for case in [(F32, None), (BF16, BF16), (BF16, F32), (F32, BF16)]
 ]
 
 
-@pytest.mark.parametrize("case,mode_name", DIFFUSERS_RUNS, ids=lambda v: _diffusers_id(v) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize(
+    "case,mode_name", DIFFUSERS_RUNS, ids=lambda v: _diffusers_id(v) if isinstance(v, tuple) else v
+)
 def test_diffusers_rms_norm(kernel, device, named, case, mode_name):
     xdtype, wdtype = case
     named(DiffusersRMSNorm, "DiffusersRMSNorm")
@@ -258,7 +292,14 @@ def test_diffusers_rms_norm(kernel, device, named, case, mode_name):
         with torch.no_grad():
             module.weight.copy_(make_input((hidden,), wdtype, device, scale=0.5, mean=1.0, seed=5))
     x = make_input((2, 9, hidden), xdtype, device)
-    ours = _kernelize(copy.deepcopy(module), kernel, "DiffusersRMSNorm", "DiffusersRMSNorm", device, MODES[mode_name])
+    ours = _kernelize(
+        copy.deepcopy(module),
+        kernel,
+        "DiffusersRMSNorm",
+        "DiffusersRMSNorm",
+        device,
+        MODES[mode_name],
+    )
     assert _is_kernel_forward(ours, "DiffusersRMSNorm")
 
     y, grads = _run(ours, x, mode_name)
@@ -282,7 +323,16 @@ def test_diffusers_rms_norm(kernel, device, named, case, mode_name):
         if wdtype is not None:
             actual["weight"] = g[1]
             assert g[1].dtype == wdtype
-        check_grads(kernel, actual, x, module.weight, grad_out, 1e-6, norm_dtype=norm_dtype, what=f"diffusers {mode_name}")
+        check_grads(
+            kernel,
+            actual,
+            x,
+            module.weight,
+            grad_out,
+            1e-6,
+            norm_dtype=norm_dtype,
+            what=f"diffusers {mode_name}",
+        )
 
 
 @pytest.mark.kernels_ci
@@ -298,7 +348,9 @@ def test_diffusers_rms_norm_bias(kernel, device, named, wdtype):
     no_bias.bias = None
     x = make_input((3, 40), BF16, device)
     mode = Mode.TRAINING
-    ours = _kernelize(copy.deepcopy(module), kernel, "DiffusersRMSNorm", "DiffusersRMSNorm", device, mode)
+    ours = _kernelize(
+        copy.deepcopy(module), kernel, "DiffusersRMSNorm", "DiffusersRMSNorm", device, mode
+    )
     ours_no_bias = _kernelize(no_bias, kernel, "DiffusersRMSNorm", "DiffusersRMSNorm", device, mode)
     y = ours(x)
     assert y.dtype == module(x).dtype
@@ -339,7 +391,9 @@ def _float64_twin(kernel, model):
     for m in twin.modules():
         if isinstance(m, HFLlamaRMSNorm):
             m.forward = types.MethodType(
-                lambda self, h: kernel._reference.rms_norm(h, self.weight, self.variance_epsilon, compute_dtype=torch.float64),
+                lambda self, h: kernel._reference.rms_norm(
+                    h, self.weight, self.variance_epsilon, compute_dtype=torch.float64
+                ),
                 m,
             )
     return twin
@@ -369,13 +423,17 @@ def test_llama_for_causal_lm(kernel, device, named):
         ours = _kernelize(copy.deepcopy(model), kernel, "RMSNorm", "RMSNorm", device, Mode.TRAINING)
         assert sum(_is_kernel_forward(m, "RMSNorm") for m in ours.modules()) == 5
         ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
-        labels = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(2)).to(device)
+        labels = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(2)).to(
+            device
+        )
 
         def logits_and_grads(m):
             m.zero_grad()
             out = m(input_ids=ids, labels=labels)
             out.loss.backward()
-            return out.logits.detach().double(), {n: p.grad.double() for n, p in m.named_parameters()}
+            return out.logits.detach().double(), {
+                n: p.grad.double() for n, p in m.named_parameters()
+            }
 
         ref_logits, ref_grads = logits_and_grads(twin)
         orig_logits, orig_grads = logits_and_grads(model)

@@ -10,7 +10,6 @@ opaque kernels; `fullgraph=True` turns any graph break into an error.
 import pytest
 import torch
 import torch.nn as nn
-
 from rmsnorm_cases import BF16, F32, make_input, make_weight
 
 EPS = 1e-6
@@ -56,22 +55,59 @@ def test_opcheck_general_ops(kernel, device, dtype):
     out32 = torch.empty_like(x, dtype=F32)
     rstd = torch.empty(x.shape[:-1], device=device)
     # every option: fused add + rstd + Llama rounding; modulation; nothing optional
-    _opcheck(ops.rms_norm_fwd.default, (out32, x, w32, r, torch.empty_like(x), None, None, rstd, EPS, 0.0, dtype))
-    _opcheck(ops.rms_norm_fwd.default, (torch.empty_like(x), x, w32, None, None, scale, shift, None, EPS, 0.0, None))
-    _opcheck(ops.rms_norm_fwd.default, (torch.empty_like(x), x, None, None, None, None, None, None, EPS, 1.0, BF16))
+    _opcheck(
+        ops.rms_norm_fwd.default,
+        (out32, x, w32, r, torch.empty_like(x), None, None, rstd, EPS, 0.0, dtype),
+    )
+    _opcheck(
+        ops.rms_norm_fwd.default,
+        (torch.empty_like(x), x, w32, None, None, scale, shift, None, EPS, 0.0, None),
+    )
+    _opcheck(
+        ops.rms_norm_fwd.default,
+        (torch.empty_like(x), x, None, None, None, None, None, None, EPS, 1.0, BF16),
+    )
 
     grad_out = make_input(x.shape, F32, device, scale=1.0, seed=1)
     grad_res = make_input(x.shape, dtype, device, scale=1.0, seed=2)
     _opcheck(
         ops.rms_norm_bwd.default,
-        (torch.empty_like(x), torch.empty_like(w32), None, None, grad_out, x, w32, grad_res, None, EPS, 0.0, dtype),
+        (
+            torch.empty_like(x),
+            torch.empty_like(w32),
+            None,
+            None,
+            grad_out,
+            x,
+            w32,
+            grad_res,
+            None,
+            EPS,
+            0.0,
+            dtype,
+        ),
     )
     _opcheck(
         ops.rms_norm_bwd.default,
-        (torch.empty_like(x), torch.empty_like(w32), torch.empty_like(scale), torch.empty_like(scale),
-         grad_out.to(dtype), x, w32, None, scale, EPS, 0.0, None),
+        (
+            torch.empty_like(x),
+            torch.empty_like(w32),
+            torch.empty_like(scale),
+            torch.empty_like(scale),
+            grad_out.to(dtype),
+            x,
+            w32,
+            None,
+            scale,
+            EPS,
+            0.0,
+            None,
+        ),
     )
-    _opcheck(ops.rms_norm_bwd.default, (torch.empty_like(x), None, None, None, grad_out, x, None, None, None, EPS, 1.0, None))
+    _opcheck(
+        ops.rms_norm_bwd.default,
+        (torch.empty_like(x), None, None, None, grad_out, x, None, None, None, EPS, 1.0, None),
+    )
 
 
 @pytest.mark.kernels_ci
@@ -91,12 +127,18 @@ def test_opcheck_functional_ops(kernel, device, dtype):
 
     xd, wd, sd = x.detach(), w32.detach(), scale.detach()
     grad_out = make_input(x.shape, F32, device, scale=1.0, seed=1)
-    _opcheck(ops.rms_norm_bwd_functional.default, (grad_out, xd, wd, xd.clone(), None, EPS, 0.0, dtype, True, False, False))
+    _opcheck(
+        ops.rms_norm_bwd_functional.default,
+        (grad_out, xd, wd, xd.clone(), None, EPS, 0.0, dtype, True, False, False),
+    )
     _opcheck(
         ops.rms_norm_bwd_functional.default,
         (grad_out.to(dtype), xd, wd, None, sd, EPS, 0.0, None, True, True, True),
     )
-    _opcheck(ops.rms_norm_bwd_functional.default, (grad_out.to(dtype), xd, None, None, sd, EPS, 0.0, None, False, False, True))
+    _opcheck(
+        ops.rms_norm_bwd_functional.default,
+        (grad_out.to(dtype), xd, None, None, sd, EPS, 0.0, None, False, False, True),
+    )
 
 
 # ---- torch.compile ----
@@ -109,7 +151,9 @@ class Block(nn.Module):
         super().__init__()
         self.kernel = kernel
         self.w_add = nn.Parameter(make_input((hidden,), dtype, "cpu", scale=0.5, mean=1.0, seed=11))
-        self.w_norm = nn.Parameter(make_input((hidden,), dtype, "cpu", scale=0.5, mean=1.0, seed=12))
+        self.w_norm = nn.Parameter(
+            make_input((hidden,), dtype, "cpu", scale=0.5, mean=1.0, seed=12)
+        )
         self.w_gemma = nn.Parameter(make_input((hidden,), dtype, "cpu", scale=0.5, seed=13))
         self.w_mod = nn.Parameter(make_input((hidden,), dtype, "cpu", scale=0.5, mean=1.0, seed=14))
 
@@ -132,7 +176,10 @@ def _block_inputs(batch, tokens, hidden, dtype, device, seed=0):
 
 def _run(model, inputs, seed=3):
     h, residual = model(*inputs)
-    grads_out = [make_input(t.shape, t.dtype, t.device, scale=1.0, seed=seed + i) for i, t in enumerate((h, residual))]
+    grads_out = [
+        make_input(t.shape, t.dtype, t.device, scale=1.0, seed=seed + i)
+        for i, t in enumerate((h, residual))
+    ]
     leaves = list(inputs) + list(model.parameters())
     grads = torch.autograd.grad([h, residual], leaves, grads_out)
     return [h, residual, *grads]
@@ -147,7 +194,9 @@ def test_compile_parity(kernel, device, dtype):
     inputs = _block_inputs(2, 7, 24, dtype, device)
     eager = _run(model, inputs)
     compiled = _run(torch.compile(model, fullgraph=True), inputs)
-    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert not torch._dynamo.utils.counters["graph_break"], dict(
+        torch._dynamo.utils.counters["graph_break"]
+    )
     for i, (a, b) in enumerate(zip(compiled, eager)):
         assert a.dtype == b.dtype and a.shape == b.shape, i
         assert torch.equal(a, b), f"output/gradient {i} differs between compiled and eager"
@@ -217,13 +266,37 @@ def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
     _opcheck(ops.fused_add_rms_norm.default, (x.clone(), r.clone(), w, EPS, enable_pdl))
     _opcheck(ops.gemma_fused_add_rms_norm.default, (x.clone(), r.clone(), w, EPS, enable_pdl))
     scale, shift = make_input((3, 9), F32, device, seed=4), make_input((3, 9), F32, device, seed=5)
-    _opcheck(ops.rms_norm_modulate.default, (torch.empty_like(x), x, w, scale, shift, EPS, enable_pdl))
-    _opcheck(ops.rms_norm_fwd.default, (torch.empty_like(x), x, w, None, None, None, None, None, EPS, 0.0, None, enable_pdl))
-    _opcheck(ops.rms_norm_bwd.default, (torch.empty_like(x), torch.empty_like(w), None, None, r, x, w, None, None, EPS,
-                                        0.0, None, enable_pdl))
+    _opcheck(
+        ops.rms_norm_modulate.default, (torch.empty_like(x), x, w, scale, shift, EPS, enable_pdl)
+    )
+    _opcheck(
+        ops.rms_norm_fwd.default,
+        (torch.empty_like(x), x, w, None, None, None, None, None, EPS, 0.0, None, enable_pdl),
+    )
+    _opcheck(
+        ops.rms_norm_bwd.default,
+        (
+            torch.empty_like(x),
+            torch.empty_like(w),
+            None,
+            None,
+            r,
+            x,
+            w,
+            None,
+            None,
+            EPS,
+            0.0,
+            None,
+            enable_pdl,
+        ),
+    )
     _opcheck(ops.rms_norm_functional.default, (x, w, None, None, EPS, 0.0, None, F32, enable_pdl))
     _opcheck(ops.add_rms_norm_functional.default, (x, r, w, EPS, 0.0, None, F32, enable_pdl))
-    _opcheck(ops.rms_norm_bwd_functional.default, (r, x, w, None, None, EPS, 0.0, None, True, False, False, enable_pdl))
+    _opcheck(
+        ops.rms_norm_bwd_functional.default,
+        (r, x, w, None, None, EPS, 0.0, None, True, False, False, enable_pdl),
+    )
 
     assert torch.equal(kernel.rmsnorm(x, w, EPS, enable_pdl=enable_pdl), kernel.rmsnorm(x, w, EPS))
     out = kernel.rms_norm(torch.empty_like(x), x, w, EPS, enable_pdl=enable_pdl)

@@ -8,7 +8,6 @@ Outputs are pre-filled with NaN, so an element the kernel does not write fails.
 
 import pytest
 import torch
-
 from rmsnorm_cases import (
     BF16,
     DTYPES,
@@ -95,7 +94,16 @@ def test_gemma_rms_norm(kernel, device, dtype, wkind, shape):
         w = w - 1.0  # Gemma stores weight - 1
     out = nan_like(x.shape, dtype, device)
     assert kernel.gemma_rms_norm(out, x, w, EPS) is out
-    check_forward(kernel, out, x, w, EPS, norm_dtype=None, weight_offset=1.0, what=f"gemma_rms_norm {dtype} {wkind}")
+    check_forward(
+        kernel,
+        out,
+        x,
+        w,
+        EPS,
+        norm_dtype=None,
+        weight_offset=1.0,
+        what=f"gemma_rms_norm {dtype} {wkind}",
+    )
 
 
 @pytest.mark.parametrize("shape", FEW_SHAPES + [((1,), 1), ((2, 3, 4), 17)], ids=_id)
@@ -115,7 +123,16 @@ def test_fused_add_in_place(kernel, device, gemma, dtype, wkind, shape):
     # Both tensors are updated: residual <- x + residual (bit for bit), x <- norm(residual).
     assert torch.equal(ri, expected_residual)
     norm_dtype, offset = (None, 1.0) if gemma else (dtype, 0.0)
-    check_forward(kernel, xi, ri, w, EPS, norm_dtype=norm_dtype, weight_offset=offset, what=f"fused_add {dtype} {wkind}")
+    check_forward(
+        kernel,
+        xi,
+        ri,
+        w,
+        EPS,
+        norm_dtype=norm_dtype,
+        weight_offset=offset,
+        what=f"fused_add {dtype} {wkind}",
+    )
 
 
 # ---- flashinfer / sgl-kernel names ----
@@ -137,16 +154,30 @@ def test_flashinfer_api(kernel, device, dtype, wkind):
 
     gw = w - 1.0
     y = kernel.gemma_rmsnorm(x, gw, EPS)
-    check_forward(kernel, y, x, gw, EPS, norm_dtype=None, weight_offset=1.0, what=f"gemma_rmsnorm {dtype}")
+    check_forward(
+        kernel, y, x, gw, EPS, norm_dtype=None, weight_offset=1.0, what=f"gemma_rmsnorm {dtype}"
+    )
     out = nan_like(x.shape, dtype, device)
     assert kernel.gemma_rmsnorm(x, gw, EPS, out=out, enable_pdl=False) is out
     assert torch.equal(out, y)
 
-    for name, weight, offset in (("fused_add_rmsnorm", w, 0.0), ("gemma_fused_add_rmsnorm", gw, 1.0)):
+    for name, weight, offset in (
+        ("fused_add_rmsnorm", w, 0.0),
+        ("gemma_fused_add_rmsnorm", gw, 1.0),
+    ):
         xi, ri = x.clone(), residual.clone()
         assert getattr(kernel, name)(xi, ri, weight, EPS, enable_pdl=None) is None
         assert torch.equal(ri, kernel._reference.add_rms_norm(x, residual)[1]), name
-        check_forward(kernel, xi, ri, weight, EPS, norm_dtype=None, weight_offset=offset, what=f"{name} {dtype}")
+        check_forward(
+            kernel,
+            xi,
+            ri,
+            weight,
+            EPS,
+            norm_dtype=None,
+            weight_offset=offset,
+            what=f"{name} {dtype}",
+        )
 
 
 # ---- differentiable functional forms ----
@@ -167,7 +198,9 @@ def test_rms_norm_func_forward(kernel, device, dtype, wkind, shape):
     gw = None if w is None else w - 1.0
     yg = kernel.rms_norm_func(x, gw, EPS, gemma=True)
     assert yg.dtype == dtype
-    check_forward(kernel, yg, x, gw, EPS, norm_dtype=None, weight_offset=1.0, what=f"gemma {dtype} {wkind}")
+    check_forward(
+        kernel, yg, x, gw, EPS, norm_dtype=None, weight_offset=1.0, what=f"gemma {dtype} {wkind}"
+    )
 
 
 @pytest.mark.kernels_ci
@@ -220,8 +253,15 @@ def test_rms_norm_func_backward(kernel, device, gemma, dtype, wkind, shape):
     if w is not None:
         assert grads[1].dtype == w.dtype and grads[1].shape == w.shape
         actual["weight"] = grads[1]
-    check_grads(kernel, 
-        actual, x, w, grad_out, EPS, weight_offset=1.0 if gemma else 0.0, norm_dtype=None if gemma else dtype,
+    check_grads(
+        kernel,
+        actual,
+        x,
+        w,
+        grad_out,
+        EPS,
+        weight_offset=1.0 if gemma else 0.0,
+        norm_dtype=None if gemma else dtype,
         what=f"{dtype} {wkind} gemma={gemma}",
     )
 
@@ -238,11 +278,22 @@ def test_add_rms_norm(kernel, device, gemma, dtype, wkind, shape):
     residual.requires_grad_()
     params = [x, residual] + ([] if w is None else [w.requires_grad_()])
     out, residual_out = kernel.add_rms_norm(x, residual, w, EPS, gemma=gemma)
-    assert torch.equal(x.detach(), x0) and torch.equal(residual.detach(), res0), "inputs must not change"
+    assert torch.equal(x.detach(), x0) and torch.equal(residual.detach(), res0), (
+        "inputs must not change"
+    )
     assert torch.equal(residual_out.detach(), kernel._reference.add_rms_norm(x0, res0)[1])
     assert out.dtype == (F32 if wkind == "fp32" and not gemma else dtype)
     offset = 1.0 if gemma else 0.0
-    check_forward(kernel, out, residual_out, w, EPS, norm_dtype=None if gemma else dtype, weight_offset=offset, what="add_rms_norm")
+    check_forward(
+        kernel,
+        out,
+        residual_out,
+        w,
+        EPS,
+        norm_dtype=None if gemma else dtype,
+        weight_offset=offset,
+        what="add_rms_norm",
+    )
 
     # Gradients from both outputs: d/dx = d/dresidual = d/dr (grad of out through the norm +
     # grad of residual_out).
@@ -253,13 +304,23 @@ def test_add_rms_norm(kernel, device, gemma, dtype, wkind, shape):
     actual = {"input": grads[0]}
     if w is not None:
         actual["weight"] = grads[2]
-    check_grads(kernel, 
-        actual, residual_out, w, grad_out, EPS, weight_offset=offset, grad_residual=grad_res,
-        norm_dtype=None if gemma else dtype, what="add_rms_norm",
+    check_grads(
+        kernel,
+        actual,
+        residual_out,
+        w,
+        grad_out,
+        EPS,
+        weight_offset=offset,
+        grad_residual=grad_res,
+        norm_dtype=None if gemma else dtype,
+        what="add_rms_norm",
     )
 
     # Only residual_out reaching the loss: the gradient passes straight to x and residual.
-    gx, gr = torch.autograd.grad(kernel.add_rms_norm(x, residual, w, EPS, gemma=gemma)[1], [x, residual], grad_res)
+    gx, gr = torch.autograd.grad(
+        kernel.add_rms_norm(x, residual, w, EPS, gemma=gemma)[1], [x, residual], grad_res
+    )
     assert torch.equal(gx, grad_res) and torch.equal(gr, grad_res)
 
 
@@ -280,11 +341,23 @@ def test_rms_norm_modulate(kernel, device, dtype, wkind, scale_3d, leading):
         p.requires_grad_()
     y = kernel.rms_norm_modulate(x, w, scale, shift, EPS)
     assert y.dtype == dtype and y.shape == x.shape
-    check_forward(kernel, y, x, w, EPS, norm_dtype=None, scale=scale, shift=shift, what=f"modulate {dtype} {wkind}")
+    check_forward(
+        kernel,
+        y,
+        x,
+        w,
+        EPS,
+        norm_dtype=None,
+        scale=scale,
+        shift=shift,
+        what=f"modulate {dtype} {wkind}",
+    )
 
     # The out-param op computes the same values.
     out = nan_like(x.shape, dtype, device)
-    kernel.ops.rms_norm_modulate(out, x.detach(), w if w is None else w.detach(), scale.detach(), shift.detach(), EPS)
+    kernel.ops.rms_norm_modulate(
+        out, x.detach(), w if w is None else w.detach(), scale.detach(), shift.detach(), EPS
+    )
     assert torch.equal(out, y.detach())
 
     grad_out = _grad_out(y.shape, dtype, device)
@@ -293,7 +366,18 @@ def test_rms_norm_modulate(kernel, device, dtype, wkind, scale_3d, leading):
     assert grads[1].shape == scale.shape and grads[2].shape == shift.shape
     if w is not None:
         actual["weight"] = grads[3]
-    check_grads(kernel, actual, x, w, grad_out, EPS, scale=scale, shift=shift, norm_dtype=None, what=f"modulate {dtype} {wkind}")
+    check_grads(
+        kernel,
+        actual,
+        x,
+        w,
+        grad_out,
+        EPS,
+        scale=scale,
+        shift=shift,
+        norm_dtype=None,
+        what=f"modulate {dtype} {wkind}",
+    )
 
 
 @pytest.mark.kernels_ci
@@ -328,7 +412,9 @@ def test_apply_rms_norm(kernel, device, dtype, wkind):
     grad_out = _grad_out(out.shape, out.dtype, device)
     dx, dw = kernel.apply_rms_norm_backward(grad_out, x, w, out, rstd, EPS)
     assert dx.dtype == dtype and dw.dtype == w.dtype
-    check_grads(kernel, {"input": dx, "weight": dw}, x, w, grad_out, EPS, what="apply_rms_norm_backward")
+    check_grads(
+        kernel, {"input": dx, "weight": dw}, x, w, grad_out, EPS, what="apply_rms_norm_backward"
+    )
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     ex, ew = torch.autograd.grad(kernel.rms_norm_func(xr, wr, EPS), [xr, wr], grad_out)
     assert torch.equal(dx, ex) and torch.equal(dw, ew)
@@ -350,7 +436,9 @@ def test_big_hidden(kernel, device, dtype):
     y = kernel.rms_norm_func(xr, wr, EPS)
     grad_out = _grad_out(y.shape, y.dtype, device)
     gx, gw = torch.autograd.grad(y, [xr, wr], grad_out)
-    check_grads(kernel, {"input": gx, "weight": gw}, x, w, grad_out, EPS, what=f"hidden={BIG_HIDDEN}")
+    check_grads(
+        kernel, {"input": gx, "weight": gw}, x, w, grad_out, EPS, what=f"hidden={BIG_HIDDEN}"
+    )
 
 
 # ---- eps, special values ----
@@ -363,11 +451,33 @@ def test_eps(kernel, device, dtype, eps):
     x = make_input((2, 3, 17), dtype, device, scale=0.6)
     w = make_weight("same", 17, dtype, device)
     r = make_input(x.shape, dtype, device, scale=0.1, seed=3)
-    scale, shift = make_input((2, 17), dtype, device, scale=0.5, seed=7), make_input((2, 17), dtype, device, seed=8)
-    check_forward(kernel, kernel.rms_norm(torch.empty_like(x), x, w, eps), x, w, eps, norm_dtype=dtype, what="rms_norm")
-    check_forward(kernel, kernel.rms_norm_func(x, w, eps), x, w, eps, norm_dtype=dtype, what="rms_norm_func")
+    scale, shift = (
+        make_input((2, 17), dtype, device, scale=0.5, seed=7),
+        make_input((2, 17), dtype, device, seed=8),
+    )
+    check_forward(
+        kernel,
+        kernel.rms_norm(torch.empty_like(x), x, w, eps),
+        x,
+        w,
+        eps,
+        norm_dtype=dtype,
+        what="rms_norm",
+    )
+    check_forward(
+        kernel, kernel.rms_norm_func(x, w, eps), x, w, eps, norm_dtype=dtype, what="rms_norm_func"
+    )
     check_forward(kernel, kernel.rmsnorm(x, w, eps), x, w, eps, norm_dtype=None, what="rmsnorm")
-    check_forward(kernel, kernel.rms_norm_func(x, w, eps, gemma=True), x, w, eps, norm_dtype=None, weight_offset=1.0, what="gemma")
+    check_forward(
+        kernel,
+        kernel.rms_norm_func(x, w, eps, gemma=True),
+        x,
+        w,
+        eps,
+        norm_dtype=None,
+        weight_offset=1.0,
+        what="gemma",
+    )
     out, r_out = kernel.add_rms_norm(x, r, w, eps)
     check_forward(kernel, out, r_out, w, eps, norm_dtype=dtype, what="add_rms_norm")
     y = kernel.rms_norm_modulate(x, w, scale, shift, eps)
@@ -394,12 +504,28 @@ def test_exact_sum_of_squares(kernel, device, dtype, hidden):
     w = make_weight("same", hidden, dtype, device)
     out = nan_like(x.shape, dtype, device)
     kernel.rms_norm(out, x, w, EPS)
-    check_forward(kernel, out, x, w, EPS, norm_dtype=dtype, exact_sum=True, what="rms_norm, exact sum")
+    check_forward(
+        kernel, out, x, w, EPS, norm_dtype=dtype, exact_sum=True, what="rms_norm, exact sum"
+    )
     rstd = kernel.apply_rms_norm(x, w, EPS, return_rstd=True)[1]
     parts = Parts(kernel, x, w, EPS)
-    assert_within(rstd, parts.rstd.squeeze(-1), rstd_error(hidden, exact_sum=True) * parts.rstd.squeeze(-1), "rstd")
-    check_forward(kernel, kernel.rms_norm_func(x, w, EPS, gemma=True), x, w, EPS, norm_dtype=None, weight_offset=1.0,
-                  exact_sum=True, what="gemma, exact sum")
+    assert_within(
+        rstd,
+        parts.rstd.squeeze(-1),
+        rstd_error(hidden, exact_sum=True) * parts.rstd.squeeze(-1),
+        "rstd",
+    )
+    check_forward(
+        kernel,
+        kernel.rms_norm_func(x, w, EPS, gemma=True),
+        x,
+        w,
+        EPS,
+        norm_dtype=None,
+        weight_offset=1.0,
+        exact_sum=True,
+        what="gemma, exact sum",
+    )
 
 
 @pytest.mark.parametrize("hidden", [4097, BIG_HIDDEN])
@@ -414,9 +540,26 @@ def test_every_element_counted(kernel, device, dtype, hidden):
         x[i, p] = 3.0 if i % 2 else -2.5
     x = x.to(device=device, dtype=dtype).reshape(2, len(positions) // 2, hidden)
     w = make_weight("same", hidden, dtype, device)
-    check_forward(kernel, kernel.rms_norm(nan_like(x.shape, dtype, device), x, w, EPS), x, w, EPS, norm_dtype=dtype,
-                  exact_sum=True, what="rms_norm spikes")
-    check_forward(kernel, kernel.rms_norm_func(x, w, EPS), x, w, EPS, norm_dtype=dtype, exact_sum=True, what="func spikes")
+    check_forward(
+        kernel,
+        kernel.rms_norm(nan_like(x.shape, dtype, device), x, w, EPS),
+        x,
+        w,
+        EPS,
+        norm_dtype=dtype,
+        exact_sum=True,
+        what="rms_norm spikes",
+    )
+    check_forward(
+        kernel,
+        kernel.rms_norm_func(x, w, EPS),
+        x,
+        w,
+        EPS,
+        norm_dtype=dtype,
+        exact_sum=True,
+        what="func spikes",
+    )
     xg = x.clone().requires_grad_()
     y = kernel.rms_norm_func(xg, w, EPS)
     grad_out = _grad_out(y.shape, dtype, device)
@@ -510,8 +653,9 @@ def test_decode_sized_rows(kernel, device, dtype, wkind, hidden):
             assert torch.equal(ri, kernel._reference.add_rms_norm(x, residual)[1])
             norm_dtype, offset = (None, 1.0) if gemma else (dtype, 0.0)
             what = f"{'gemma_' if gemma else ''}fused_add {tuple(x.shape)}"
-            check_forward(kernel, xi, ri, w, EPS, norm_dtype=norm_dtype, weight_offset=offset,
-                          what=what)
+            check_forward(
+                kernel, xi, ri, w, EPS, norm_dtype=norm_dtype, weight_offset=offset, what=what
+            )
 
 
 def test_decode_size_boundary(kernel, device):
@@ -636,11 +780,23 @@ def test_empty(kernel, device, shape):
     scale = torch.zeros(batch, hidden, device=device)
     grad_scale, grad_shift = nan_like(scale.shape, F32, device), nan_like(scale.shape, F32, device)
     kernel.ops.rms_norm_bwd(
-        torch.empty(shape, device=device), grad_weight, grad_scale, grad_shift, torch.empty(shape, device=device),
-        x, w, None, scale, EPS, 0.0, None,
+        torch.empty(shape, device=device),
+        grad_weight,
+        grad_scale,
+        grad_shift,
+        torch.empty(shape, device=device),
+        x,
+        w,
+        None,
+        scale,
+        EPS,
+        0.0,
+        None,
     )
     assert torch.equal(grad_weight, torch.zeros_like(w))
-    assert torch.equal(grad_scale, torch.zeros_like(scale)) and torch.equal(grad_shift, torch.zeros_like(scale))
+    assert torch.equal(grad_scale, torch.zeros_like(scale)) and torch.equal(
+        grad_shift, torch.zeros_like(scale)
+    )
 
 
 # ---- the general ops, called directly ----
@@ -663,11 +819,24 @@ def test_general_ops(kernel, device, dtype):
     grad_out = _grad_out(x.shape, F32, device)
     grad_res = _grad_out(x.shape, dtype, device, seed=4)
     grad_input, grad_weight = nan_like(x.shape, dtype, device), nan_like(w.shape, F32, device)
-    kernel.ops.rms_norm_bwd(grad_input, grad_weight, None, None, grad_out, res_out, w, grad_res, None, EPS, 0.0, dtype)
-    check_grads(kernel, {"input": grad_input, "weight": grad_weight}, res_out, w, grad_out, EPS, grad_residual=grad_res, what="rms_norm_bwd")
+    kernel.ops.rms_norm_bwd(
+        grad_input, grad_weight, None, None, grad_out, res_out, w, grad_res, None, EPS, 0.0, dtype
+    )
+    check_grads(
+        kernel,
+        {"input": grad_input, "weight": grad_weight},
+        res_out,
+        w,
+        grad_out,
+        EPS,
+        grad_residual=grad_res,
+        what="rms_norm_bwd",
+    )
     # grad_input may be grad_residual itself (in place).
     in_place = grad_res.clone()
-    kernel.ops.rms_norm_bwd(in_place, None, None, None, grad_out, res_out, w, in_place, None, EPS, 0.0, dtype)
+    kernel.ops.rms_norm_bwd(
+        in_place, None, None, None, grad_out, res_out, w, in_place, None, EPS, 0.0, dtype
+    )
     assert torch.equal(in_place, grad_input)
 
 
@@ -708,9 +877,19 @@ def test_thread_count_does_not_change_rows(kernel, device, shape):
 # ---- API and validation ----
 
 PUBLIC = [
-    "rms_norm", "fused_add_rms_norm", "gemma_rms_norm", "gemma_fused_add_rms_norm",
-    "rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm",
-    "rms_norm_func", "add_rms_norm", "rms_norm_modulate", "apply_rms_norm", "apply_rms_norm_backward",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "gemma_rms_norm",
+    "gemma_fused_add_rms_norm",
+    "rmsnorm",
+    "fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "rms_norm_func",
+    "add_rms_norm",
+    "rms_norm_modulate",
+    "apply_rms_norm",
+    "apply_rms_norm_backward",
 ]
 
 
@@ -752,7 +931,12 @@ def _bad_calls(kernel, device, convert=lambda t: t):
         ("residual", lambda: kernel.add_rms_norm(x, x[:, :7], w, EPS)),
         ("scale", lambda: kernel.rms_norm_modulate(x3, w, sc[:, :7], sc, EPS)),
         ("shift", lambda: kernel.rms_norm_modulate(x3, w, sc, sc[:, :7], EPS)),
-        ("scale", lambda: kernel.rms_norm_modulate(x3, w, torch.zeros(3, 8, dtype=BF16, device=device), sc, EPS)),
+        (
+            "scale",
+            lambda: kernel.rms_norm_modulate(
+                x3, w, torch.zeros(3, 8, dtype=BF16, device=device), sc, EPS
+            ),
+        ),
         ("out", lambda: kernel.rms_norm(torch.empty(5, 7, dtype=BF16, device=device), x, w, EPS)),
         # dtype mismatches
         ("weight", lambda: kernel.rms_norm(out, x, w.half(), EPS)),
@@ -771,8 +955,14 @@ def _bad_calls(kernel, device, convert=lambda t: t):
         ("input", lambda: kernel.rms_norm(out.double(), x.double(), None, EPS)),
         ("input", lambda: kernel.rms_norm_func(x.double(), None, EPS)),
         ("input", lambda: kernel.rms_norm_func(x.double(), w.double(), EPS)),
-        ("input", lambda: kernel.rmsnorm(torch.ones(5, 8, dtype=torch.int32, device=device), None, EPS)),
-        ("input", lambda: kernel.rms_norm_modulate(x3.double(), None, sc.double(), sc.double(), EPS)),
+        (
+            "input",
+            lambda: kernel.rmsnorm(torch.ones(5, 8, dtype=torch.int32, device=device), None, EPS),
+        ),
+        (
+            "input",
+            lambda: kernel.rms_norm_modulate(x3.double(), None, sc.double(), sc.double(), EPS),
+        ),
         ("weight", lambda: kernel.rms_norm_func(x.float(), w.double(), EPS)),
     ]
 

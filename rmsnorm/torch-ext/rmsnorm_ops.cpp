@@ -91,8 +91,7 @@ DType check_input_dtype(const char* op, const at::Tensor& input) {
 }
 
 // `t` must be on the device of input.
-void check_device(const char* op, const char* name, const at::Tensor& t,
-                  const at::Tensor& input) {
+void check_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input) {
   torch_checks::check_device_of(op, name, t, "input", input);
 }
 
@@ -288,7 +287,7 @@ struct RmsNormCall {
   OptTensor rstd;
   double epsilon = 0.0;
   double weight_offset = 0.0;
-  std::optional<at::ScalarType> norm_dtype;  // nullopt: no rounding of n
+  std::optional<at::ScalarType> norm_dtype;           // nullopt: no rounding of n
   pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
 };
 
@@ -476,10 +475,9 @@ void rms_norm_fwd(at::Tensor& out, const at::Tensor& input, const OptTensor& wei
 }
 
 void rms_norm_bwd(at::Tensor& grad_input, const OptTensor& grad_weight, const OptTensor& grad_scale,
-                  const OptTensor& grad_shift, const at::Tensor& grad_out,
-                  const at::Tensor& input, const OptTensor& weight,
-                  const OptTensor& grad_residual, const OptTensor& scale, double epsilon,
-                  double weight_offset, std::optional<at::ScalarType> norm_dtype,
+                  const OptTensor& grad_shift, const at::Tensor& grad_out, const at::Tensor& input,
+                  const OptTensor& weight, const OptTensor& grad_residual, const OptTensor& scale,
+                  double epsilon, double weight_offset, std::optional<at::ScalarType> norm_dtype,
                   std::optional<bool> enable_pdl) {
   constexpr const char* op = "rms_norm_bwd";
   RmsNormBwdParams params;

@@ -36,16 +36,16 @@ void rms_norm_modulate(at::Tensor& out,                          // [B, ..., hid
                        const at::Tensor& shift,                  // [B, hidden] or [B, 1, hidden]
                        double epsilon, std::optional<bool> enable_pdl);
 
-void rms_norm_fwd(at::Tensor& out,                                 // [..., hidden]
-                  const at::Tensor& input,                         // [..., hidden]
-                  const std::optional<at::Tensor>& weight,         // [hidden]
-                  const std::optional<at::Tensor>& residual,       // [..., hidden]
-                  const std::optional<at::Tensor>& residual_out,   // [..., hidden]
-                  const std::optional<at::Tensor>& scale,          // [B, (1,) hidden]
-                  const std::optional<at::Tensor>& shift,          // [B, (1,) hidden]
-                  const std::optional<at::Tensor>& rstd,           // [...] float32
-                  double epsilon, double weight_offset,
-                  std::optional<at::ScalarType> norm_dtype, std::optional<bool> enable_pdl);
+void rms_norm_fwd(at::Tensor& out,                                // [..., hidden]
+                  const at::Tensor& input,                        // [..., hidden]
+                  const std::optional<at::Tensor>& weight,        // [hidden]
+                  const std::optional<at::Tensor>& residual,      // [..., hidden]
+                  const std::optional<at::Tensor>& residual_out,  // [..., hidden]
+                  const std::optional<at::Tensor>& scale,         // [B, (1,) hidden]
+                  const std::optional<at::Tensor>& shift,         // [B, (1,) hidden]
+                  const std::optional<at::Tensor>& rstd,          // [...] float32
+                  double epsilon, double weight_offset, std::optional<at::ScalarType> norm_dtype,
+                  std::optional<bool> enable_pdl);
 
 void rms_norm_bwd(at::Tensor& grad_input,                          // [..., hidden]
                   const std::optional<at::Tensor>& grad_weight,    // [hidden]
@@ -56,5 +56,5 @@ void rms_norm_bwd(at::Tensor& grad_input,                          // [..., hidd
                   const std::optional<at::Tensor>& weight,         // [hidden]
                   const std::optional<at::Tensor>& grad_residual,  // [..., hidden]
                   const std::optional<at::Tensor>& scale,          // [B, (1,) hidden]
-                  double epsilon, double weight_offset,
-                  std::optional<at::ScalarType> norm_dtype, std::optional<bool> enable_pdl);
+                  double epsilon, double weight_offset, std::optional<at::ScalarType> norm_dtype,
+                  std::optional<bool> enable_pdl);

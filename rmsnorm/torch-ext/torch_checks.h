@@ -40,9 +40,7 @@ namespace {
 // The dtype as Python names it without the "torch." prefix ("float32", "bfloat16", "int64").
 // c10::getDtypeNames returns std::string by value in Torch 2.11 and static views in 2.13: copy,
 // as a view into the 2.11 temporary dangles (it garbled activation's messages on CUDA).
-inline std::string dtype_name(at::ScalarType t) {
-  return std::string(c10::getDtypeNames(t).first);
-}
+inline std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
 
 // An optional tensor argument that was given (not None, not undefined).
 inline bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
@@ -188,8 +186,7 @@ inline bool reachable(const std::vector<Term>& terms, const std::vector<int64_t>
   const int64_t cmin = std::max(floor_div(lo - rest_max[i + 1], t.stride) + 1, t.lo);
   const int64_t cmax = std::min(ceil_div(hi - rest_min[i + 1], t.stride) - 1, t.hi);
   for (int64_t c = cmin; c <= cmax; ++c) {
-    if (reachable(terms, rest_min, rest_max, i + 1, lo - c * t.stride, hi - c * t.stride,
-                  budget)) {
+    if (reachable(terms, rest_min, rest_max, i + 1, lo - c * t.stride, hi - c * t.stride, budget)) {
       return true;
     }
   }

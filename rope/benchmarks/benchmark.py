@@ -25,7 +25,6 @@ against eager PyTorch and torch.compile in the same run.
 """
 
 import torch
-
 from kernels.benchmark import Benchmark
 
 DECODE_TOKENS = 32
@@ -39,7 +38,9 @@ INPUT_SCALE = 0.2  # |out| < 2: see the module docstring
 
 def cos_sin_cache(max_pos, rot_dim, device, base=500000.0, dtype=torch.float32):
     """vLLM's cos_sin_cache [max_pos, rot_dim] = cat(cos, sin), computed in fp32 as vLLM does."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim))
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)
+    )
     t = torch.arange(max_pos, dtype=torch.float32, device=device)
     freqs = torch.outer(t, inv_freq)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
@@ -97,7 +98,9 @@ def _fused_qkv(bench, tokens, q_heads, kv_heads, head_dim, rot_dim, is_neox=True
     dtype = torch.bfloat16
     q_size, kv_size = q_heads * head_dim, kv_heads * head_dim
     bench.head_dim, bench.is_neox = head_dim, is_neox
-    bench.qkv = INPUT_SCALE * torch.randn(tokens, q_size + 2 * kv_size, device=bench.device, dtype=dtype)
+    bench.qkv = INPUT_SCALE * torch.randn(
+        tokens, q_size + 2 * kv_size, device=bench.device, dtype=dtype
+    )
     bench.q, bench.k, bench.v = bench.qkv.split([q_size, kv_size, kv_size], dim=-1)
     bench.positions = torch.randint(0, MAX_POSITIONS, (tokens,), device=bench.device)
     bench.cache = cos_sin_cache(MAX_POSITIONS, rot_dim, bench.device)
@@ -112,15 +115,21 @@ class RotaryEmbeddingBenchmark(Benchmark):
     seed = 0
 
     def _run(self):
-        self.kernel.rotary_embedding(self.positions, self.q, self.k, self.head_dim, self.cache, self.is_neox)
+        self.kernel.rotary_embedding(
+            self.positions, self.q, self.k, self.head_dim, self.cache, self.is_neox
+        )
 
     def _verify(self):
         q0, k0, v0 = self.qkv0.split([self.q.shape[-1], self.k.shape[-1], self.v.shape[-1]], dim=-1)
-        k_ref = reference_rotary_embedding(self.positions, k0, self.head_dim, self.cache, self.is_neox)
+        k_ref = reference_rotary_embedding(
+            self.positions, k0, self.head_dim, self.cache, self.is_neox
+        )
         check_close("key", self.k, k_ref)
         if not torch.equal(self.v, v0):
             raise AssertionError("value columns of the fused qkv buffer changed")
-        return reference_rotary_embedding(self.positions, q0, self.head_dim, self.cache, self.is_neox)
+        return reference_rotary_embedding(
+            self.positions, q0, self.head_dim, self.cache, self.is_neox
+        )
 
     # Llama-3-8B: 32 / 8 heads, head_dim 128
     def setup_llama3_8b_decode(self):
@@ -174,8 +183,14 @@ class TransformersRotaryBenchmark(Benchmark):
 
     def _setup(self, batch, seqlen, q_heads, kv_heads, head_dim):
         dtype = torch.bfloat16
-        self.q = (INPUT_SCALE * torch.randn(batch, seqlen, q_heads, head_dim, device=self.device, dtype=dtype)).transpose(1, 2)
-        self.k = (INPUT_SCALE * torch.randn(batch, seqlen, kv_heads, head_dim, device=self.device, dtype=dtype)).transpose(1, 2)
+        self.q = (
+            INPUT_SCALE
+            * torch.randn(batch, seqlen, q_heads, head_dim, device=self.device, dtype=dtype)
+        ).transpose(1, 2)
+        self.k = (
+            INPUT_SCALE
+            * torch.randn(batch, seqlen, kv_heads, head_dim, device=self.device, dtype=dtype)
+        ).transpose(1, 2)
         cache = cos_sin_cache(seqlen, head_dim, self.device)
         cos, sin = cache.chunk(2, dim=-1)
         self.cos = torch.cat([cos, cos], dim=-1).to(dtype).expand(batch, seqlen, head_dim)
@@ -183,7 +198,9 @@ class TransformersRotaryBenchmark(Benchmark):
         self.out, self.k_out = None, None
 
     def _run(self):
-        self.out, self.k_out = self.kernel.apply_rotary_transformers(self.q, self.k, self.cos, self.sin)
+        self.out, self.k_out = self.kernel.apply_rotary_transformers(
+            self.q, self.k, self.cos, self.sin
+        )
 
     def _verify(self):
         check_close("key", self.k_out, reference_transformers(self.k, self.cos, self.sin))

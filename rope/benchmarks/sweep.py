@@ -44,7 +44,6 @@ import torch  # noqa: E402
 KERNEL_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(KERNEL_DIR.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
 from benchmark import (  # noqa: E402
     INPUT_SCALE,
     cos_sin_cache,
@@ -52,6 +51,8 @@ from benchmark import (  # noqa: E402
     reference_transformers,
     rotate_half,
 )
+
+import benchlib  # noqa: E402
 
 DEVICE = "cuda"
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
@@ -68,7 +69,10 @@ REP_MS = 10  # per measurement: 10 graph replays of ~REP_MS each (benchlib's def
 BUDGET_S = {"full": 215.0, "quick": 75.0}  # leaves time for the final copy measurement and save
 
 VLLM, HF = "rotary_embedding", "apply_rotary_transformers"
-BASELINES = {VLLM: ("eager", "compile", "inplace_eager", "inplace_compile"), HF: ("eager", "compile")}
+BASELINES = {
+    VLLM: ("eager", "compile", "inplace_eager", "inplace_compile"),
+    HF: ("eager", "compile"),
+}
 
 CONTENDERS = {
     VLLM: {
@@ -169,7 +173,9 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.op} {self.dtype} {self.tokens}x({self.q_heads}+{self.kv_heads})x{self.head_dim}"
+        return (
+            f"{self.op} {self.dtype} {self.tokens}x({self.q_heads}+{self.kv_heads})x{self.head_dim}"
+        )
 
 
 def cases(quick: bool) -> list[Case]:
@@ -178,7 +184,9 @@ def cases(quick: bool) -> list[Case]:
     removes the end of this list."""
     bf16 = "bfloat16"
     if quick:
-        return [Case(VLLM, bf16, t, HEADLINE_HEAD_DIM) for t in QUICK_TOKENS] + [Case(HF, bf16, 4096, HEADLINE_HEAD_DIM)]
+        return [Case(VLLM, bf16, t, HEADLINE_HEAD_DIM) for t in QUICK_TOKENS] + [
+            Case(HF, bf16, 4096, HEADLINE_HEAD_DIM)
+        ]
     ordered = [Case(VLLM, bf16, t, HEADLINE_HEAD_DIM) for t in HEADLINE_TOKENS]
     ordered += [Case(HF, bf16, t, HEADLINE_HEAD_DIM) for t in TRANSFORMERS_TOKENS]
     ordered += [Case(VLLM, bf16, t, HEADLINE_HEAD_DIM) for t in TOKENS if t not in HEADLINE_TOKENS]
@@ -192,7 +200,9 @@ def _bytes(case: Case, element: int) -> int:
     """Bytes each op must move (see METHOD)."""
     qk = case.tokens * (case.q_heads + case.kv_heads) * case.head_dim * element
     if case.op == VLLM:
-        return 2 * qk + case.tokens * (case.head_dim * 4 + 8)  # q, k in and out; fp32 row; int64 position
+        return 2 * qk + case.tokens * (
+            case.head_dim * 4 + 8
+        )  # q, k in and out; fp32 row; int64 position
     return 2 * qk + 2 * case.tokens * case.head_dim * element  # q, k in and out; cos and sin
 
 
@@ -221,7 +231,9 @@ def run_vllm(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict]:
     for name, got in (("eager", got_q), ("inplace_eager", qkv_copy[:, :q_size].float())):
         err = ((got - want_q).norm() / want_q.norm().clamp_min(1e-30)).item()
         if not err <= 2.0**-6:
-            raise SystemExit(f"baseline {name} disagrees with the reference for {case.label}: relative error {err}")
+            raise SystemExit(
+                f"baseline {name} disagrees with the reference for {case.label}: relative error {err}"
+            )
     del q0, k0, v0, want_q, got_q, qkv_copy
 
     compiled_oop = benchlib.compiled(rope_rotate_half, tag)
@@ -239,7 +251,10 @@ def run_vllm(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict]:
     if case.tokens <= DECODE_MAX_TOKENS:
         # Decode sizes: a call costs its launch more than its GPU time; report what an eager
         # caller sees too (Python + dispatcher + launch; torch.compile adds its guards).
-        wall = {name: benchlib.wall_time_us(timed[name], rep_ms=REP_MS) for name in ("ours", "compile", "inplace_compile")}
+        wall = {
+            name: benchlib.wall_time_us(timed[name], rep_ms=REP_MS)
+            for name in ("ours", "compile", "inplace_compile")
+        }
     if not bool(torch.isfinite(qkv).all()):
         raise SystemExit(f"{case.label}: the qkv buffer is not finite after timing")
     return us, wall
@@ -248,10 +263,16 @@ def run_vllm(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict]:
 def run_transformers(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict]:
     tag = f"hf_{case.dtype}_{case.tokens}_{case.head_dim}"
     d, s = case.head_dim, case.tokens
-    q = (INPUT_SCALE * torch.randn(1, s, case.q_heads, d, dtype=dtype, device=DEVICE)).transpose(1, 2)
-    k = (INPUT_SCALE * torch.randn(1, s, case.kv_heads, d, dtype=dtype, device=DEVICE)).transpose(1, 2)
+    q = (INPUT_SCALE * torch.randn(1, s, case.q_heads, d, dtype=dtype, device=DEVICE)).transpose(
+        1, 2
+    )
+    k = (INPUT_SCALE * torch.randn(1, s, case.kv_heads, d, dtype=dtype, device=DEVICE)).transpose(
+        1, 2
+    )
     cos, sin = cos_sin_cache(s, d, DEVICE).chunk(2, dim=-1)
-    cos = torch.cat([cos, cos], dim=-1).to(dtype).unsqueeze(0)  # [1, S, D], as LlamaRotaryEmbedding returns
+    cos = (
+        torch.cat([cos, cos], dim=-1).to(dtype).unsqueeze(0)
+    )  # [1, S, D], as LlamaRotaryEmbedding returns
     sin = torch.cat([sin, sin], dim=-1).to(dtype).unsqueeze(0)
 
     q_out, k_out = kernel.apply_rotary_transformers(q, k, cos, sin)
@@ -268,18 +289,24 @@ def run_transformers(kernel, case: Case, dtype: torch.dtype) -> tuple[dict, dict
     us = {name: benchlib.gpu_time_us(fn, rep_ms=REP_MS) for name, fn in timed.items()}
     wall = {}
     if case.tokens <= DECODE_MAX_TOKENS:
-        wall = {name: benchlib.wall_time_us(timed[name], rep_ms=REP_MS) for name in ("ours", "compile")}
+        wall = {
+            name: benchlib.wall_time_us(timed[name], rep_ms=REP_MS) for name in ("ours", "compile")
+        }
     return us, wall
 
 
 def run_case(kernel, case: Case, l2_bytes: int | None) -> dict:
     dtype = getattr(torch, case.dtype)
     us, wall = (run_vllm if case.op == VLLM else run_transformers)(kernel, case, dtype)
-    return benchlib.timing_row(case, _bytes(case, torch.finfo(dtype).bits // 8), l2_bytes, us, wall, BASELINES[case.op])
+    return benchlib.timing_row(
+        case, _bytes(case, torch.finfo(dtype).bits // 8), l2_bytes, us, wall, BASELINES[case.op]
+    )
 
 
 def _summary(r: dict) -> str:
-    return benchlib.summary_line(f"{r['op']:26s} T={r['tokens']:6d} D={r['head_dim']:4d}", r, BASELINES[r["op"]])
+    return benchlib.summary_line(
+        f"{r['op']:26s} T={r['tokens']:6d} D={r['head_dim']:4d}", r, BASELINES[r["op"]]
+    )
 
 
 def parse_args(argv=None):
@@ -293,8 +320,14 @@ def main():
     args = parse_args()
     order = {VLLM: 0, HF: 1}
     benchlib.run_budgeted_sweep(
-        kernel_name="rope", kernel_dir=KERNEL_DIR, start=_START, args=args, budget_s=BUDGET_S,
-        cases=cases(args.quick), run_case=run_case, summary=_summary,
+        kernel_name="rope",
+        kernel_dir=KERNEL_DIR,
+        start=_START,
+        args=args,
+        budget_s=BUDGET_S,
+        cases=cases(args.quick),
+        run_case=run_case,
+        summary=_summary,
         sort_key=lambda r: (order[r["op"]], r["dtype"], r["head_dim"], r["tokens"]),
         notes={"method": METHOD, "baselines": BASELINES_NOTE, "contenders": CONTENDERS},
     )

@@ -30,7 +30,8 @@ namespace cuda_chunk {
 // 16-bit elements keeps the compiler from splitting chunks into 16-bit values (a PRMT and a
 // register per element). Value-initialized chunks (Chunk<T, kN> c{}) are zero.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int kN> struct Chunk {
+template <typename T, int kN>
+struct Chunk {
   static constexpr int kBytes = static_cast<int>(sizeof(T)) * kN;
   static constexpr int kWords = kBytes < 4 ? 1 : kBytes / 4;
   static_assert(kBytes == 2 || kBytes % 4 == 0, "chunk of whole words or one 2-byte element");
@@ -62,7 +63,7 @@ __device__ __forceinline__ Chunk<T, kN> chunk_from_float(const float (&f)[kN]) {
     for (int j = 0; j < kN; ++j) c.w[j] = __float_as_uint(f[j]);
   } else if constexpr (kN == 1) {
     c.w[0] = std::is_same<T, __half>::value ? __half_as_ushort(__float2half_rn(f[0]))
-                                             : __bfloat16_as_ushort(__float2bfloat16_rn(f[0]));
+                                            : __bfloat16_as_ushort(__float2bfloat16_rn(f[0]));
   } else {
     static_assert(kN % 2 == 0, "pairs of 2-byte elements");
 #pragma unroll

@@ -56,7 +56,8 @@ __device__ __forceinline__ void wait_and_release() {
 // value computed from all of them (both ways, so it always runs), which keeps ptxas from
 // scheduling their loads after it. Only kernel parameters may feed `ready`, never global memory.
 template <typename... Params>
-__device__ __forceinline__ void wait_and_release_after_params(uint64_t ready, const Params&... params) {
+__device__ __forceinline__ void wait_and_release_after_params(uint64_t ready,
+                                                              const Params&... params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const auto fold = [&](const auto& object) {
     constexpr int kWords = static_cast<int>(sizeof(object) / 8);
@@ -109,8 +110,9 @@ struct Cluster {
 // Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs, with PDL
 // when enabled(request, by_default), and returns the launch error, if any.
 template <typename... Params, typename... Args>
-cudaError_t launch(Request request, ByDefault by_default, Cluster cluster, void (*kernel)(Params...),
-                   dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+cudaError_t launch(Request request, ByDefault by_default, Cluster cluster,
+                   void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

@@ -101,12 +101,11 @@ std::vector<int64_t> resolve_rows(const RopeParams& p) {
       for (int64_t b = 0; b < p.batch; ++b) {
         for (int64_t s = 0; s < p.seqlen; ++s) {
           const int64_t at = b * p.positions_batch_stride + s * p.positions_seq_stride;
-          const int64_t row = p.positions_int32
-                                  ? static_cast<const int32_t*>(p.positions)[at]
-                                  : static_cast<const int64_t*>(p.positions)[at];
-          TORCH_CHECK(row >= 0 && row < limit, "rope: positions holds ", row,
-                      " for token (batch ", b, ", sequence index ", s,
-                      "), outside the rows of the cos/sin table [0, ", limit, ")");
+          const int64_t row = p.positions_int32 ? static_cast<const int32_t*>(p.positions)[at]
+                                                : static_cast<const int64_t*>(p.positions)[at];
+          TORCH_CHECK(row >= 0 && row < limit, "rope: positions holds ", row, " for token (batch ",
+                      b, ", sequence index ", s, "), outside the rows of the cos/sin table [0, ",
+                      limit, ")");
           rows[b * p.seqlen + s] = row;
         }
       }
@@ -119,10 +118,10 @@ std::vector<int64_t> resolve_rows(const RopeParams& p) {
           const int64_t row = s + p.seqlen_offset + extra;
           if (row < 0 || row >= limit) {
             if (p.seqlen_offsets != nullptr) {
-              TORCH_CHECK(false, "rope: the row s + seqlen_offset + seqlen_offsets[b] = ", s,
-                          " + ", p.seqlen_offset, " + ", extra, " = ", row, " of token (batch ",
-                          b, ", sequence index ", s,
-                          ") is outside the rows of the cos/sin table [0, ", limit, ")");
+              TORCH_CHECK(false, "rope: the row s + seqlen_offset + seqlen_offsets[b] = ", s, " + ",
+                          p.seqlen_offset, " + ", extra, " = ", row, " of token (batch ", b,
+                          ", sequence index ", s, ") is outside the rows of the cos/sin table [0, ",
+                          limit, ")");
             }
             TORCH_CHECK(false, "rope: the row s + seqlen_offset = ", s, " + ", p.seqlen_offset,
                         " = ", row, " of token (batch ", b, ", sequence index ", s,
@@ -153,9 +152,11 @@ std::vector<int64_t> resolve_rows(const RopeParams& p) {
           const int64_t row = pos + p.seqlen_offset + extra;
           if (row < 0 || row >= limit) {
             if (p.seqlen_offsets != nullptr) {
-              TORCH_CHECK(false, "rope: the row (t - cu_seqlens[q]) + seqlen_offset + "
-                          "seqlen_offsets[q] = ", pos, " + ", p.seqlen_offset, " + ", extra,
-                          " = ", row, " of token t = ", t, " (sequence q = ", q,
+              TORCH_CHECK(false,
+                          "rope: the row (t - cu_seqlens[q]) + seqlen_offset + "
+                          "seqlen_offsets[q] = ",
+                          pos, " + ", p.seqlen_offset, " + ", extra, " = ", row,
+                          " of token t = ", t, " (sequence q = ", q,
                           ") is outside the rows of the cos/sin table [0, ", limit, ")");
             }
             TORCH_CHECK(false, "rope: the row (t - cu_seqlens[q]) + seqlen_offset = ", pos, " + ",
@@ -295,18 +296,18 @@ void forward(const RopeParams& p, const std::vector<int64_t>& rows) {
         load_coefficients(p, entry, buf);
         loaded = entry;
       }
-      const void* in = at_index(t.in, d, b * t.in_batch_stride + s * t.in_seq_stride +
-                                            h * t.in_head_stride);
-      void* out = at_index(t.out, d, b * t.out_batch_stride + s * t.out_seq_stride +
-                                        h * t.out_head_stride);
+      const void* in =
+          at_index(t.in, d, b * t.in_batch_stride + s * t.in_seq_stride + h * t.in_head_stride);
+      void* out =
+          at_index(t.out, d, b * t.out_batch_stride + s * t.out_seq_stride + h * t.out_head_stride);
       rotate_head(p, in, out, buf);
     }
   });
 }
 
 void check_tensor(const char* name, const RopeTensor& t) {
-  TORCH_CHECK(t.in != nullptr && t.out != nullptr, "rope::cpu: ", name,
-              ".in and ", name, ".out must be set");
+  TORCH_CHECK(t.in != nullptr && t.out != nullptr, "rope::cpu: ", name, ".in and ", name,
+              ".out must be set");
   TORCH_CHECK(t.heads >= 0, "rope::cpu: ", name, ".heads must be >= 0, got ", t.heads);
 }
 
@@ -321,8 +322,8 @@ void rope_forward(const RopeParams& p) {
               ": unsupported PairLayout value ", static_cast<int>(p.layout));
   TORCH_CHECK(p.table_kind == TableKind::kHalf || p.table_kind == TableKind::kFull, op,
               ": unsupported TableKind value ", static_cast<int>(p.table_kind));
-  TORCH_CHECK(p.batch >= 0 && p.seqlen >= 0, op, ": batch and seqlen must be >= 0, got ",
-              p.batch, " and ", p.seqlen);
+  TORCH_CHECK(p.batch >= 0 && p.seqlen >= 0, op, ": batch and seqlen must be >= 0, got ", p.batch,
+              " and ", p.seqlen);
   TORCH_CHECK(p.rot_dim > 0 && p.rot_dim % 2 == 0 && p.rot_dim <= p.head_dim, op,
               ": rot_dim must be even, > 0 and <= head_dim (", p.head_dim, "), got ", p.rot_dim);
   TORCH_CHECK(p.seqlen_offset >= -kMaxOffset && p.seqlen_offset <= kMaxOffset, op,

@@ -95,13 +95,13 @@ namespace cuda {
 namespace {
 
 using detail::Chunk;
+using detail::chunk_from_float;
 using detail::FastDivU64;
 using detail::Ld;
-using detail::St;
-using detail::chunk_from_float;
 using detail::load_chunk;
 using detail::load_i32;
 using detail::load_index;
+using detail::St;
 using detail::store_chunk;
 
 // ---------------------------------------------------------------------------------------------
@@ -132,41 +132,41 @@ __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
 // Kernel arguments.
 // ---------------------------------------------------------------------------------------------
 struct TensorArgs {
-  const void* in;   // [batch, seqlen, heads, head_dim], unit stride along head_dim
-  void* out;        // same shape; may be `in`
+  const void* in;  // [batch, seqlen, heads, head_dim], unit stride along head_dim
+  void* out;       // same shape; may be `in`
   int64_t in_batch_stride, in_seq_stride, in_head_stride;
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
-  bool copy;        // out != in and rot_dim < head_dim: the pass-through channels are copied
+  bool copy;  // out != in and rot_dim < head_dim: the pass-through channels are copied
 };
 
 struct RopeArgs {
   TensorArgs q, k;
-  int64_t q_heads;                // heads [0, q_heads) of the flat head index are q's
-  int64_t heads;                  // q_heads + k's heads
-  int64_t tokens;                 // batch x seqlen
+  int64_t q_heads;  // heads [0, q_heads) of the flat head index are q's
+  int64_t heads;    // q_heads + k's heads
+  int64_t tokens;   // batch x seqlen
   int64_t seqlen;
-  FastDivU64 seq_div;             // t / seqlen, used when batched
-  bool batched;                   // batch > 1
+  FastDivU64 seq_div;  // t / seqlen, used when batched
+  bool batched;        // batch > 1
   const void* cos;
   const void* sin;
-  int64_t table_batch_stride;     // 0 when table_batch == 1
+  int64_t table_batch_stride;  // 0 when table_batch == 1
   int64_t row_stride;
   int64_t head_stride;
   int64_t table_rows;
   RowMode row_mode;
-  const void* positions;          // kPositions: int64 or int32
+  const void* positions;  // kPositions: int64 or int32
   bool positions_int32;
   int64_t positions_batch_stride, positions_seq_stride;
   int64_t seqlen_offset;          // kSequence, kVarlen
   const int32_t* seqlen_offsets;  // [batch] (kSequence), [num_seqs] (kVarlen) or null
   const int32_t* cu_seqlens;      // kVarlen: [num_seqs + 1]
   int64_t num_seqs;
-  int half_rot;                   // rot_dim / 2
+  int half_rot;  // rot_dim / 2
   int rot_dim;
-  int rot_units;                  // units [0, rot_units) of a head rotate
-  int units;                      // [rot_units, units) copy pass-through chunks
-  int unit_blocks;                // CTAs per head along x (1 unless units > kMaxThreads)
-  int64_t token_block_base;       // token blocks of earlier launches (more than 65535^2)
+  int rot_units;             // units [0, rot_units) of a head rotate
+  int units;                 // [rot_units, units) copy pass-through chunks
+  int unit_blocks;           // CTAs per head along x (1 unless units > kMaxThreads)
+  int64_t token_block_base;  // token blocks of earlier launches (more than 65535^2)
   bool transpose;
 };
 
@@ -214,33 +214,42 @@ __device__ __noinline__ void report_bad_offset_row(bool varlen, long long t, lon
                                                    bool has_offsets, long long offset,
                                                    long long row, long long table_rows) {
   if (varlen && has_offsets) {
-    printf("rope: token %lld, position %lld of sequence %lld of cu_seqlens: row = %lld + "
-           "seqlen_offset (%lld) + seqlen_offsets[%lld] (%lld) = %lld is outside the cos/sin "
-           "table of %lld rows\n", t, pos, idx, pos, seqlen_offset, idx, offset, row, table_rows);
-    stop_kernel("rope: (t - cu_seqlens[q]) + seqlen_offset + seqlen_offsets[q] is outside the "
-                "cos/sin table");
+    printf(
+        "rope: token %lld, position %lld of sequence %lld of cu_seqlens: row = %lld + "
+        "seqlen_offset (%lld) + seqlen_offsets[%lld] (%lld) = %lld is outside the cos/sin "
+        "table of %lld rows\n",
+        t, pos, idx, pos, seqlen_offset, idx, offset, row, table_rows);
+    stop_kernel(
+        "rope: (t - cu_seqlens[q]) + seqlen_offset + seqlen_offsets[q] is outside the "
+        "cos/sin table");
   } else if (varlen) {
-    printf("rope: token %lld, position %lld of sequence %lld of cu_seqlens: row = %lld + "
-           "seqlen_offset (%lld) = %lld is outside the cos/sin table of %lld rows\n", t, pos, idx,
-           pos, seqlen_offset, row, table_rows);
+    printf(
+        "rope: token %lld, position %lld of sequence %lld of cu_seqlens: row = %lld + "
+        "seqlen_offset (%lld) = %lld is outside the cos/sin table of %lld rows\n",
+        t, pos, idx, pos, seqlen_offset, row, table_rows);
     stop_kernel("rope: (t - cu_seqlens[q]) + seqlen_offset is outside the cos/sin table");
   } else if (has_offsets) {
-    printf("rope: token (%lld, %lld): row = %lld + seqlen_offset (%lld) + seqlen_offsets[%lld] "
-           "(%lld) = %lld is outside the cos/sin table of %lld rows\n", idx, pos, pos,
-           seqlen_offset, idx, offset, row, table_rows);
+    printf(
+        "rope: token (%lld, %lld): row = %lld + seqlen_offset (%lld) + seqlen_offsets[%lld] "
+        "(%lld) = %lld is outside the cos/sin table of %lld rows\n",
+        idx, pos, pos, seqlen_offset, idx, offset, row, table_rows);
     stop_kernel("rope: s + seqlen_offset + seqlen_offsets[b] is outside the cos/sin table");
   } else {
-    printf("rope: token (%lld, %lld): row = %lld + seqlen_offset (%lld) = %lld is outside the "
-           "cos/sin table of %lld rows\n", idx, pos, pos, seqlen_offset, row, table_rows);
+    printf(
+        "rope: token (%lld, %lld): row = %lld + seqlen_offset (%lld) = %lld is outside the "
+        "cos/sin table of %lld rows\n",
+        idx, pos, pos, seqlen_offset, row, table_rows);
     stop_kernel("rope: s + seqlen_offset is outside the cos/sin table");
   }
 }
 
 __device__ __noinline__ void report_bad_cu_seqlens(long long t, long long seq, long long begin,
                                                    long long end) {
-  printf("rope: token %lld lies in no sequence of cu_seqlens (the search ended at sequence %lld: "
-         "cu_seqlens[%lld] = %lld, cu_seqlens[%lld] = %lld); cu_seqlens must rise from 0 to the "
-         "token count\n", t, seq, seq, begin, seq + 1, end);
+  printf(
+      "rope: token %lld lies in no sequence of cu_seqlens (the search ended at sequence %lld: "
+      "cu_seqlens[%lld] = %lld, cu_seqlens[%lld] = %lld); cu_seqlens must rise from 0 to the "
+      "token count\n",
+      t, seq, seq, begin, seq + 1, end);
   stop_kernel("rope: malformed cu_seqlens (a token lies in no sequence)");
 }
 
@@ -304,7 +313,8 @@ __device__ __forceinline__ bool token_row(const RopeArgs& a, int64_t t, int64_t 
 // ---------------------------------------------------------------------------------------------
 // One rotation unit: the chunks, their table columns, the math.
 // ---------------------------------------------------------------------------------------------
-template <PairLayout kLayout, TableKind kKind, int kVec> struct UnitShape {
+template <PairLayout kLayout, TableKind kKind, int kVec>
+struct UnitShape {
   // Pairs (A[j], B[j]) across the two chunks (NeoX; interleaved with one pair per thread), or
   // (X[2j], X[2j + 1]) inside each chunk X (interleaved vectors).
   static constexpr bool kSplit = kLayout == PairLayout::kNeox || kVec == 1;
@@ -318,8 +328,7 @@ template <PairLayout kLayout, TableKind kKind, int kVec> struct UnitShape {
     return kLayout == PairLayout::kInterleaved && kVec == 1 ? 2 * unit : unit * kVec;
   }
   static __device__ __forceinline__ int off_b(int unit, int half_rot) {
-    return kLayout == PairLayout::kInterleaved && kVec == 1 ? 2 * unit + 1
-                                                            : half_rot + unit * kVec;
+    return kLayout == PairLayout::kInterleaved && kVec == 1 ? 2 * unit + 1 : half_rot + unit * kVec;
   }
   // Column of table chunk i (0: for A, 1: for B) within the table row.
   static __device__ __forceinline__ int table_col(int i, int unit, int half_rot) {
@@ -442,7 +451,8 @@ __global__ void __launch_bounds__(LaunchConfig::kMaxThreads) rope_kernel(const R
     const unsigned head_block = blockIdx.x / static_cast<unsigned>(a.unit_blocks);
     head = head_block;
     unit = static_cast<int>((blockIdx.x - head_block * static_cast<unsigned>(a.unit_blocks)) *
-                                blockDim.x + threadIdx.x);
+                                blockDim.x +
+                            threadIdx.x);
   }
   if (head >= a.heads || unit >= a.units) return;
   const bool is_k = head >= a.q_heads;
@@ -464,8 +474,8 @@ __global__ void __launch_bounds__(LaunchConfig::kMaxThreads) rope_kernel(const R
                 (b * x.in_batch_stride + s * x.in_seq_stride + h * x.in_head_stride);
   const int64_t out_offset = b * x.out_batch_stride + s * x.out_seq_stride + h * x.out_head_stride;
   if (rotates) {
-    rotate_unit<kLayout, kKind, T, Tt, kVec>(a, in, static_cast<T*>(x.out), out_offset, t, b, s,
-                                             h, unit, lead);
+    rotate_unit<kLayout, kKind, T, Tt, kVec>(a, in, static_cast<T*>(x.out), out_offset, t, b, s, h,
+                                             unit, lead);
   } else {
     const int off = a.rot_dim + (unit - a.rot_units) * kVec;
     const Chunk<T, kVec> v = load_chunk<LaunchConfig::kActivationLoad, T, kVec>(in + off);
@@ -512,11 +522,10 @@ bool vector_path_ok(const RopeParams& p, bool any_copy) {
       return false;
     }
   }
-  const bool packed_half =
-      p.table_kind == TableKind::kHalf && p.layout == PairLayout::kInterleaved;
+  const bool packed_half = p.table_kind == TableKind::kHalf && p.layout == PairLayout::kInterleaved;
   const int64_t tt_bytes = sizeof(Tt);
   const int64_t tab_bytes = (packed_half ? V / 2 : V) * tt_bytes;  // one table chunk
-  const int64_t ta = tab_bytes < 16 ? tab_bytes : 16;  // 8, 16, or 2 x 16 bytes
+  const int64_t ta = tab_bytes < 16 ? tab_bytes : 16;              // 8, 16, or 2 x 16 bytes
   return aligned_to(p.cos, ta) && aligned_to(p.sin, ta) &&
          stride_keeps(p.table_batch_stride, p.table_batch, tt_bytes, ta) &&
          stride_keeps(p.row_stride, p.table_rows, tt_bytes, ta) &&
@@ -555,8 +564,8 @@ bool plan_launch(int64_t heads, int units, int64_t tokens, Plan* plan) {
   if (grid_x > std::numeric_limits<int32_t>::max()) return false;
   plan->token_blocks = ceil_div(tokens, tz);
   plan->grid_x = static_cast<unsigned>(grid_x);
-  plan->block = dim3(static_cast<unsigned>(tx), static_cast<unsigned>(ty),
-                     static_cast<unsigned>(tz));
+  plan->block =
+      dim3(static_cast<unsigned>(tx), static_cast<unsigned>(ty), static_cast<unsigned>(tz));
   return true;
 }
 
@@ -564,8 +573,8 @@ template <typename T, typename Tt, PairLayout kLayout, TableKind kKind, int kVec
 cudaError_t launch_rope(RopeArgs args, int64_t pass_through, pdl::Request pdl_request,
                         cudaStream_t stream) {
   args.rot_units = args.half_rot / kVec;
-  args.units = args.rot_units +
-               (args.q.copy || args.k.copy ? static_cast<int>(pass_through / kVec) : 0);
+  args.units =
+      args.rot_units + (args.q.copy || args.k.copy ? static_cast<int>(pass_through / kVec) : 0);
   Plan plan;
   if (!plan_launch(args.heads, args.units, args.tokens, &plan)) {
     return cudaErrorInvalidConfiguration;
@@ -630,8 +639,8 @@ bool tensor_ok(const RopeTensor& x, bool is_q) {
 }
 
 bool enums_ok(const RopeParams& p) {
-  const bool dtype_ok = p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 ||
-                        p.dtype == DType::kBFloat16;
+  const bool dtype_ok =
+      p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
   return dtype_ok && (p.table_dtype == DType::kFloat32 || p.table_dtype == p.dtype) &&
          (p.layout == PairLayout::kNeox || p.layout == PairLayout::kInterleaved) &&
          (p.table_kind == TableKind::kHalf || p.table_kind == TableKind::kFull) &&
@@ -665,18 +674,22 @@ bool table_ok(const RopeParams& p) {
     }
   }
   switch (p.row_mode) {
-    case RowMode::kPositions: return p.positions != nullptr;
-    case RowMode::kSequence: return true;
+    case RowMode::kPositions:
+      return p.positions != nullptr;
+    case RowMode::kSequence:
+      return true;
     case RowMode::kVarlen:
       return p.batch == 1 && p.cu_seqlens != nullptr && p.num_seqs >= 1 &&
              p.num_seqs < std::numeric_limits<int32_t>::max();
-    default: return false;
+    default:
+      return false;
   }
 }
 
 // Calls f(TypeTag<T>, TypeTag<Tt>) for the 5 supported (activation, table) dtype pairs: T
 // fp32/fp16/bf16, Tt T or fp32.
-template <typename F> cudaError_t dispatch_types(DType dtype, DType table_dtype, F&& f) {
+template <typename F>
+cudaError_t dispatch_types(DType dtype, DType table_dtype, F&& f) {
   return dispatch::floats(dtype, [&](auto t) {
     return dispatch::same_or_float(table_dtype, dtype, t, [&](auto tt) { return f(t, tt); });
   });
@@ -734,8 +747,7 @@ cudaError_t rope_forward(const RopeParams& p, cudaStream_t stream) {
   args.rot_dim = static_cast<int>(p.rot_dim);
   args.transpose = p.transpose;
   return dispatch_types(p.dtype, p.table_dtype, [&](auto t, auto tt) {
-    return dispatch_shape<typename decltype(t)::type, typename decltype(tt)::type>(p, args,
-                                                                                  stream);
+    return dispatch_shape<typename decltype(t)::type, typename decltype(tt)::type>(p, args, stream);
   });
 }
 

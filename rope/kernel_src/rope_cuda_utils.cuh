@@ -29,8 +29,8 @@ namespace cuda {
 namespace detail {
 
 using cuda_chunk::Chunk;
-using cuda_chunk::FastDivU64;
 using cuda_chunk::chunk_from_float;
+using cuda_chunk::FastDivU64;
 
 // ---------------------------------------------------------------------------------------------
 // Global memory accesses.
@@ -50,7 +50,8 @@ using cuda_chunk::chunk_from_float;
 enum class Ld { kStream, kCached, kReadOnly };
 enum class St { kStream };
 
-template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ uint32_t ld_b16(const void* p) {
   unsigned short h;
 #if defined(__CUDA_ARCH__)
   if constexpr (kPolicy == Ld::kStream) {
@@ -66,7 +67,8 @@ template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b16(const void* p) 
   return h;
 }
 
-template <Ld kPolicy> __device__ __forceinline__ uint32_t ld_b32(const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ uint32_t ld_b32(const void* p) {
   uint32_t r;
 #if defined(__CUDA_ARCH__)
   if constexpr (kPolicy == Ld::kStream) {
@@ -93,11 +95,13 @@ __device__ __forceinline__ uint64_t ld_b64_readonly(const void* p) {
   return r;
 }
 
-template <Ld kPolicy> __device__ __forceinline__ void ld_v2_b32(uint32_t* r, const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ void ld_v2_b32(uint32_t* r, const void* p) {
 #if defined(__CUDA_ARCH__)
   if constexpr (kPolicy == Ld::kStream) {
     asm volatile("ld.global.L1::no_allocate.v2.b32 {%0, %1}, [%2];"
-                 : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "l"(p));
   } else if constexpr (kPolicy == Ld::kCached) {
     asm volatile("ld.global.v2.b32 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
   } else {
@@ -108,17 +112,21 @@ template <Ld kPolicy> __device__ __forceinline__ void ld_v2_b32(uint32_t* r, con
 #endif
 }
 
-template <Ld kPolicy> __device__ __forceinline__ void ld_v4_b32(uint32_t* r, const void* p) {
+template <Ld kPolicy>
+__device__ __forceinline__ void ld_v4_b32(uint32_t* r, const void* p) {
 #if defined(__CUDA_ARCH__)
   if constexpr (kPolicy == Ld::kStream) {
     asm volatile("ld.global.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "l"(p));
   } else if constexpr (kPolicy == Ld::kCached) {
     asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "l"(p));
   } else {
     asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "l"(p));
   }
 #else
   std::memcpy(r, p, 16);

@@ -66,8 +66,8 @@ enum class RowMode : int { kPositions = 0, kSequence = 1, kVarlen = 2 };
 
 // One activation tensor to rotate (q or k). Unused (k absent): in == nullptr.
 struct RopeTensor {
-  const void* in = nullptr;   // [batch, seqlen, heads, head_dim], unit stride along head_dim
-  void* out = nullptr;        // same shape; may equal `in` (in place, then the same strides)
+  const void* in = nullptr;  // [batch, seqlen, heads, head_dim], unit stride along head_dim
+  void* out = nullptr;       // same shape; may equal `in` (in place, then the same strides)
   int64_t heads = 0;
   int64_t in_batch_stride = 0, in_seq_stride = 0, in_head_stride = 0;
   int64_t out_batch_stride = 0, out_seq_stride = 0, out_head_stride = 0;
@@ -76,8 +76,8 @@ struct RopeTensor {
 struct RopeParams {
   int64_t batch = 0;
   int64_t seqlen = 0;
-  int64_t head_dim = 0;        // channels per head, >= rot_dim
-  int64_t rot_dim = 0;         // rotated channels per head: even, > 0
+  int64_t head_dim = 0;                 // channels per head, >= rot_dim
+  int64_t rot_dim = 0;                  // rotated channels per head: even, > 0
   DType dtype = DType::kFloat32;        // q, k and their outputs
   DType table_dtype = DType::kFloat32;  // cos and sin: kFloat32 or `dtype`
   PairLayout layout = PairLayout::kNeox;
@@ -85,21 +85,21 @@ struct RopeParams {
   bool transpose = false;
 
   RopeTensor q;
-  RopeTensor k;                // k.in == nullptr: q only
+  RopeTensor k;  // k.in == nullptr: q only
 
   // Tables: width rot_dim / 2 (kHalf) or rot_dim (kFull) columns from the row start.
   const void* cos = nullptr;
-  const void* sin = nullptr;   // same strides as cos
-  int64_t table_batch = 1;     // 1 (shared by all b) or batch
+  const void* sin = nullptr;  // same strides as cos
+  int64_t table_batch = 1;    // 1 (shared by all b) or batch
   int64_t table_rows = 0;
-  int64_t table_heads = 1;     // 1 when head_stride == 0
+  int64_t table_heads = 1;  // 1 when head_stride == 0
   int64_t table_batch_stride = 0, row_stride = 0, head_stride = 0;
 
   RowMode row_mode = RowMode::kSequence;
   const void* positions = nullptr;  // kPositions
   bool positions_int32 = false;
   int64_t positions_batch_stride = 0, positions_seq_stride = 0;
-  int64_t seqlen_offset = 0;             // kSequence, kVarlen
+  int64_t seqlen_offset = 0;                // kSequence, kVarlen
   const int32_t* seqlen_offsets = nullptr;  // [batch] (kSequence) or [num_seqs] (kVarlen), or null
   const int32_t* cu_seqlens = nullptr;      // kVarlen: [num_seqs + 1]
   int64_t num_seqs = 0;

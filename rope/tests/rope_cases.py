@@ -80,8 +80,17 @@ COMPUTE = 3 * U  # fp32 evaluation of p1 -+ p2 (module docstring)
 # Head sizes: the real ones (64 … 256) and small even ones that are not a multiple of any
 # vector width (6, 34). (head_size, rot_dim): rot_dim == head_size, or partial rotary.
 HEAD_CASES = [
-    (64, 64), (80, 80), (96, 96), (128, 128), (256, 256), (6, 6), (34, 34),
-    (128, 64), (80, 32), (34, 18), (6, 2),
+    (64, 64),
+    (80, 80),
+    (96, 96),
+    (128, 128),
+    (256, 256),
+    (6, 6),
+    (34, 34),
+    (128, 64),
+    (80, 32),
+    (34, 18),
+    (6, 2),
 ]
 
 
@@ -139,7 +148,9 @@ def make_cos_sin(rows, half, dtype, device, seed=0):
 
 
 def make_positions(shape, max_pos, dtype, device, seed=0):
-    return torch.randint(0, max_pos, shape, generator=generator(seed)).to(device=device, dtype=dtype)
+    return torch.randint(0, max_pos, shape, generator=generator(seed)).to(
+        device=device, dtype=dtype
+    )
 
 
 def table_dtype(kind: str, dtype):
@@ -166,7 +177,9 @@ def expand_half(table: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return torch.cat([table, table], dim=-1)
 
 
-def rotate(x, cos, sin, rot_dim: int, interleaved: bool, transpose: bool = False, magnitude: bool = False):
+def rotate(
+    x, cos, sin, rot_dim: int, interleaved: bool, transpose: bool = False, magnitude: bool = False
+):
     """float64 rotation of the first rot_dim channels of x [..., D] with per-channel cos/sin
     [..., rot_dim] (broadcast against x[..., :rot_dim]); the other channels pass through.
 
@@ -250,12 +263,18 @@ def varlen_rows(cu_seqlens, seqlen_offsets=0, total=None):
     rows = torch.empty(total, dtype=torch.long)
     for q in range(cu.numel() - 1):
         lo, hi = int(cu[q]), int(cu[q + 1])
-        off = int(seqlen_offsets[q]) if isinstance(seqlen_offsets, torch.Tensor) else int(seqlen_offsets)
+        off = (
+            int(seqlen_offsets[q])
+            if isinstance(seqlen_offsets, torch.Tensor)
+            else int(seqlen_offsets)
+        )
         rows[lo:hi] = torch.arange(hi - lo) + off
     return rows
 
 
-def ref_flash(x, cos, sin, interleaved=False, seqlen_offsets=0, cu_seqlens=None, conjugate=False) -> Ref:
+def ref_flash(
+    x, cos, sin, interleaved=False, seqlen_offsets=0, cu_seqlens=None, conjugate=False
+) -> Ref:
     """flash-attn apply_rotary_emb: x [B, S, H, D] (or [total, H, D] with cu_seqlens),
     cos/sin [seqlen_ro, rot/2]; rot = 2 * cos.shape[-1]."""
     rot = 2 * cos.shape[-1]
@@ -286,7 +305,10 @@ def transformers_formula(q, cos, sin, unsqueeze_dim=1, magnitude=False):
 
 def ref_transformers(q, cos, sin, unsqueeze_dim=1) -> Ref:
     q, c, s = _f64(q), _f64(cos), _f64(sin)
-    return Ref(transformers_formula(q, c, s, unsqueeze_dim), transformers_formula(q, c, s, unsqueeze_dim, magnitude=True))
+    return Ref(
+        transformers_formula(q, c, s, unsqueeze_dim),
+        transformers_formula(q, c, s, unsqueeze_dim, magnitude=True),
+    )
 
 
 def ltx_formula(x, cos, sin, magnitude=False):
@@ -322,7 +344,9 @@ def eager_bound(ref: Ref, dtype) -> torch.Tensor:
 
 def assert_within(actual: torch.Tensor, ref: torch.Tensor, bnd: torch.Tensor, what: str) -> None:
     """|actual - ref| <= bound elementwise; NaN (an unwritten, NaN-poisoned element) fails."""
-    assert tuple(actual.shape) == tuple(ref.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(ref.shape)}"
+    assert tuple(actual.shape) == tuple(ref.shape), (
+        f"{what}: shape {tuple(actual.shape)} != {tuple(ref.shape)}"
+    )
     a = actual.detach().to("cpu", F64)
     ref = ref.detach().to("cpu", F64)
     bnd = torch.broadcast_to(bnd.detach().to("cpu", F64), ref.shape)
@@ -340,13 +364,17 @@ def assert_within(actual: torch.Tensor, ref: torch.Tensor, bnd: torch.Tensor, wh
 
 def decided(ref: Ref, dtype, compute: float = COMPUTE):
     """(mask, expected): elements whose output the single fp32 rounding fixes bit for bit."""
-    e = compute * ref.mag * (1 + 2.0**-40)  # the margin covers the float64 evaluation's own rounding
+    e = (
+        compute * ref.mag * (1 + 2.0**-40)
+    )  # the margin covers the float64 evaluation's own rounding
     lo = (ref.value - e).float().to(dtype)
     hi = (ref.value + e).float().to(dtype)
     return lo == hi, lo
 
 
-def assert_decided(actual: torch.Tensor, ref: Ref, what: str, min_fraction: Optional[float] = None) -> float:
+def assert_decided(
+    actual: torch.Tensor, ref: Ref, what: str, min_fraction: Optional[float] = None
+) -> float:
     """Bitwise equality on the decided elements (module docstring); returns their fraction.
     `min_fraction` (default 0.5 for half dtypes, else 0) keeps the check from being vacuous."""
     dtype = actual.dtype
@@ -355,7 +383,9 @@ def assert_decided(actual: torch.Tensor, ref: Ref, what: str, min_fraction: Opti
     fraction = float(mask.float().mean()) if mask.numel() else 1.0
     if min_fraction is None:
         min_fraction = 0.5 if dtype in HALF_DTYPES else 0.0
-    assert fraction >= min_fraction, f"{what}: only {fraction:.3f} of the elements are decided (vacuous check)"
+    assert fraction >= min_fraction, (
+        f"{what}: only {fraction:.3f} of the elements are decided (vacuous check)"
+    )
     diff = mask & (a != expected)
     if bool(diff.any()):
         idx = tuple(int(i) for i in diff.nonzero()[0])
@@ -374,7 +404,9 @@ def check(actual: torch.Tensor, ref: Ref, what: str, *, exact: bool = True) -> N
         assert_decided(actual, ref, what)
 
 
-def check_pass_through(actual: torch.Tensor, original: torch.Tensor, rot_dim: int, head_size: int, what: str):
+def check_pass_through(
+    actual: torch.Tensor, original: torch.Tensor, rot_dim: int, head_size: int, what: str
+):
     """Channels [rot_dim, head_size) of every head equal the input bit for bit."""
     if rot_dim == head_size:
         return
@@ -410,13 +442,19 @@ def check_grads(
     outs = fn(False, **x64)
     refs = torch.autograd.grad(outs, [x64[n] for n in names], g64, allow_unused=True)
     a64 = {k: _f64(v).abs().requires_grad_(k in names) for k, v in inputs.items()}
-    mags = torch.autograd.grad(fn(True, **a64), [a64[n] for n in names], [g.abs() for g in g64], allow_unused=True)
+    mags = torch.autograd.grad(
+        fn(True, **a64), [a64[n] for n in names], [g.abs() for g in g64], allow_unused=True
+    )
     for name, ref, mag in zip(names, refs, mags):
         got = actual[name]
         assert got is not None, f"{what}: no gradient for {name}"
-        assert got.dtype == inputs[name].dtype, f"{what}: grad_{name} dtype {got.dtype} != {inputs[name].dtype}"
+        assert got.dtype == inputs[name].dtype, (
+            f"{what}: grad_{name} dtype {got.dtype} != {inputs[name].dtype}"
+        )
         ref = torch.zeros_like(x64[name]) if ref is None else ref
         mag = torch.zeros_like(x64[name]) if mag is None else mag
         n = terms.get(name, 2)
         r = Ref(ref, mag)
-        assert_within(got, ref, bound(r, got.dtype, compute=(acc(n) + 1) * U), f"{what} grad_{name}")
+        assert_within(
+            got, ref, bound(r, got.dtype, compute=(acc(n) + 1) * U), f"{what} grad_{name}"
+        )

@@ -59,7 +59,9 @@ def run_in_fresh_process(script: str, timeout_s: float = 300.0) -> None:
     by the `kernel` fixture, is inherited) and fail unless it exits 0 with "ok" as its last line."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -70,7 +72,9 @@ def benchmark_fixtures(kernel_name: str, bench_dir: Path):
     unloaded before and after, so that each kernel's sweep finds its own."""
 
     def load(name: str, path: Path, monkeypatch):
-        monkeypatch.setattr(sys, "path", [str(bench_dir), str(bench_dir.parent.parent / "scripts")] + sys.path)
+        monkeypatch.setattr(
+            sys, "path", [str(bench_dir), str(bench_dir.parent.parent / "scripts")] + sys.path
+        )
         monkeypatch.delitem(sys.modules, "benchmark", raising=False)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

@@ -17,9 +17,8 @@ the script itself works).
 import argparse
 from pathlib import Path
 
-import torch
-
 import kernels
+import torch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HQ, HK = 4, 2
@@ -36,13 +35,21 @@ def cos_sin(rows, width, dtype, device):
 def qk_layouts(tokens, d, dtype, device):
     """(q, k, positions shape) in the layouts vLLM passes: exact [T, H * D] tensors; column
     views of a fused [q | v | k] buffer (k ends where the buffer ends); [B, S, H, D]."""
-    yield torch.randn(tokens, HQ * d, dtype=dtype, device=device), torch.randn(tokens, HK * d, dtype=dtype, device=device), (tokens,)
+    yield (
+        torch.randn(tokens, HQ * d, dtype=dtype, device=device),
+        torch.randn(tokens, HK * d, dtype=dtype, device=device),
+        (tokens,),
+    )
     buf = torch.randn(tokens, (HQ + 2 * HK) * d, dtype=dtype, device=device)
     yield buf[:, : HQ * d], buf[:, (HQ + HK) * d :], (tokens,)
     if tokens % 3 == 0 or tokens == 1:
         b = 1 if tokens == 1 else 3
         s = tokens // b
-        yield (torch.randn(b, s, HQ, d, dtype=dtype, device=device), torch.randn(b, s, HK, d, dtype=dtype, device=device), (b, s))
+        yield (
+            torch.randn(b, s, HQ, d, dtype=dtype, device=device),
+            torch.randn(b, s, HK, d, dtype=dtype, device=device),
+            (b, s),
+        )
 
 
 def run_vllm(k, dtype, device):
@@ -57,10 +64,17 @@ def run_vllm(k, dtype, device):
                         k.rotary_embedding(positions, q, key, d, cache, is_neox)
                         k.rotary_embedding(positions.int(), q, None, d, cache, is_neox)
                         calls += 2
-                    k.apply_rope_with_cos_sin_cache_inplace(positions, q, key, d, cache.float(), is_neox=True)
+                    k.apply_rope_with_cos_sin_cache_inplace(
+                        positions, q, key, d, cache.float(), is_neox=True
+                    )
             offsets = torch.randint(0, 2, (7,), device=device) * 32
-            q, key = torch.randn(7, HQ * d, dtype=dtype, device=device), torch.randn(7, HK * d, dtype=dtype, device=device)
-            k.batched_rotary_embedding(torch.randint(0, 32, (7,), device=device), q, key, d, cache, False, rot, offsets)
+            q, key = (
+                torch.randn(7, HQ * d, dtype=dtype, device=device),
+                torch.randn(7, HK * d, dtype=dtype, device=device),
+            )
+            k.batched_rotary_embedding(
+                torch.randint(0, 32, (7,), device=device), q, key, d, cache, False, rot, offsets
+            )
     return calls
 
 
@@ -75,30 +89,50 @@ def run_general(k, dtype, device):
             w = rot // 2 if table == "half" else rot
             if mode == "varlen":
                 b, s = 1, 10
-                rows = dict(positions=None, seqlen_offsets=torch.tensor([4, 0, 1, 7], dtype=torch.int32, device=device),
-                            cu_seqlens=torch.tensor([0, 3, 3, 9, 10], dtype=torch.int32, device=device), seqlen_offset=2)
+                rows = dict(
+                    positions=None,
+                    seqlen_offsets=torch.tensor([4, 0, 1, 7], dtype=torch.int32, device=device),
+                    cu_seqlens=torch.tensor([0, 3, 3, 9, 10], dtype=torch.int32, device=device),
+                    seqlen_offset=2,
+                )
                 r, tb = 16, 1
             elif mode == "sequence":
                 b, s = 3, 5
-                rows = dict(positions=None, seqlen_offsets=torch.tensor([0, 6, 2], dtype=torch.int32, device=device),
-                            cu_seqlens=None, seqlen_offset=3)
+                rows = dict(
+                    positions=None,
+                    seqlen_offsets=torch.tensor([0, 6, 2], dtype=torch.int32, device=device),
+                    cu_seqlens=None,
+                    seqlen_offset=3,
+                )
                 r, tb = 14, b
             else:
                 b, s = 3, 5
-                rows = dict(positions=torch.randint(0, 16, (b, s), device=device), seqlen_offsets=None, cu_seqlens=None,
-                            seqlen_offset=0)
+                rows = dict(
+                    positions=torch.randint(0, 16, (b, s), device=device),
+                    seqlen_offsets=None,
+                    cu_seqlens=None,
+                    seqlen_offset=0,
+                )
                 r, tb = 16, 1
             for tdtype in {torch.float32, dtype}:
                 c, sn = cos_sin(tb * r * th, w, tdtype, device)
                 c, sn = c.view(tb, r, th, w), sn.view(tb, r, th, w)
-                tail = (rows["positions"], rows["seqlen_offsets"], rows["cu_seqlens"], rows["seqlen_offset"], rot)
+                tail = (
+                    rows["positions"],
+                    rows["seqlen_offsets"],
+                    rows["cu_seqlens"],
+                    rows["seqlen_offset"],
+                    rot,
+                )
                 for interleaved in (False, True):
                     for transpose in (False, True):
                         flags = (interleaved, table != "half", transpose)
                         q = torch.randn(b, s, hq, d, dtype=dtype, device=device)
                         kk = torch.randn(b, s, hk, d, dtype=dtype, device=device)
                         ops.rope_inplace(q, kk, c, sn, *tail, *flags)
-                        ops.rope_out(torch.empty_like(q), q, torch.empty_like(kk), kk, c, sn, *tail, *flags)
+                        ops.rope_out(
+                            torch.empty_like(q), q, torch.empty_like(kk), kk, c, sn, *tail, *flags
+                        )
                         ops.rope_out(torch.empty_like(q), q, None, None, c, sn, *tail, *flags)
 
 
@@ -112,8 +146,18 @@ def run_apply_rotary(k, dtype, device):
         c, sn = c.view(b, 1, s, d // 2), sn.view(b, 1, s, d // 2)
         out = torch.empty_like(x)
         for conj in (False, True):
-            k.apply_rotary(x[..., : d // 2], x[..., d // 2 :], c, sn, out[..., : d // 2], out[..., d // 2 :], conj)
-            k.apply_rotary(x[..., : d // 2], x[..., d // 2 :], c, sn, x[..., : d // 2], x[..., d // 2 :], conj)
+            k.apply_rotary(
+                x[..., : d // 2],
+                x[..., d // 2 :],
+                c,
+                sn,
+                out[..., : d // 2],
+                out[..., d // 2 :],
+                conj,
+            )
+            k.apply_rotary(
+                x[..., : d // 2], x[..., d // 2 :], c, sn, x[..., : d // 2], x[..., d // 2 :], conj
+            )
         x1, x2 = x[..., : d // 2].contiguous(), x[..., d // 2 :].contiguous()
         k.apply_rotary(x1, x2, c, sn, torch.empty_like(x1), torch.empty_like(x2), False)
 
@@ -127,10 +171,20 @@ def run_functional(k, dtype, device):
             offsets = torch.tensor([0, 5, 30], dtype=torch.int32, device=device)
             y = k.apply_rotary_emb(x, c, sn, interleaved=interleaved, seqlen_offsets=offsets)
             torch.autograd.grad(y, [x], torch.randn_like(y))
-            k.apply_rotary_emb(x.detach().clone(), c, sn, interleaved=interleaved, inplace=True, seqlen_offsets=7)
+            k.apply_rotary_emb(
+                x.detach().clone(), c, sn, interleaved=interleaved, inplace=True, seqlen_offsets=7
+            )
             cu = torch.tensor([0, 4, 4, 11], dtype=torch.int32, device=device)
             xv = torch.randn(11, HQ, d, dtype=dtype, device=device, requires_grad=True)
-            y = k.apply_rotary_emb(xv, c, sn, interleaved=interleaved, cu_seqlens=cu, max_seqlen=7, seqlen_offsets=offsets)
+            y = k.apply_rotary_emb(
+                xv,
+                c,
+                sn,
+                interleaved=interleaved,
+                cu_seqlens=cu,
+                max_seqlen=7,
+                seqlen_offsets=offsets,
+            )
             torch.autograd.grad(y, [xv], torch.randn_like(y))
         # transformers form (q [B, H, S, D]), with cos/sin gradients
         q = torch.randn(2, HQ, 9, d, dtype=dtype, device=device, requires_grad=True)
@@ -150,7 +204,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
-    k = kernels.get_local_kernel(Path(__file__).resolve().parent.parent / "build", backend=args.device)
+    k = kernels.get_local_kernel(
+        Path(__file__).resolve().parent.parent / "build", backend=args.device
+    )
     torch.manual_seed(0)
     calls = 0
     for dtype in DTYPES:
@@ -160,8 +216,10 @@ def main():
         run_functional(k, dtype, args.device)
     if args.device == "cuda":
         torch.cuda.synchronize()
-    print(f"sanitize: all ops ran ({calls} rotary_embedding calls, plus the general, kernels-community "
-          f"and functional forms; {args.device})")
+    print(
+        f"sanitize: all ops ran ({calls} rotary_embedding calls, plus the general, kernels-community "
+        f"and functional forms; {args.device})"
+    )
 
 
 if __name__ == "__main__":

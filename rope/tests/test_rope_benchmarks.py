@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from rope_cases import BF16, assert_within, check, eager_bound, make_input, ref_transformers, ref_vllm
+from rope_cases import (
+    BF16,
+    assert_within,
+    check,
+    eager_bound,
+    make_input,
+    ref_transformers,
+    ref_vllm,
+)
 from rope_fixture import benchmark_fixtures, benchmark_workloads
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -54,8 +61,16 @@ def test_benchmark_references(bench, is_neox):
     ref = ref_vllm(positions, x, d, cache, is_neox)
     check(got, ref, "benchmark.reference_rotary_embedding", exact=False)
     q = make_input((2, h, 5, d), BF16, "cpu", seed=2)
-    cos, sin = torch.rand(2, 5, d, dtype=torch.float64).cos().to(BF16), torch.rand(2, 5, d, dtype=torch.float64).sin().to(BF16)
-    check(bench.reference_transformers(q, cos, sin), ref_transformers(q, cos, sin), "benchmark.reference_transformers", exact=False)
+    cos, sin = (
+        torch.rand(2, 5, d, dtype=torch.float64).cos().to(BF16),
+        torch.rand(2, 5, d, dtype=torch.float64).sin().to(BF16),
+    )
+    check(
+        bench.reference_transformers(q, cos, sin),
+        ref_transformers(q, cos, sin),
+        "benchmark.reference_transformers",
+        exact=False,
+    )
 
 
 def test_sweep_baselines(sweep):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from rope_cases import BF16, F16, F32, make_cos_sin, make_cos_sin_cache, make_input, make_positions
 
 HQ, HK, D = 4, 2, 16
@@ -37,8 +36,14 @@ def _vllm_bad_calls(kernel, device):
     re = kernel.rotary_embedding
     calls = [
         # table shape: odd rot_dim, rot_dim > head_size, not 2-D
-        ("cos_sin_cache", lambda: re(pos, q, k, D, make_cos_sin_cache(32, D, F32, device)[:, :7], True)),
-        ("cos_sin_cache", lambda: re(pos, q, k, D, make_cos_sin_cache(32, 2 * D + 2, F32, device), True)),
+        (
+            "cos_sin_cache",
+            lambda: re(pos, q, k, D, make_cos_sin_cache(32, D, F32, device)[:, :7], True),
+        ),
+        (
+            "cos_sin_cache",
+            lambda: re(pos, q, k, D, make_cos_sin_cache(32, 2 * D + 2, F32, device), True),
+        ),
         ("cos_sin_cache", lambda: re(pos, q, k, D, cache[None], True)),
         # head size mismatches
         ("query", lambda: re(pos, make_input((5, 3 * D + 2), BF16, device), k, D, cache, True)),
@@ -54,13 +59,28 @@ def _vllm_bad_calls(kernel, device):
         ("query", lambda: re(pos, q.double(), None, D, cache.double(), True)),
         ("positions", lambda: re(pos.float(), q, k, D, cache, True)),
         # strides and overlap of the written tensors
-        ("query", lambda: re(pos, make_input((5, 2 * HQ * D), BF16, device)[:, ::2], k, D, cache, True)),
-        ("key", lambda: re(pos, q, make_input((5, HK, 2 * D), BF16, device)[..., ::2], D, cache, True)),
+        (
+            "query",
+            lambda: re(pos, make_input((5, 2 * HQ * D), BF16, device)[:, ::2], k, D, cache, True),
+        ),
+        (
+            "key",
+            lambda: re(pos, q, make_input((5, HK, 2 * D), BF16, device)[..., ::2], D, cache, True),
+        ),
         ("key", lambda: re(pos, q, q[:, D:], D, cache, True)),  # key overlaps query
         # batched: offsets
-        ("cos_sin_cache_offsets", lambda: kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D, pos[:4])),
-        ("cos_sin_cache_offsets", lambda: kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D, pos.float())),
-        ("cos_sin_cache", lambda: kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D - 2, pos)),
+        (
+            "cos_sin_cache_offsets",
+            lambda: kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D, pos[:4]),
+        ),
+        (
+            "cos_sin_cache_offsets",
+            lambda: kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D, pos.float()),
+        ),
+        (
+            "cos_sin_cache",
+            lambda: kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D - 2, pos),
+        ),
     ]
     return calls
 
@@ -84,7 +104,9 @@ def test_positions_out_of_range(kernel, device, bad):
     q0, k0 = q.clone(), k.clone()
     with _raises("positions"):
         kernel.rotary_embedding(pos, q, k, D, cache, True)
-    assert torch.equal(q, q0) and torch.equal(k, k0), "nothing may be written when a row is out of range"
+    assert torch.equal(q, q0) and torch.equal(k, k0), (
+        "nothing may be written when a row is out of range"
+    )
     with _raises("positions"):
         kernel.batched_rotary_embedding(pos, q, k, D, cache, True, D, torch.zeros_like(pos))
     with _raises("positions"):
@@ -122,12 +144,21 @@ def test_rows_out_of_range_cuda(kernel, device, case):
     if device != "cuda":
         pytest.skip("needs a GPU")
     build = Path(kernel.__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-c", _CUDA_ASSERT, str(build), case], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _CUDA_ASSERT, str(build), case],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "NO ERROR" not in out, out[-4000:]
     # the kernel prints "positions[b, s] = ...", "seqlen_offset(s)/cu_seqlens give row ..." or
     # "... no sequence of cu_seqlens ..."
-    assert {"positions": "positions", "seqlen_offsets": "seqlen_offset", "cu_seqlens": "cu_seqlens"}[case] in out, out[-4000:]
+    assert {
+        "positions": "positions",
+        "seqlen_offsets": "seqlen_offset",
+        "cu_seqlens": "cu_seqlens",
+    }[case] in out, out[-4000:]
 
 
 def _general(device, dtype=BF16):
@@ -150,31 +181,201 @@ def _general_bad_calls(kernel, device):
     tail = (None, None, None, 0)
     return [
         ("rot_dim", lambda: ri(q, k, cos, sin, *tail, 7, False, False, False)),
-        ("rot_dim", lambda: ri(q, k, torch.cat([cos] * 3, -1), torch.cat([sin] * 3, -1), *tail, 18, False, False, False)),
+        (
+            "rot_dim",
+            lambda: ri(
+                q,
+                k,
+                torch.cat([cos] * 3, -1),
+                torch.cat([sin] * 3, -1),
+                *tail,
+                18,
+                False,
+                False,
+                False,
+            ),
+        ),
         ("rot_dim", lambda: ri(q, k, cos, sin, *tail, 0, False, False, False)),
-        ("cos", lambda: ri(q, k, cos, sin, *tail, rot, False, True, False)),  # full table needs rot columns
+        (
+            "cos",
+            lambda: ri(q, k, cos, sin, *tail, rot, False, True, False),
+        ),  # full table needs rot columns
         ("cos", lambda: ri(q, k, cos[0], sin[0], *tail, rot, False, False, False)),  # not 4-D
-        ("cos", lambda: ri(q, k, cos.expand(3, -1, -1, -1), sin.expand(3, -1, -1, -1), *tail, rot, False, False, False)),
-        ("cos", lambda: ri(q, k, cos.expand(-1, -1, 3, -1), sin.expand(-1, -1, 3, -1), *tail, rot, False, False, False)),
+        (
+            "cos",
+            lambda: ri(
+                q,
+                k,
+                cos.expand(3, -1, -1, -1),
+                sin.expand(3, -1, -1, -1),
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "cos",
+            lambda: ri(
+                q,
+                k,
+                cos.expand(-1, -1, 3, -1),
+                sin.expand(-1, -1, 3, -1),
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
         ("sin", lambda: ri(q, k, cos, sin[:, :10], *tail, rot, False, False, False)),
         ("sin", lambda: ri(q, k, cos, sin.half(), *tail, rot, False, False, False)),
-        ("cos", lambda: ri(q, k, cos.half(), sin.half(), *tail, rot, False, False, False)),  # neither fp32 nor q's
+        (
+            "cos",
+            lambda: ri(q, k, cos.half(), sin.half(), *tail, rot, False, False, False),
+        ),  # neither fp32 nor q's
         ("k", lambda: ri(q, k.half(), cos, sin, *tail, rot, False, False, False)),
         ("k", lambda: ri(q, k[:, :4], cos, sin, *tail, rot, False, False, False)),
-        ("q", lambda: ri(make_input((2, 5, HQ, 2 * D), BF16, device)[..., ::2], None, cos, sin, *tail, rot, False, False, False)),
+        (
+            "q",
+            lambda: ri(
+                make_input((2, 5, HQ, 2 * D), BF16, device)[..., ::2],
+                None,
+                cos,
+                sin,
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
         ("q", lambda: ri(q[0], None, cos, sin, *tail, rot, False, False, False)),
-        ("q", lambda: ri(q.double(), None, cos.double(), sin.double(), *tail, rot, False, False, False)),
-        ("cu_seqlens", lambda: ri(q1, k1, cos, sin, None, None, cu.long(), 0, rot, False, False, False)),
-        ("cu_seqlens", lambda: ri(q, k, cos, sin, None, None, cu, 0, rot, False, False, False)),  # batch 2
-        ("seqlen_offsets", lambda: ri(q, k, cos, sin, None, offs.long(), None, 0, rot, False, False, False)),
-        ("seqlen_offsets", lambda: ri(q, k, cos, sin, None, offs[:1], None, 0, rot, False, False, False)),
-        ("positions", lambda: ri(q, k, cos, sin, make_positions((2, 5), 24, torch.int64, device), None, cu, 0, rot, False, False, False)),
-        ("positions", lambda: ri(q, k, cos, sin, make_positions((2, 4), 24, torch.int64, device), None, None, 0, rot, False, False, False)),
-        ("q_out", lambda: ro(torch.empty_like(q, dtype=F16), q, None, None, cos, sin, *tail, rot, False, False, False)),
-        ("q_out", lambda: ro(torch.empty(2, 5, HQ, 2 * D, dtype=BF16, device=device)[..., ::2], q, None, None, cos, sin, *tail, rot, False, False, False)),
-        ("q_out", lambda: ro(torch.empty(2, 5, HQ, D + 1, dtype=BF16, device=device), q, None, None, cos, sin, *tail, rot, False, False, False)),
-        ("k_out", lambda: ro(torch.empty_like(q), q, None, k, cos, sin, *tail, rot, False, False, False)),
-        ("q_out", lambda: ro(shifted[:, :, 1:], shifted[:, :, :-1], None, None, cos, sin, *tail, rot, False, False, False)),
+        (
+            "q",
+            lambda: ri(
+                q.double(), None, cos.double(), sin.double(), *tail, rot, False, False, False
+            ),
+        ),
+        (
+            "cu_seqlens",
+            lambda: ri(q1, k1, cos, sin, None, None, cu.long(), 0, rot, False, False, False),
+        ),
+        (
+            "cu_seqlens",
+            lambda: ri(q, k, cos, sin, None, None, cu, 0, rot, False, False, False),
+        ),  # batch 2
+        (
+            "seqlen_offsets",
+            lambda: ri(q, k, cos, sin, None, offs.long(), None, 0, rot, False, False, False),
+        ),
+        (
+            "seqlen_offsets",
+            lambda: ri(q, k, cos, sin, None, offs[:1], None, 0, rot, False, False, False),
+        ),
+        (
+            "positions",
+            lambda: ri(
+                q,
+                k,
+                cos,
+                sin,
+                make_positions((2, 5), 24, torch.int64, device),
+                None,
+                cu,
+                0,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "positions",
+            lambda: ri(
+                q,
+                k,
+                cos,
+                sin,
+                make_positions((2, 4), 24, torch.int64, device),
+                None,
+                None,
+                0,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "q_out",
+            lambda: ro(
+                torch.empty_like(q, dtype=F16),
+                q,
+                None,
+                None,
+                cos,
+                sin,
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "q_out",
+            lambda: ro(
+                torch.empty(2, 5, HQ, 2 * D, dtype=BF16, device=device)[..., ::2],
+                q,
+                None,
+                None,
+                cos,
+                sin,
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "q_out",
+            lambda: ro(
+                torch.empty(2, 5, HQ, D + 1, dtype=BF16, device=device),
+                q,
+                None,
+                None,
+                cos,
+                sin,
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "k_out",
+            lambda: ro(torch.empty_like(q), q, None, k, cos, sin, *tail, rot, False, False, False),
+        ),
+        (
+            "q_out",
+            lambda: ro(
+                shifted[:, :, 1:],
+                shifted[:, :, :-1],
+                None,
+                None,
+                cos,
+                sin,
+                *tail,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
     ]
 
 
@@ -187,14 +388,66 @@ def _row_value_calls(kernel, device):
     q1, k1 = q.reshape(1, 10, HQ, D), k.reshape(1, 10, HK, D)
     cu = lambda *v: torch.tensor(v, dtype=i32, device=device)  # noqa: E731
     return [
-        ("positions", lambda: ri(q, k, cos, sin, torch.full((2, 5), 24, device=device), None, None, 0, rot, False, False, False)),
-        ("positions", lambda: ri(q, k, cos, sin, torch.full((2, 5), -1, device=device, dtype=i32), None, None, 0, rot, False, False, False)),
-        ("seqlen_offsets", lambda: ri(q, k, cos, sin, None, cu(1, 20), None, 0, rot, False, False, False)),
-        ("seqlen_offset", lambda: ri(q, k, cos, sin, None, None, None, 20, rot, False, False, False)),
-        ("seqlen_offsets", lambda: ri(q1, k1, cos, sin, None, cu(0, 30), cu(0, 4, 10), 0, rot, False, False, False)),
-        ("cu_seqlens", lambda: ri(q1, k1, cos, sin, None, None, cu(0, 4, 9), 0, rot, False, False, False)),
-        ("cu_seqlens", lambda: ri(q1, k1, cos, sin, None, None, cu(1, 4, 10), 0, rot, False, False, False)),
-        ("cu_seqlens", lambda: ri(q1, k1, cos, sin, None, None, cu(0, 6, 4, 10), 0, rot, False, False, False)),
+        (
+            "positions",
+            lambda: ri(
+                q,
+                k,
+                cos,
+                sin,
+                torch.full((2, 5), 24, device=device),
+                None,
+                None,
+                0,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "positions",
+            lambda: ri(
+                q,
+                k,
+                cos,
+                sin,
+                torch.full((2, 5), -1, device=device, dtype=i32),
+                None,
+                None,
+                0,
+                rot,
+                False,
+                False,
+                False,
+            ),
+        ),
+        (
+            "seqlen_offsets",
+            lambda: ri(q, k, cos, sin, None, cu(1, 20), None, 0, rot, False, False, False),
+        ),
+        (
+            "seqlen_offset",
+            lambda: ri(q, k, cos, sin, None, None, None, 20, rot, False, False, False),
+        ),
+        (
+            "seqlen_offsets",
+            lambda: ri(
+                q1, k1, cos, sin, None, cu(0, 30), cu(0, 4, 10), 0, rot, False, False, False
+            ),
+        ),
+        (
+            "cu_seqlens",
+            lambda: ri(q1, k1, cos, sin, None, None, cu(0, 4, 9), 0, rot, False, False, False),
+        ),
+        (
+            "cu_seqlens",
+            lambda: ri(q1, k1, cos, sin, None, None, cu(1, 4, 10), 0, rot, False, False, False),
+        ),
+        (
+            "cu_seqlens",
+            lambda: ri(q1, k1, cos, sin, None, None, cu(0, 6, 4, 10), 0, rot, False, False, False),
+        ),
     ]
 
 
@@ -255,10 +508,26 @@ def test_device_mismatch(kernel, device):
         kernel.rotary_embedding(pos.to(other), q, k, D, cache, True)
     qg, kg, cos, sin, rot = _general(device)
     with _raises("cos"):
-        kernel.ops.rope_inplace(qg, kg, cos.to(other), sin.to(other), None, None, None, 0, rot, False, False, False)
+        kernel.ops.rope_inplace(
+            qg, kg, cos.to(other), sin.to(other), None, None, None, 0, rot, False, False, False
+        )
     with _raises("q_out"):
-        kernel.ops.rope_out(torch.empty_like(qg, device=other), qg, None, None, cos, sin, None, None, None, 0, rot,
-                            False, False, False)
+        kernel.ops.rope_out(
+            torch.empty_like(qg, device=other),
+            qg,
+            None,
+            None,
+            cos,
+            sin,
+            None,
+            None,
+            None,
+            0,
+            rot,
+            False,
+            False,
+            False,
+        )
     if device == "cuda":
         with _raises("query"):
             kernel.rotary_embedding(pos, q.cpu(), None, D, cache, True)
@@ -274,19 +543,52 @@ def _python_bad_calls(kernel, device):
     cf, sf = cf[None], sf[None]
     xl = make_input((2, 5, 3 * D), BF16, device)
     cl, sl = make_cos_sin(5, 3 * D, F32, device)
-    fa, tr, ltx = kernel.apply_rotary_emb, kernel.apply_rotary_transformers, kernel.apply_rotary_emb_ltx
+    fa, tr, ltx = (
+        kernel.apply_rotary_emb,
+        kernel.apply_rotary_transformers,
+        kernel.apply_rotary_emb_ltx,
+    )
     return [
         # flash-attn
         ("x", lambda: fa(x[0], cos, sin)),  # 3-D without cu_seqlens
         ("x", lambda: fa(x.double(), cos.double(), sin.double())),
-        ("cos", lambda: fa(x, cos[:, :1].expand(12, D), sin[:, :1].expand(12, D))),  # rotary_dim = 2 D > D
+        (
+            "cos",
+            lambda: fa(x, cos[:, :1].expand(12, D), sin[:, :1].expand(12, D)),
+        ),  # rotary_dim = 2 D > D
         ("sin", lambda: fa(x, cos, sin[:6])),
         ("seqlen_offsets", lambda: fa(x, cos, sin, seqlen_offsets=torch.zeros(2, device=device))),
-        ("seqlen_offsets", lambda: fa(x, cos, sin, seqlen_offsets=torch.zeros(3, dtype=torch.int32, device=device))),
-        ("cu_seqlens", lambda: fa(x[0], cos, sin, cu_seqlens=torch.tensor([[0, 2, 5]], dtype=torch.int32, device=device))),
-        ("qkv", lambda: kernel.apply_rotary_emb_qkv_(make_input((2, 5, 4, 3, D), BF16, device), cos, sin)),
-        ("num_heads_q", lambda: kernel.apply_rotary_emb_qkv_(make_input((2, 5, 8, D), BF16, device), cos, sin)),
-        ("kv", lambda: kernel.apply_rotary_emb_kv_(make_input((2, 5, 3, 3, D), BF16, device), cos, sin)),
+        (
+            "seqlen_offsets",
+            lambda: fa(
+                x, cos, sin, seqlen_offsets=torch.zeros(3, dtype=torch.int32, device=device)
+            ),
+        ),
+        (
+            "cu_seqlens",
+            lambda: fa(
+                x[0],
+                cos,
+                sin,
+                cu_seqlens=torch.tensor([[0, 2, 5]], dtype=torch.int32, device=device),
+            ),
+        ),
+        (
+            "qkv",
+            lambda: kernel.apply_rotary_emb_qkv_(
+                make_input((2, 5, 4, 3, D), BF16, device), cos, sin
+            ),
+        ),
+        (
+            "num_heads_q",
+            lambda: kernel.apply_rotary_emb_qkv_(make_input((2, 5, 8, D), BF16, device), cos, sin),
+        ),
+        (
+            "kv",
+            lambda: kernel.apply_rotary_emb_kv_(
+                make_input((2, 5, 3, 3, D), BF16, device), cos, sin
+            ),
+        ),
         # transformers
         ("q", lambda: tr(q[0], k, cf, sf)),
         ("k", lambda: tr(q, k[0], cf, sf)),
@@ -329,17 +631,99 @@ def test_bad_inputs_under_tracing(kernel, device):
             ("query", lambda: ops.rotary_embedding(pos, q[:, :-2], k, D, cache, True)),
             ("key", lambda: ops.rotary_embedding(pos, q, k.half(), D, cache, True)),
             ("positions", lambda: ops.rotary_embedding(pos.float(), q, k, D, cache, True)),
-            ("cos_sin_cache_offsets", lambda: ops.batched_rotary_embedding(pos, q, k, D, cache, True, D, pos[:4])),
-            ("rot_dim", lambda: ops.rope_inplace(qg, kg, cos, sin, None, None, None, 0, 7, False, False, False)),
-            ("cos", lambda: ops.rope_inplace(qg, kg, cos, sin, None, None, None, 0, rot, False, True, False)),
-            ("sin", lambda: ops.rope_inplace(qg, kg, cos, sin.half(), None, None, None, 0, rot, False, False, False)),
-            ("k", lambda: ops.rope_inplace(qg, kg.half(), cos, sin, None, None, None, 0, rot, False, False, False)),
-            ("q_out", lambda: ops.rope_out(qg.half(), qg, None, None, cos, sin, None, None, None, 0, rot, False, False, False)),
-            ("cu_seqlens", lambda: ops.rope_inplace(qg, kg, cos, sin, None, None, torch.zeros(3, dtype=torch.int64), 0, rot,
-                                                    False, False, False)),
-            ("seqlen_offsets", lambda: ops.rope_inplace(qg, kg, cos, sin, None, torch.zeros(2, dtype=torch.int64), None, 0,
-                                                        rot, False, False, False)),
-            ("x2", lambda: ops.apply_rotary(qg[..., :6], qg[..., 6:12].half(), cos[0], sin[0], qg[..., :6], qg[..., 6:12], False)),
+            (
+                "cos_sin_cache_offsets",
+                lambda: ops.batched_rotary_embedding(pos, q, k, D, cache, True, D, pos[:4]),
+            ),
+            (
+                "rot_dim",
+                lambda: ops.rope_inplace(
+                    qg, kg, cos, sin, None, None, None, 0, 7, False, False, False
+                ),
+            ),
+            (
+                "cos",
+                lambda: ops.rope_inplace(
+                    qg, kg, cos, sin, None, None, None, 0, rot, False, True, False
+                ),
+            ),
+            (
+                "sin",
+                lambda: ops.rope_inplace(
+                    qg, kg, cos, sin.half(), None, None, None, 0, rot, False, False, False
+                ),
+            ),
+            (
+                "k",
+                lambda: ops.rope_inplace(
+                    qg, kg.half(), cos, sin, None, None, None, 0, rot, False, False, False
+                ),
+            ),
+            (
+                "q_out",
+                lambda: ops.rope_out(
+                    qg.half(),
+                    qg,
+                    None,
+                    None,
+                    cos,
+                    sin,
+                    None,
+                    None,
+                    None,
+                    0,
+                    rot,
+                    False,
+                    False,
+                    False,
+                ),
+            ),
+            (
+                "cu_seqlens",
+                lambda: ops.rope_inplace(
+                    qg,
+                    kg,
+                    cos,
+                    sin,
+                    None,
+                    None,
+                    torch.zeros(3, dtype=torch.int64),
+                    0,
+                    rot,
+                    False,
+                    False,
+                    False,
+                ),
+            ),
+            (
+                "seqlen_offsets",
+                lambda: ops.rope_inplace(
+                    qg,
+                    kg,
+                    cos,
+                    sin,
+                    None,
+                    torch.zeros(2, dtype=torch.int64),
+                    None,
+                    0,
+                    rot,
+                    False,
+                    False,
+                    False,
+                ),
+            ),
+            (
+                "x2",
+                lambda: ops.apply_rotary(
+                    qg[..., :6],
+                    qg[..., 6:12].half(),
+                    cos[0],
+                    sin[0],
+                    qg[..., :6],
+                    qg[..., 6:12],
+                    False,
+                ),
+            ),
         ]
         for arg, call in calls:
             with _raises(arg):
@@ -355,8 +739,15 @@ def test_strided_out_overlapping_input_is_refused(kernel, device):
     with _raises("q_out must not share memory with q"):
         kernel.ops.rope_out(buf[:, :, 1 : HQ + 1], buf[:, :, :HQ], None, None, cos, sin, *flags)
     with _raises("k_out must not share memory with q"):
-        kernel.ops.rope_out(torch.empty_like(buf[:, :, :HQ]), buf[:, :, :HQ], buf[:, :, HQ - 1 : HQ + 1],
-                            buf[:, :, HQ + 1 : HQ + 3].clone(), cos, sin, *flags)
+        kernel.ops.rope_out(
+            torch.empty_like(buf[:, :, :HQ]),
+            buf[:, :, :HQ],
+            buf[:, :, HQ - 1 : HQ + 1],
+            buf[:, :, HQ + 1 : HQ + 3].clone(),
+            cos,
+            sin,
+            *flags,
+        )
 
 
 @pytest.mark.kernels_ci

@@ -10,8 +10,15 @@ backward graphs must equal eager bit for bit, since both run the same opaque ker
 import pytest
 import torch
 import torch.nn as nn
-
-from rope_cases import BF16, F32, dtype_id, make_cos_sin, make_cos_sin_cache, make_input, make_positions
+from rope_cases import (
+    BF16,
+    F32,
+    dtype_id,
+    make_cos_sin,
+    make_cos_sin_cache,
+    make_input,
+    make_positions,
+)
 
 HQ, HK = 4, 2
 
@@ -39,9 +46,14 @@ def test_opcheck_vllm_ops(kernel, device, dtype):
         for is_neox in (True, False):
             buf, q, k = _fused(t, d, dtype, device)
             _opcheck(ops.rotary_embedding.default, (positions, q, k, d, cache, is_neox))
-            _opcheck(ops.rotary_embedding.default, (positions.int(), q.clone(), None, d, cache, is_neox))
+            _opcheck(
+                ops.rotary_embedding.default, (positions.int(), q.clone(), None, d, cache, is_neox)
+            )
             q3 = make_input((2, 3, HQ, d), dtype, device)
-            _opcheck(ops.rotary_embedding.default, (make_positions((2, 3), 32, torch.int32, device), q3, None, d, cache, is_neox))
+            _opcheck(
+                ops.rotary_embedding.default,
+                (make_positions((2, 3), 32, torch.int32, device), q3, None, d, cache, is_neox),
+            )
         offsets = make_positions((t,), 2, torch.int64, device, seed=1)
         big = make_cos_sin_cache(64, 12, tdtype, device)
         _opcheck(ops.batched_rotary_embedding.default, (positions, q, k, d, big, True, 12, offsets))
@@ -54,15 +66,34 @@ def _general_args(device, dtype, mode):
     cos, sin = make_cos_sin(24, rot // 2, F32, device)
     cos, sin = cos[None, :, None], sin[None, :, None]  # [1, R, 1, W]
     if mode == "positions":
-        rows = dict(positions=make_positions((b, s), 24, torch.int64, device), seqlen_offsets=None, cu_seqlens=None, seqlen_offset=0)
+        rows = dict(
+            positions=make_positions((b, s), 24, torch.int64, device),
+            seqlen_offsets=None,
+            cu_seqlens=None,
+            seqlen_offset=0,
+        )
     elif mode == "sequence":
-        rows = dict(positions=None, seqlen_offsets=torch.tensor([3, 1], dtype=torch.int32, device=device),
-                    cu_seqlens=None, seqlen_offset=2)
+        rows = dict(
+            positions=None,
+            seqlen_offsets=torch.tensor([3, 1], dtype=torch.int32, device=device),
+            cu_seqlens=None,
+            seqlen_offset=2,
+        )
     else:
         q, k = q.reshape(1, b * s, HQ, d), k.reshape(1, b * s, HK, d)
-        rows = dict(positions=None, seqlen_offsets=torch.tensor([0, 4], dtype=torch.int32, device=device),
-                    cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32, device=device), seqlen_offset=1)
-    tail = (rows["positions"], rows["seqlen_offsets"], rows["cu_seqlens"], rows["seqlen_offset"], rot)
+        rows = dict(
+            positions=None,
+            seqlen_offsets=torch.tensor([0, 4], dtype=torch.int32, device=device),
+            cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32, device=device),
+            seqlen_offset=1,
+        )
+    tail = (
+        rows["positions"],
+        rows["seqlen_offsets"],
+        rows["cu_seqlens"],
+        rows["seqlen_offset"],
+        rot,
+    )
     return q, k, cos, sin, tail
 
 
@@ -76,11 +107,19 @@ def test_opcheck_general_ops(kernel, device, dtype, mode):
         flags = (interleaved, False, transpose)
         _opcheck(ops.rope_inplace.default, (q.clone(), k.clone(), cos, sin, *tail, *flags))
         _opcheck(ops.rope_inplace.default, (q.clone(), None, cos, sin, *tail, *flags))
-        _opcheck(ops.rope_out.default, (torch.empty_like(q), q, torch.empty_like(k), k, cos, sin, *tail, *flags))
-        _opcheck(ops.rope_out.default, (torch.empty_like(q), q, None, None, cos, sin, *tail, *flags))
+        _opcheck(
+            ops.rope_out.default,
+            (torch.empty_like(q), q, torch.empty_like(k), k, cos, sin, *tail, *flags),
+        )
+        _opcheck(
+            ops.rope_out.default, (torch.empty_like(q), q, None, None, cos, sin, *tail, *flags)
+        )
     # full per-channel table of width rot
     cf, sf = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-    _opcheck(ops.rope_out.default, (torch.empty_like(q), q, torch.empty_like(k), k, cf, sf, *tail, False, True, False))
+    _opcheck(
+        ops.rope_out.default,
+        (torch.empty_like(q), q, torch.empty_like(k), k, cf, sf, *tail, False, True, False),
+    )
 
 
 @pytest.mark.kernels_ci
@@ -106,11 +145,22 @@ def test_opcheck_apply_rotary(kernel, device, dtype):
     x1, x2 = x[..., :8], x[..., 8:]
     out = torch.empty_like(x)
     for conj in (False, True):
-        _opcheck(kernel.ops.apply_rotary.default, (x1, x2, cos, sin, out[..., :8], out[..., 8:], conj))
+        _opcheck(
+            kernel.ops.apply_rotary.default, (x1, x2, cos, sin, out[..., :8], out[..., 8:], conj)
+        )
         # separate tensors (the ATen fallback)
-        _opcheck(kernel.ops.apply_rotary.default,
-                 (x1.contiguous(), x2.contiguous(), cos, sin, torch.empty_like(x1.contiguous()),
-                  torch.empty_like(x1.contiguous()), conj))
+        _opcheck(
+            kernel.ops.apply_rotary.default,
+            (
+                x1.contiguous(),
+                x2.contiguous(),
+                cos,
+                sin,
+                torch.empty_like(x1.contiguous()),
+                torch.empty_like(x1.contiguous()),
+                conj,
+            ),
+        )
 
 
 # ---- torch.compile ----
@@ -137,7 +187,9 @@ class Block(nn.Module):
 
 
 def _ints(shape, lo, hi, dtype, device, seed, scale=1.0):
-    return (torch.randint(lo, hi + 1, shape, generator=torch.Generator().manual_seed(seed)) * scale).to(device=device, dtype=dtype)
+    return (
+        torch.randint(lo, hi + 1, shape, generator=torch.Generator().manual_seed(seed)) * scale
+    ).to(device=device, dtype=dtype)
 
 
 def _block_inputs(batch, seqlen, dtype, device, seed=0, heads=2, d=8, table_rows=None):
@@ -172,7 +224,9 @@ def test_compile_parity(kernel, device, dtype):
     inputs = _block_inputs(2, 7, dtype, device)
     eager = _run(model, inputs)
     compiled = _run(torch.compile(model, fullgraph=True), inputs)
-    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert not torch._dynamo.utils.counters["graph_break"], dict(
+        torch._dynamo.utils.counters["graph_break"]
+    )
     for i, (a, b) in enumerate(zip(compiled, eager)):
         assert a.dtype == b.dtype and a.shape == b.shape, i
         assert torch.equal(a, b), f"output/gradient {i} differs between compiled and eager"
@@ -243,16 +297,33 @@ def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
     positions = make_positions((t,), 32, torch.int64, device)
     _, q, k = _fused(t, d, F32, device)
     _opcheck(ops.rotary_embedding.default, (positions, q, k, d, cache, True, enable_pdl))
-    _opcheck(ops.batched_rotary_embedding.default, (positions, q, k, d, cache, True, 12, positions * 0, enable_pdl))
+    _opcheck(
+        ops.batched_rotary_embedding.default,
+        (positions, q, k, d, cache, True, 12, positions * 0, enable_pdl),
+    )
     qg, kg, cos, sin, tail = _general_args(device, F32, "sequence")
     flags = (False, False, False, enable_pdl)
     _opcheck(ops.rope_inplace.default, (qg.clone(), kg.clone(), cos, sin, *tail, *flags))
-    _opcheck(ops.rope_out.default, (torch.empty_like(qg), qg, torch.empty_like(kg), kg, cos, sin, *tail, *flags))
+    _opcheck(
+        ops.rope_out.default,
+        (torch.empty_like(qg), qg, torch.empty_like(kg), kg, cos, sin, *tail, *flags),
+    )
     _opcheck(ops.rope_functional.default, (qg, kg, cos, sin, *tail, *flags))
     x = make_input((2, 3, 8), F32, device)
     o = torch.empty_like(x)
-    _opcheck(ops.apply_rotary.default, (x[..., :4], x[..., 4:], cos[0, :3, 0, :4], sin[0, :3, 0, :4], o[..., :4],
-                                        o[..., 4:], False, enable_pdl))
+    _opcheck(
+        ops.apply_rotary.default,
+        (
+            x[..., :4],
+            x[..., 4:],
+            cos[0, :3, 0, :4],
+            sin[0, :3, 0, :4],
+            o[..., :4],
+            o[..., 4:],
+            False,
+            enable_pdl,
+        ),
+    )
 
     qa, qb = q.clone(), q.clone()
     kernel.rotary_embedding(positions, qa, None, d, cache, True, enable_pdl=enable_pdl)
@@ -260,4 +331,7 @@ def test_enable_pdl_reaches_the_ops(kernel, device, enable_pdl):
     assert torch.equal(qa, qb)
     x4 = make_input((2, 3, 2, d), F32, device)
     c2, s2 = make_cos_sin(8, 6, F32, device)
-    assert torch.equal(kernel.apply_rotary_emb(x4, c2, s2, enable_pdl=enable_pdl), kernel.apply_rotary_emb(x4, c2, s2))
+    assert torch.equal(
+        kernel.apply_rotary_emb(x4, c2, s2, enable_pdl=enable_pdl),
+        kernel.apply_rotary_emb(x4, c2, s2),
+    )

@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-
 from rope_cases import (
     BF16,
     DTYPES,
@@ -56,8 +55,14 @@ def _llama_config(**kwargs):
     from transformers import LlamaConfig
 
     cfg = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
     )
     cfg.update(kwargs)
     return LlamaConfig(**cfg)
@@ -90,8 +95,15 @@ def test_agrees_with_transformers(kernel, device, dtype, unsqueeze_dim):
         ref = ref_transformers(x, cos, sin, unsqueeze_dim)
         what = f"{dtype_id(dtype)} {name}"
         check(ours, ref, "kernel " + what)
-        assert_within(theirs, ref.value, eager_bound(ref, dtype), "transformers " + what + " (its bound)")
-        assert_within(ours, theirs.double().cpu(), bound(ref, dtype) + eager_bound(ref, dtype), "kernel vs transformers " + what)
+        assert_within(
+            theirs, ref.value, eager_bound(ref, dtype), "transformers " + what + " (its bound)"
+        )
+        assert_within(
+            ours,
+            theirs.double().cpu(),
+            bound(ref, dtype) + eager_bound(ref, dtype),
+            "kernel vs transformers " + what,
+        )
 
 
 # ---- diffusers LTX-Video ----
@@ -102,7 +114,9 @@ def test_agrees_with_diffusers_ltx(kernel, device, dtype):
     # LTXVideoRotaryPosEmbed's own freqs for a 2 x 3 x 4 latent video, inner dim 64 (4 heads x 16):
     # 64 % 6 = 4 leading channels of cos = 1, sin = 0 (identity pairs), fp32 tables.
     batch, frames, height, width, dim = 2, 2, 3, 4, 64
-    rope = transformer_ltx.LTXVideoRotaryPosEmbed(dim=dim, base_num_frames=20, base_height=32, base_width=32)
+    rope = transformer_ltx.LTXVideoRotaryPosEmbed(
+        dim=dim, base_num_frames=20, base_height=32, base_width=32
+    )
     x = make_input((batch, frames * height * width, dim), dtype, device)
     cos, sin = rope(x, frames, height, width, rope_interpolation_scale=(1 / 25, 32.0, 32.0))
     assert cos.dtype == F32 and cos.shape == x.shape
@@ -145,7 +159,9 @@ def _kernelize_rotary(model, kernel, device, mode):
     kernels' LocalLayerRepository from the build the `kernel` fixture loaded; no fallback."""
     from kernels import LocalLayerRepository, kernelize, use_kernel_mapping
 
-    repo = LocalLayerRepository(repo_path=Path(kernel.__file__).parent, layer_name="apply_rotary_transformers")
+    repo = LocalLayerRepository(
+        repo_path=Path(kernel.__file__).parent, layer_name="apply_rotary_transformers"
+    )
     with use_kernel_mapping({"rotary_pos_emb": {device: {mode: repo}}}, inherit_mapping=False):
         kernelize(model, mode=mode, device=device, use_fallback=False)
     return model
@@ -157,7 +173,11 @@ MODES = ["inference", "training", "training+compile"]
 def _mode(name):
     from kernels import Mode
 
-    return {"inference": Mode.INFERENCE, "training": Mode.TRAINING, "training+compile": Mode.TRAINING | Mode.TORCH_COMPILE}[name]
+    return {
+        "inference": Mode.INFERENCE,
+        "training": Mode.TRAINING,
+        "training+compile": Mode.TRAINING | Mode.TORCH_COMPILE,
+    }[name]
 
 
 @pytest.mark.parametrize("mode_name", MODES)
@@ -192,8 +212,11 @@ def test_kernelize_function(kernel, device, mode_name):
     if mode_name != "inference":
         grads = torch.autograd.grad(got, [qr, kr], [torch.ones_like(g) for g in got])
         qw, kw = q.clone().requires_grad_(), k.clone().requires_grad_()
-        want_grads = torch.autograd.grad(kernel.apply_rotary_transformers(qw, kw, cos, sin), [qw, kw],
-                                         [torch.ones_like(g) for g in got])
+        want_grads = torch.autograd.grad(
+            kernel.apply_rotary_transformers(qw, kw, cos, sin),
+            [qw, kw],
+            [torch.ones_like(g) for g in got],
+        )
         for a, b in zip(grads, want_grads):
             assert torch.equal(a, b)
 
@@ -203,8 +226,12 @@ def test_layer_signature_matches_transformers(kernel):
     """kernelize replaces transformers' `rotary_pos_emb` function only if the layer's forward has
     its parameter count and kinds (kernels' _validate_layer): Llama's
     apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)."""
-    ours = list(inspect.signature(kernel.layers.apply_rotary_transformers.forward).parameters.values())[1:]
-    theirs = list(inspect.signature(inspect.unwrap(modeling_llama.apply_rotary_pos_emb)).parameters.values())
+    ours = list(
+        inspect.signature(kernel.layers.apply_rotary_transformers.forward).parameters.values()
+    )[1:]
+    theirs = list(
+        inspect.signature(inspect.unwrap(modeling_llama.apply_rotary_pos_emb)).parameters.values()
+    )
     assert [p.kind for p in ours] == [p.kind for p in theirs], (ours, theirs)
     assert [p.name for p in ours] == [p.name for p in theirs]
 
@@ -249,18 +276,22 @@ def test_llama_for_causal_lm(kernel, device, monkeypatch, path):
         return rope_impl(*args, **kwargs)
 
     original_fn = modeling_llama.apply_rotary_pos_emb
-    for dtype in ([F32, BF16] if device == "cuda" else [F32]):
+    for dtype in [F32, BF16] if device == "cuda" else [F32]:
         model = _tiny_llama(device, dtype)
         twin = copy.deepcopy(model).to(torch.float64)
         patched = copy.deepcopy(model)
         ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1)).to(device)
-        labels = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(2)).to(device)
+        labels = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(2)).to(
+            device
+        )
 
         def logits_and_grads(m):
             m.zero_grad()
             out = m(input_ids=ids, labels=labels)
             out.loss.backward()
-            return out.logits.detach().double(), {n: p.grad.double() for n, p in m.named_parameters()}
+            return out.logits.detach().double(), {
+                n: p.grad.double() for n, p in m.named_parameters()
+            }
 
         monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", original_fn)
         ref_logits, ref_grads = logits_and_grads(twin)
@@ -272,7 +303,9 @@ def test_llama_for_causal_lm(kernel, device, monkeypatch, path):
 
             fn = _hub_function(inspect.unwrap(original_fn))
             monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", fn)
-            attention = [m for m in patched.modules() if isinstance(m, modeling_llama.LlamaAttention)]
+            attention = [
+                m for m in patched.modules() if isinstance(m, modeling_llama.LlamaAttention)
+            ]
             for m in attention:
                 m.__dict__.setdefault("_kernel_funcs", {})["apply_rotary_pos_emb"] = fn
             _kernelize_rotary(patched, kernel, device, Mode.TRAINING)
@@ -281,7 +314,9 @@ def test_llama_for_causal_lm(kernel, device, monkeypatch, path):
         calls.clear()
         our_logits, our_grads = logits_and_grads(patched)
         monkeypatch.setattr(kernel._custom_ops, "transformers_rope", rope_impl)
-        assert len(calls) == 2, f"our rotary embedding must run in each of the 2 layers, ran {len(calls)} times"
+        assert len(calls) == 2, (
+            f"our rotary embedding must run in each of the 2 layers, ran {len(calls)} times"
+        )
         assert our_logits.dtype == orig_logits.dtype
 
         floor = 16 * (U if dtype == F32 else 2.0**-8)

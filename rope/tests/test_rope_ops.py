@@ -9,7 +9,6 @@ element outside the rotated views (v of a fused qkv buffer, padding) must be lef
 
 import pytest
 import torch
-
 from rope_cases import (
     BF16,
     DTYPES,
@@ -81,7 +80,9 @@ def test_rotary_embedding(kernel, device, dtype, tkind, is_neox, head):
     positions = make_positions((tokens,), MAX_POS, torch.int64, device, seed=1)
     cache = make_cos_sin_cache(MAX_POS, rot, table_dtype(tkind, dtype), device)
     kernel.rotary_embedding(positions, q, k, head_size, cache, is_neox)
-    what = f"rotary_embedding {dtype_id(dtype)} table={tkind} neox={is_neox} D={head_size} rot={rot}"
+    what = (
+        f"rotary_embedding {dtype_id(dtype)} table={tkind} neox={is_neox} D={head_size} rot={rot}"
+    )
     _check_vllm(q, k, q0, k0, positions, head_size, cache, is_neox, what)
     qk = (HQ + HK) * head_size
     assert torch.equal(buf[:, qk:], buf0[:, qk:]), f"{what}: v or padding changed"
@@ -115,7 +116,11 @@ def _vllm_layout(layout, head_size, dtype, device, seed=0):
         view = buf.view(t, HQ + 2 * HK, head_size)  # head views of the fused buffer
         return view[:, :HQ], view[:, HQ : HQ + HK], (t,)
     qs, ks, ps = shapes[layout]
-    return make_input(qs, dtype, device, seed=seed), make_input(ks, dtype, device, seed=seed + 1), ps
+    return (
+        make_input(qs, dtype, device, seed=seed),
+        make_input(ks, dtype, device, seed=seed + 1),
+        ps,
+    )
 
 
 @pytest.mark.parametrize("with_key", [True, False], ids=["qk", "q_only"])
@@ -143,7 +148,7 @@ def test_batched_rotary_embedding(kernel, device, dtype, is_neox):
     buf, q, k = fused_qkv(tokens, head_size, dtype, device)
     q0, k0 = q.clone(), k.clone()
     positions = make_positions((tokens,), MAX_POS, torch.int64, device, seed=1)
-    offsets = (make_positions((tokens,), 3, torch.int64, device, seed=2) * MAX_POS)
+    offsets = make_positions((tokens,), 3, torch.int64, device, seed=2) * MAX_POS
     cache = make_cos_sin_cache(3 * MAX_POS, rot, F32, device)
     kernel.batched_rotary_embedding(positions, q, k, head_size, cache, is_neox, rot, offsets)
     _check_vllm(q, k, q0, k0, positions, head_size, cache, is_neox, "batched", offsets=offsets)
@@ -165,7 +170,9 @@ def test_apply_rope_with_cos_sin_cache_inplace(kernel, device, dtype, is_neox):
     kernel.rotary_embedding(positions, q2, k2, head_size, cache, is_neox)
     assert torch.equal(q, q2) and torch.equal(k, k2)
     q3, k3 = q0.clone(), k0.clone()
-    kernel.apply_rope_with_cos_sin_cache_inplace(positions, q3, k3, head_size, cache)  # is_neox defaults to True
+    kernel.apply_rope_with_cos_sin_cache_inplace(
+        positions, q3, k3, head_size, cache
+    )  # is_neox defaults to True
     q2, k2 = q0.clone(), k0.clone()
     kernel.rotary_embedding(positions, q2, k2, head_size, cache, True)
     assert torch.equal(q3, q2) and torch.equal(k3, k2)
@@ -210,7 +217,10 @@ def _general_case(mode, table, interleaved, dtype, tdtype, device, seed=0):
         tb = 1
     r = int(rows.max()) + 1
     theta = torch.rand(tb, r, th, w, generator=g, dtype=torch.float64) * 6.3
-    cos, sin = theta.cos().to(device=device, dtype=tdtype), theta.sin().to(device=device, dtype=tdtype)
+    cos, sin = (
+        theta.cos().to(device=device, dtype=tdtype),
+        theta.sin().to(device=device, dtype=tdtype),
+    )
     bidx = torch.arange(b)[:, None].expand(b, s) if tb == b else torch.zeros(b, s, dtype=torch.long)
     cf, sf = cos.double().cpu()[bidx, rows], sin.double().cpu()[bidx, rows]  # [B, S, TH, W]
     if table == "half":
@@ -236,8 +246,18 @@ def test_general_ops(kernel, device, mode, table, interleaved, form, transpose):
     dtype = BF16
     q, k, cos, sin, kw, rot, cf, sf = _general_case(mode, table, interleaved, dtype, F32, device)
     q0, k0 = q.clone(), k.clone()
-    args = (cos, sin, kw["positions"], kw["seqlen_offsets"], kw["cu_seqlens"], kw["seqlen_offset"], rot,
-            interleaved, table != "half", transpose)
+    args = (
+        cos,
+        sin,
+        kw["positions"],
+        kw["seqlen_offsets"],
+        kw["cu_seqlens"],
+        kw["seqlen_offset"],
+        rot,
+        interleaved,
+        table != "half",
+        transpose,
+    )
     what = f"{form} {mode} {table} interleaved={interleaved} transpose={transpose}"
     if form == "inplace":
         kernel.ops.rope_inplace(q, k, *args)
@@ -248,7 +268,9 @@ def test_general_ops(kernel, device, mode, table, interleaved, form, transpose):
         kernel.ops.rope_out(q_res, q, k_res, k, *args)
         assert torch.equal(q, q0) and torch.equal(k, k0), f"{what}: inputs changed"
         for buf in (qb, kb):
-            assert buf[..., 0].isnan().all() and buf[..., 1 + q.shape[-1] :].isnan().all(), f"{what}: wrote outside out"
+            assert buf[..., 0].isnan().all() and buf[..., 1 + q.shape[-1] :].isnan().all(), (
+                f"{what}: wrote outside out"
+            )
     d = q.shape[-1]
     for name, got, x0 in (("q", q_res, q0), ("k", k_res, k0)):
         check(got, ref_rotate(x0, cf, sf, rot, interleaved, transpose), f"{what} {name}")
@@ -259,9 +281,22 @@ def test_general_ops(kernel, device, mode, table, interleaved, form, transpose):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_general_ops_dtypes(kernel, device, dtype, tkind):
     # Every activation dtype with a table in fp32 or in that dtype; q only (k = None).
-    q, k, cos, sin, kw, rot, cf, sf = _general_case("sequence", "full", False, dtype, table_dtype(tkind, dtype), device)
+    q, k, cos, sin, kw, rot, cf, sf = _general_case(
+        "sequence", "full", False, dtype, table_dtype(tkind, dtype), device
+    )
     q0 = q.clone()
-    args = (cos, sin, None, kw["seqlen_offsets"], None, kw["seqlen_offset"], rot, False, True, False)
+    args = (
+        cos,
+        sin,
+        None,
+        kw["seqlen_offsets"],
+        None,
+        kw["seqlen_offset"],
+        rot,
+        False,
+        True,
+        False,
+    )
     out = nan_like(q.shape, dtype, device)
     kernel.ops.rope_out(out, q, None, None, *args)
     check(out, ref_rotate(q0, cf, sf, rot, False), f"rope_out {dtype_id(dtype)} table={tkind}")
@@ -283,8 +318,14 @@ def test_apply_rotary(kernel, device, dtype, conj, in_place):
     b, h, s, d = 2, 3, 5, 34
     x = make_input((b, h, s, d), dtype, device)
     x0 = x.clone()
-    theta = torch.rand(b, 1, s, d // 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6.3
-    cos, sin = theta.cos().to(device=device, dtype=dtype), theta.sin().to(device=device, dtype=dtype)
+    theta = (
+        torch.rand(b, 1, s, d // 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        * 6.3
+    )
+    cos, sin = (
+        theta.cos().to(device=device, dtype=dtype),
+        theta.sin().to(device=device, dtype=dtype),
+    )
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     if in_place:
         out1, out2 = x1, x2
@@ -311,7 +352,9 @@ def test_apply_rotary_fallback(kernel, device, case):
     cshape = (2, 1, 4, 1, half) if case == "5d" else (2, 1, 4, half)
     x1 = make_input(shape, dtype, device, seed=1)
     x2 = make_input(shape, dtype, device, seed=2)
-    theta = torch.rand(cshape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 6.3
+    theta = (
+        torch.rand(cshape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 6.3
+    )
     tdt = F32 if dtype == BF16 else dtype
     cos, sin = theta.cos().to(device=device, dtype=tdt), theta.sin().to(device=device, dtype=tdt)
     a0, b0 = x1.clone(), x2.clone()
@@ -363,12 +406,16 @@ def test_apply_rotary_emb(kernel, device, dtype, interleaved, rot, offsets):
     assert y.dtype == dtype and y.shape == x.shape and y.data_ptr() != x.data_ptr()
     assert torch.equal(x, x0), "out of place: the input must not change"
     ref = ref_flash(x0, cos, sin, interleaved, off)
-    what = f"apply_rotary_emb {dtype_id(dtype)} interleaved={interleaved} rot={rot} offsets={offsets}"
+    what = (
+        f"apply_rotary_emb {dtype_id(dtype)} interleaved={interleaved} rot={rot} offsets={offsets}"
+    )
     check(y, ref, what)
     check_pass_through(y, x0, rot, x.shape[-1], what)
     # inplace=True: the same values, written into x (pass-through channels untouched).
     xi = x0.clone()
-    yi = kernel.apply_rotary_emb(xi, cos, sin, interleaved=interleaved, inplace=True, seqlen_offsets=off)
+    yi = kernel.apply_rotary_emb(
+        xi, cos, sin, interleaved=interleaved, inplace=True, seqlen_offsets=off
+    )
     assert yi.data_ptr() == xi.data_ptr()
     assert torch.equal(xi, y)
 
@@ -396,10 +443,21 @@ def test_apply_rotary_emb_varlen(kernel, device, dtype, interleaved, offsets):
     x = make_input((total, h, d), dtype, device)
     cos, sin = make_cos_sin(20, rot // 2, dtype, device, seed=1)
     off = _offsets(offsets, 4, device)
-    y = kernel.apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=off, cu_seqlens=cu, max_seqlen=6)
+    y = kernel.apply_rotary_emb(
+        x, cos, sin, interleaved=interleaved, seqlen_offsets=off, cu_seqlens=cu, max_seqlen=6
+    )
     check(y, ref_flash(x, cos, sin, interleaved, off, cu_seqlens=cu), f"varlen offsets={offsets}")
     xi = x.clone()
-    kernel.apply_rotary_emb(xi, cos, sin, interleaved=interleaved, inplace=True, seqlen_offsets=off, cu_seqlens=cu, max_seqlen=6)
+    kernel.apply_rotary_emb(
+        xi,
+        cos,
+        sin,
+        interleaved=interleaved,
+        inplace=True,
+        seqlen_offsets=off,
+        cu_seqlens=cu,
+        max_seqlen=6,
+    )
     assert torch.equal(xi, y)
 
 
@@ -408,7 +466,11 @@ def _flash_fn(cos, sin, interleaved, off, cu=None):
     rot = 2 * cos.shape[-1]
 
     def fn(magnitude, x):
-        rows = sequence_rows(x.shape[0], x.shape[1], off) if cu is None else varlen_rows(cu, off, x.shape[0])
+        rows = (
+            sequence_rows(x.shape[0], x.shape[1], off)
+            if cu is None
+            else varlen_rows(cu, off, x.shape[0])
+        )
         c = expand_half(cos.double().cpu()[rows], interleaved).unsqueeze(-2)
         s = expand_half(sin.double().cpu()[rows], interleaved).unsqueeze(-2)
         if magnitude:
@@ -440,7 +502,13 @@ def test_apply_rotary_emb_backward(kernel, device, dtype, interleaved, varlen):
     y = kernel.apply_rotary_emb(xr, cos, sin, **kwargs)
     grad_out = make_input(y.shape, dtype, device, seed=4)
     (gx,) = torch.autograd.grad(y, [xr], grad_out)
-    check_grads({"x": gx}, _flash_fn(cos, sin, interleaved, off, cu), {"x": x}, [grad_out], what="apply_rotary_emb")
+    check_grads(
+        {"x": gx},
+        _flash_fn(cos, sin, interleaved, off, cu),
+        {"x": x},
+        [grad_out],
+        what="apply_rotary_emb",
+    )
 
 
 @pytest.mark.kernels_ci
@@ -464,7 +532,9 @@ def test_apply_rotary_emb_qkv_and_kv(kernel, device, dtype):
     qkv0 = qkv.clone()
     kernel.apply_rotary_emb_qkv_(qkv, cos, sin, interleaved=True, num_heads_q=HQ)
     check(qkv[:, :, :HQ], ref_flash(qkv0[:, :, :HQ], cos, sin, True), "qkv_ gqa q")
-    check(qkv[:, :, HQ : HQ + HK], ref_flash(qkv0[:, :, HQ : HQ + HK], cos, sin, True), "qkv_ gqa k")
+    check(
+        qkv[:, :, HQ : HQ + HK], ref_flash(qkv0[:, :, HQ : HQ + HK], cos, sin, True), "qkv_ gqa k"
+    )
     assert torch.equal(qkv[:, :, HQ + HK :], qkv0[:, :, HQ + HK :])
     # K with its own tables (cos_k, sin_k), per-batch offsets
     qkv = make_input((b, s, 3, h, d), dtype, device, seed=6)
@@ -497,8 +567,16 @@ def _hf_inputs(dtype, device, b=2, s=5, d=34, unsqueeze_dim=1, table_batch=None,
     q = make_input(qs, dtype, device, seed=seed)
     k = make_input(ks, dtype, device, seed=seed + 1)
     tb = b if table_batch is None else table_batch
-    theta = torch.rand(tb, s, d, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64) * 6.3
-    return q, k, theta.cos().to(device=device, dtype=dtype), theta.sin().to(device=device, dtype=dtype)
+    theta = (
+        torch.rand(tb, s, d, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64)
+        * 6.3
+    )
+    return (
+        q,
+        k,
+        theta.cos().to(device=device, dtype=dtype),
+        theta.sin().to(device=device, dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("table_batch", [None, 1], ids=["cosB", "cos1"])
@@ -506,7 +584,9 @@ def _hf_inputs(dtype, device, b=2, s=5, d=34, unsqueeze_dim=1, table_batch=None,
 @pytest.mark.parametrize("d", [64, 34, 6])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_apply_rotary_transformers(kernel, device, dtype, d, unsqueeze_dim, table_batch):
-    q, k, cos, sin = _hf_inputs(dtype, device, d=d, unsqueeze_dim=unsqueeze_dim, table_batch=table_batch)
+    q, k, cos, sin = _hf_inputs(
+        dtype, device, d=d, unsqueeze_dim=unsqueeze_dim, table_batch=table_batch
+    )
     q0, k0 = q.clone(), k.clone()
     qe, ke = kernel.apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     assert torch.equal(q, q0) and torch.equal(k, k0), "inputs must not change"
@@ -565,16 +645,24 @@ def test_apply_rotary_transformers_backward(kernel, device, dtype, unsqueeze_dim
     # Gradients of q, k and of cos and sin (which sum over the heads of q and k, and over the
     # batch when the table is shared: N = (Hq + Hk) * B / table_batch products per element).
     b = 3
-    q, k, cos, sin = _hf_inputs(dtype, device, b=b, d=34, unsqueeze_dim=unsqueeze_dim, table_batch=table_batch)
+    q, k, cos, sin = _hf_inputs(
+        dtype, device, b=b, d=34, unsqueeze_dim=unsqueeze_dim, table_batch=table_batch
+    )
     leaves = {n: t.clone().requires_grad_() for n, t in dict(q=q, k=k, cos=cos, sin=sin).items()}
-    qe, ke = kernel.apply_rotary_transformers(leaves["q"], leaves["k"], leaves["cos"], leaves["sin"], unsqueeze_dim=unsqueeze_dim)
+    qe, ke = kernel.apply_rotary_transformers(
+        leaves["q"], leaves["k"], leaves["cos"], leaves["sin"], unsqueeze_dim=unsqueeze_dim
+    )
     gq = make_input(qe.shape, dtype, device, seed=7)
     gk = make_input(ke.shape, dtype, device, seed=8)
     grads = torch.autograd.grad([qe, ke], list(leaves.values()), [gq, gk])
     n_table = (HQ + HK) * (b // cos.shape[0])
     check_grads(
-        dict(zip(leaves, grads)), _hf_fn(unsqueeze_dim), dict(q=q, k=k, cos=cos, sin=sin), [gq, gk],
-        terms={"cos": n_table, "sin": n_table}, what=f"transformers {dtype_id(dtype)}",
+        dict(zip(leaves, grads)),
+        _hf_fn(unsqueeze_dim),
+        dict(q=q, k=k, cos=cos, sin=sin),
+        [gq, gk],
+        terms={"cos": n_table, "sin": n_table},
+        what=f"transformers {dtype_id(dtype)}",
     )
 
 
@@ -588,9 +676,17 @@ def test_apply_rotary_emb_ltx(kernel, device, dtype, tkind, table_batch):
     b, s, c = 2, 7, 3 * 34
     x = make_input((b, s, c), dtype, device)
     x0 = x.clone()
-    theta = torch.rand(table_batch, s, c, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6.3
+    theta = (
+        torch.rand(
+            table_batch, s, c, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+        )
+        * 6.3
+    )
     tdtype = table_dtype(tkind, dtype)
-    cos, sin = theta.cos().to(device=device, dtype=tdtype), theta.sin().to(device=device, dtype=tdtype)
+    cos, sin = (
+        theta.cos().to(device=device, dtype=tdtype),
+        theta.sin().to(device=device, dtype=tdtype),
+    )
     y = kernel.apply_rotary_emb_ltx(x, (cos, sin))
     assert torch.equal(x, x0)
     assert y.dtype == dtype and y.shape == x.shape
@@ -601,7 +697,9 @@ def test_apply_rotary_emb_ltx(kernel, device, dtype, tkind, table_batch):
 def test_apply_rotary_emb_ltx_backward(kernel, device, dtype):
     b, s, c = 2, 5, 2 * 34
     x = make_input((b, s, c), dtype, device)
-    theta = torch.rand(1, s, c, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6.3
+    theta = (
+        torch.rand(1, s, c, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6.3
+    )
     cos, sin = theta.cos().to(device=device, dtype=F32), theta.sin().to(device=device, dtype=F32)
     xr = x.clone().requires_grad_()
     y = kernel.apply_rotary_emb_ltx(xr, (cos, sin))
@@ -609,7 +707,11 @@ def test_apply_rotary_emb_ltx_backward(kernel, device, dtype):
     (gx,) = torch.autograd.grad(y, [xr], g)
 
     def fn(magnitude, x):
-        c, s_ = (cos.double().cpu().abs(), sin.double().cpu().abs()) if magnitude else (cos.double().cpu(), sin.double().cpu())
+        c, s_ = (
+            (cos.double().cpu().abs(), sin.double().cpu().abs())
+            if magnitude
+            else (cos.double().cpu(), sin.double().cpu())
+        )
         return (ltx_formula(x, c, s_, magnitude=magnitude),)
 
     check_grads({"x": gx}, fn, {"x": x}, [g], what=f"ltx backward {dtype_id(dtype)}")
@@ -629,7 +731,7 @@ def test_deterministic_and_thread_independent(kernel, device):
     threads = torch.get_num_threads()
     results = []
     try:
-        for n in ((1, max(2, threads)) if device == "cpu" else (None, None)):
+        for n in (1, max(2, threads)) if device == "cpu" else (None, None):
             if n is not None:
                 torch.set_num_threads(n)
             b = buf.clone()
@@ -659,4 +761,6 @@ def test_inverse_rotation(kernel, device):
     # + 6) u m (|a| + |b| <= sqrt(2) * |(a, b)| <= 2 m), the second pass carries the first one's
     # error through (|c| + |s| <= sqrt(2)), and the fp32 table is a rotation only up to
     # |cos^2 + sin^2 - 1| <= 2u: 7.4u + 7u + 10.5u + 2u < 32u, times m.
-    assert_within(back, x.double().cpu(), torch.tensor(32 * 2.0**-24 * float(x.abs().max())), "round trip")
+    assert_within(
+        back, x.double().cpu(), torch.tensor(32 * 2.0**-24 * float(x.abs().max())), "round trip"
+    )

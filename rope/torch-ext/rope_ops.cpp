@@ -178,8 +178,7 @@ void check_4d(const RopeCall& c, const char* name, const at::Tensor& t, const ch
 // A written tensor: unit stride along head_dim, no element written twice.
 void check_written(const RopeCall& c, const char* name, const at::Tensor& t) {
   TORCH_CHECK(unit_last_stride(t), c.op, ": ", name,
-              " must have stride 1 along its last dimension (head_dim), got strides ",
-              t.strides());
+              " must have stride 1 along its last dimension (head_dim), got strides ", t.strides());
   TORCH_CHECK(!self_overlapping(t), c.op, ": ", name,
               " must not overlap itself (it is written), got shape ", t.sizes(), " and strides ",
               t.strides());
@@ -262,15 +261,14 @@ void run(RopeCall& c) {
 
   // k and its output.
   TORCH_CHECK(present(c.k) == present(c.k_out), op, ": ", n.k, " and ", n.k_out,
-              " must be given together or not at all, got ",
-              present(c.k) ? n.k : n.k_out, " only");
+              " must be given together or not at all, got ", present(c.k) ? n.k : n.k_out, " only");
   if (present(c.k)) {
     const at::Tensor& k = *c.k;
     check_4d(c, n.k, k, "[B, S, Hk, D]");
     check_device(c, n.k, k);
     check_dtype_of(op, n.k, k, n.q, c.q);
-    TORCH_CHECK(k.size(0) == batch && k.size(1) == seqlen && k.size(3) == head_dim, op, ": ",
-                n.k, " must have shape [", batch, ", ", seqlen, ", Hk, ", head_dim,
+    TORCH_CHECK(k.size(0) == batch && k.size(1) == seqlen && k.size(3) == head_dim, op, ": ", n.k,
+                " must have shape [", batch, ", ", seqlen, ", Hk, ", head_dim,
                 "] (the batch, sequence and head_dim of ", n.q, "), got ", k.sizes());
     check_device(c, n.k_out, *c.k_out);
     check_dtype_of(op, n.k_out, *c.k_out, n.k, k);
@@ -296,14 +294,17 @@ void run(RopeCall& c) {
   const int64_t table_heads = c.cos.size(2);
   const int64_t width = c.full_table ? c.rot_dim : c.rot_dim / 2;
   TORCH_CHECK(table_batch == 1 || table_batch == batch, op, ": ", n.cos,
-              " must have 1 or B = ", batch, " entries along its first dimension (one table for "
-              "all sequences or one per sequence), got shape ", c.cos.sizes());
-  TORCH_CHECK(table_heads == 1 || (table_heads == heads_q && (!present(c.k) || heads_k == heads_q)),
-              op, ": ", n.cos, " must have 1 entry along its third dimension (one table for all "
-              "heads) or one per head of ", n.q, present(c.k) ? " and " : "",
-              present(c.k) ? n.k : "", " (", heads_q, present(c.k) ? " and " : "",
-              present(c.k) ? std::to_string(heads_k) : std::string(), "), got shape ",
+              " must have 1 or B = ", batch,
+              " entries along its first dimension (one table for "
+              "all sequences or one per sequence), got shape ",
               c.cos.sizes());
+  TORCH_CHECK(table_heads == 1 || (table_heads == heads_q && (!present(c.k) || heads_k == heads_q)),
+              op, ": ", n.cos,
+              " must have 1 entry along its third dimension (one table for all "
+              "heads) or one per head of ",
+              n.q, present(c.k) ? " and " : "", present(c.k) ? n.k : "", " (", heads_q,
+              present(c.k) ? " and " : "", present(c.k) ? std::to_string(heads_k) : std::string(),
+              "), got shape ", c.cos.sizes());
   TORCH_CHECK(c.cos.size(3) == width, op, ": ", n.cos, " must have ", width, " columns (",
               c.full_table ? "rot_dim: one per rotated channel" : "rot_dim / 2: one per pair",
               ", rot_dim = ", c.rot_dim, "), got shape ", c.cos.sizes());
@@ -334,8 +335,7 @@ void run(RopeCall& c) {
     TORCH_CHECK(cu.is_contiguous(), op, ": cu_seqlens must be contiguous, got strides ",
                 cu.strides());
     TORCH_CHECK(batch == 1, op, ": with cu_seqlens (varlen), ", n.q,
-                " must hold the packed tokens as [1, total_tokens, H, D], got shape ",
-                c.q.sizes());
+                " must hold the packed tokens as [1, total_tokens, H, D], got shape ", c.q.sizes());
     num_seqs = cu.size(0) - 1;
     if (present(c.seqlen_offsets)) {
       check_int32_vector(c, "seqlen_offsets", *c.seqlen_offsets, num_seqs,
@@ -361,8 +361,7 @@ void run(RopeCall& c) {
     check_written(c, n.k_out, *c.k_out);
   }
   const bool k_in_place = present(c.k) && same_view(*c.k_out, *c.k);
-  std::vector<std::pair<const char*, const at::Tensor*>> read = {{n.cos, &c.cos},
-                                                                  {n.sin, &c.sin}};
+  std::vector<std::pair<const char*, const at::Tensor*>> read = {{n.cos, &c.cos}, {n.sin, &c.sin}};
   if (present(c.positions)) read.emplace_back(n.positions, &*c.positions);
   if (present(c.seqlen_offsets)) read.emplace_back("seqlen_offsets", &*c.seqlen_offsets);
   if (present(c.cu_seqlens)) read.emplace_back("cu_seqlens", &*c.cu_seqlens);
@@ -574,8 +573,8 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
                          const at::Tensor& sin, at::Tensor& out1, at::Tensor& out2, bool conj,
                          pdl::Request pdl_request) {
   if (!to_dtype(x1.scalar_type()).has_value() || sin.scalar_type() != cos.scalar_type() ||
-      (cos.scalar_type() != at::kFloat && cos.scalar_type() != x1.scalar_type()) ||
-      x1.dim() < 1 || x1.size(-1) < 1) {
+      (cos.scalar_type() != at::kFloat && cos.scalar_type() != x1.scalar_type()) || x1.dim() < 1 ||
+      x1.size(-1) < 1) {
     return false;
   }
   const std::optional<at::Tensor> x = joined_halves(x1, x2);
@@ -611,9 +610,8 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
   at::Tensor out4 = view(*out, 1, 2 * half);
   const at::Tensor cos4 = view(cos_e, 2, half);
   const at::Tensor sin4 = view(sin_e, 2, half);
-  if (self_overlapping(out4) ||
-      (!same_view(out4, x4) && may_overlap(out4, x4)) || may_overlap(out4, cos4) ||
-      may_overlap(out4, sin4)) {
+  if (self_overlapping(out4) || (!same_view(out4, x4) && may_overlap(out4, x4)) ||
+      may_overlap(out4, cos4) || may_overlap(out4, sin4)) {
     return false;  // aliasing the kernel cannot honour: the fallback computes via temporaries
   }
   RopeCall c;
@@ -634,9 +632,9 @@ bool apply_rotary_kernel(const at::Tensor& x1, const at::Tensor& x2, const at::T
 // A call of the general forms (rope_inplace, rope_out) with their table, row and pair options;
 // the caller sets q, k, their outputs and the names that differ.
 RopeCall general_call(const char* op, const at::Tensor& cos, const at::Tensor& sin,
-                  const OptTensor& positions, const OptTensor& seqlen_offsets,
-                  const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
-                  bool interleaved, bool full_table, bool transpose) {
+                      const OptTensor& positions, const OptTensor& seqlen_offsets,
+                      const OptTensor& cu_seqlens, int64_t seqlen_offset, int64_t rot_dim,
+                      bool interleaved, bool full_table, bool transpose) {
   RopeCall c;
   c.op = op;
   c.cos = cos;
@@ -663,10 +661,9 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const OptT
               "positions", "", pdl::request_of(enable_pdl));
 }
 
-void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
-                              const OptTensor& key, int64_t head_size,
-                              const at::Tensor& cos_sin_cache, bool is_neox, int64_t rot_dim,
-                              const at::Tensor& cos_sin_cache_offsets,
+void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query, const OptTensor& key,
+                              int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox,
+                              int64_t rot_dim, const at::Tensor& cos_sin_cache_offsets,
                               std::optional<bool> enable_pdl) {
   constexpr const char* op = "batched_rotary_embedding";
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rot_dim, op,
@@ -685,10 +682,9 @@ void batched_rotary_embedding(const at::Tensor& positions, at::Tensor& query,
   // The row of each token, as positions for the common path (int64: no overflow).
   const at::Tensor rows =
       positions.to(at::kLong).add(offsets.to(at::kLong).reshape(positions.sizes()));
-  vllm_rotary(op, rows, query, key, head_size, cos_sin_cache, is_neox,
-              "positions + cos_sin_cache_offsets",
-              " (positions here are positions + cos_sin_cache_offsets)",
-              pdl::request_of(enable_pdl));
+  vllm_rotary(
+      op, rows, query, key, head_size, cos_sin_cache, is_neox, "positions + cos_sin_cache_offsets",
+      " (positions here are positions + cos_sin_cache_offsets)", pdl::request_of(enable_pdl));
 }
 
 void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, const at::Tensor& sin,
@@ -697,7 +693,7 @@ void rope_inplace(at::Tensor& q, const OptTensor& k, const at::Tensor& cos, cons
                   bool interleaved, bool full_table, bool transpose,
                   std::optional<bool> enable_pdl) {
   RopeCall c = general_call("rope_inplace", cos, sin, positions, seqlen_offsets, cu_seqlens,
-                        seqlen_offset, rot_dim, interleaved, full_table, transpose);
+                            seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.names.q_out = "q";
   c.names.k_out = "k";
   c.q = c.q_out = q;
@@ -714,7 +710,7 @@ void rope_out(at::Tensor& q_out, const at::Tensor& q, const OptTensor& k_out, co
               int64_t rot_dim, bool interleaved, bool full_table, bool transpose,
               std::optional<bool> enable_pdl) {
   RopeCall c = general_call("rope_out", cos, sin, positions, seqlen_offsets, cu_seqlens,
-                        seqlen_offset, rot_dim, interleaved, full_table, transpose);
+                            seqlen_offset, rot_dim, interleaved, full_table, transpose);
   c.q = q;
   c.q_out = q_out;
   c.k = k;
@@ -731,9 +727,8 @@ void apply_rotary(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& 
   TORCH_CHECK(floating, op, ": x1 must be float32, float16, bfloat16 or float64, got ",
               dtype_name(x1.scalar_type()));
   TORCH_CHECK(x1.dim() >= 1, op, ": x1 must have at least one dimension, got a 0-d tensor");
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x2", &x2},
-                                {"out1", &out1},
-                                {"out2", &out2}}) {
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor*>{"x2", &x2}, {"out1", &out1}, {"out2", &out2}}) {
     torch_checks::check_device_of(op, name, *t, "x1", x1);
     check_dtype_of(op, name, *t, "x1", x1);
     check_shape_of(op, name, *t, "x1", x1);

@@ -13,20 +13,19 @@
 
 // vLLM, in place. query/key: [T, H * D], [T, H, D] (positions [T]) or [B, S, H * D],
 // [B, S, H, D] (positions [B, S]); key has its own head count H or is None.
-void rotary_embedding(const at::Tensor& positions,               // [T] or [B, S], int64/int32
-                      at::Tensor& query,                         // [T|B,S, Hq * D | Hq, D]
-                      const std::optional<at::Tensor>& key,      // [T|B,S, Hk * D | Hk, D]
-                      int64_t head_size,                         // D
-                      const at::Tensor& cos_sin_cache,           // [max_pos, rot] = cat(cos, sin)
-                      bool is_neox,
-                      std::optional<bool> enable_pdl);
+void rotary_embedding(const at::Tensor& positions,           // [T] or [B, S], int64/int32
+                      at::Tensor& query,                     // [T|B,S, Hq * D | Hq, D]
+                      const std::optional<at::Tensor>& key,  // [T|B,S, Hk * D | Hk, D]
+                      int64_t head_size,                     // D
+                      const at::Tensor& cos_sin_cache,       // [max_pos, rot] = cat(cos, sin)
+                      bool is_neox, std::optional<bool> enable_pdl);
 
 // vLLM, in place, table row = positions + cos_sin_cache_offsets (one offset per token).
-void batched_rotary_embedding(const at::Tensor& positions,              // [T] or [B, S]
-                              at::Tensor& query,                        // as rotary_embedding
-                              const std::optional<at::Tensor>& key,     // as rotary_embedding
-                              int64_t head_size,                        // D
-                              const at::Tensor& cos_sin_cache,          // [max_pos, rot]
+void batched_rotary_embedding(const at::Tensor& positions,           // [T] or [B, S]
+                              at::Tensor& query,                     // as rotary_embedding
+                              const std::optional<at::Tensor>& key,  // as rotary_embedding
+                              int64_t head_size,                     // D
+                              const at::Tensor& cos_sin_cache,       // [max_pos, rot]
                               bool is_neox,
                               int64_t rot_dim,                          // rot
                               const at::Tensor& cos_sin_cache_offsets,  // [T] or [B, S]
@@ -37,13 +36,13 @@ void batched_rotary_embedding(const at::Tensor& positions,              // [T] o
 // or rot (full_table). Rows: positions [B, S] (int32/int64) if given, else cu_seqlens
 // [num_seqs + 1] (int32, B == 1) if given, else s + seqlen_offset (+ seqlen_offsets[b]).
 // seqlen_offsets: int32 [B] (or [num_seqs] with cu_seqlens).
-void rope_inplace(at::Tensor& q,                                   // [B, S, Hq, D], in/out
-                  const std::optional<at::Tensor>& k,              // [B, S, Hk, D], in/out
-                  const at::Tensor& cos,                           // [TB, R, TH, W]
-                  const at::Tensor& sin,                           // [TB, R, TH, W]
-                  const std::optional<at::Tensor>& positions,      // [B, S]
-                  const std::optional<at::Tensor>& seqlen_offsets, // [B] or [num_seqs]
-                  const std::optional<at::Tensor>& cu_seqlens,     // [num_seqs + 1]
+void rope_inplace(at::Tensor& q,                                    // [B, S, Hq, D], in/out
+                  const std::optional<at::Tensor>& k,               // [B, S, Hk, D], in/out
+                  const at::Tensor& cos,                            // [TB, R, TH, W]
+                  const at::Tensor& sin,                            // [TB, R, TH, W]
+                  const std::optional<at::Tensor>& positions,       // [B, S]
+                  const std::optional<at::Tensor>& seqlen_offsets,  // [B] or [num_seqs]
+                  const std::optional<at::Tensor>& cu_seqlens,      // [num_seqs + 1]
                   int64_t seqlen_offset, int64_t rot_dim, bool interleaved, bool full_table,
                   bool transpose, std::optional<bool> enable_pdl);
 

@@ -30,7 +30,9 @@ _DROP = (
 FAKE_TOKEN = "hf_localhub_fake_token_0123456789"
 
 
-def client_env(endpoint: str, home: Path, *, token: str | None = FAKE_TOKEN, telemetry: bool = False) -> dict[str, str]:
+def client_env(
+    endpoint: str, home: Path, *, token: str | None = FAKE_TOKEN, telemetry: bool = False
+) -> dict[str, str]:
     """An environment whose Hub traffic all goes to `endpoint`, with caches under `home`.
 
     Xet is disabled (the local hub speaks the LFS protocol only). `telemetry=False` sets

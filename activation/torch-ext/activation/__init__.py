@@ -45,17 +45,25 @@ __all__ = [
 ]
 
 
-def _resolve(name: str, out: Optional[torch.Tensor], x: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+def _resolve(
+    name: str, out: Optional[torch.Tensor], x: Optional[torch.Tensor]
+) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
     """Maps the calling conventions onto (out or None, input)."""
     if x is None:
         if out is None:
-            raise TypeError(f"{name}() needs an input tensor: call {name}(x), {name}(out, x) or {name}(x=x)")
+            raise TypeError(
+                f"{name}() needs an input tensor: call {name}(x), {name}(out, x) or {name}(x=x)"
+            )
         return None, out  # a single tensor is the input
     return out, x
 
 
 def _apply(
-    name: str, out: Optional[torch.Tensor], x: Optional[torch.Tensor], *scalars: float, enable_pdl: Optional[bool]
+    name: str,
+    out: Optional[torch.Tensor],
+    x: Optional[torch.Tensor],
+    *scalars: float,
+    enable_pdl: Optional[bool],
 ) -> torch.Tensor:
     out, x = _resolve(name, out, x)
     if out is None:
@@ -68,28 +76,40 @@ def _apply(
 
 
 def silu_and_mul(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """SwiGLU: ``silu(x[..., :d]) * x[..., d:]``."""
     return _apply("silu_and_mul", out, x, enable_pdl=enable_pdl)
 
 
 def mul_and_silu(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """``x[..., :d] * silu(x[..., d:])``."""
     return _apply("mul_and_silu", out, x, enable_pdl=enable_pdl)
 
 
 def gelu_and_mul(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """GeGLU: ``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) GELU."""
     return _apply("gelu_and_mul", out, x, enable_pdl=enable_pdl)
 
 
 def gelu_tanh_and_mul(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """``gelu_tanh(x[..., :d]) * x[..., d:]`` with the tanh-approximated GELU."""
     return _apply("gelu_tanh_and_mul", out, x, enable_pdl=enable_pdl)
@@ -130,42 +150,60 @@ def swigluoai_and_mul(
 
 
 def gelu(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))`` (``F.gelu``)."""
     return _apply("gelu", out, x, enable_pdl=enable_pdl)
 
 
 def gelu_tanh(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Tanh GELU, ``F.gelu(x, approximate="tanh")``."""
     return _apply("gelu_tanh", out, x, enable_pdl=enable_pdl)
 
 
 def silu(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """SiLU / swish, ``x * sigmoid(x)`` (``F.silu``)."""
     return _apply("silu", out, x, enable_pdl=enable_pdl)
 
 
 def gelu_fast(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """``0.5 * x * (1 + tanh(0.7978845608 * x * (1 + 0.044715 * x**2)))`` (transformers FastGELU)."""
     return _apply("gelu_fast", out, x, enable_pdl=enable_pdl)
 
 
 def gelu_new(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """GPT-2 GELU, ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`` (transformers NewGELU)."""
     return _apply("gelu_new", out, x, enable_pdl=enable_pdl)
 
 
 def gelu_quick(
-    out: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None, *, enable_pdl: Optional[bool] = None
+    out: Optional[torch.Tensor] = None,
+    x: Optional[torch.Tensor] = None,
+    *,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Quick GELU, ``x * sigmoid(1.702 * x)`` (transformers QuickGELU)."""
     return _apply("gelu_quick", out, x, enable_pdl=enable_pdl)

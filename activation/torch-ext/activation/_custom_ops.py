@@ -74,7 +74,9 @@ def output_shape(name: str, gated: bool, x: torch.Tensor) -> Tuple[int, ...]:
     """Shape of `<name>(x)`: x's shape, with the last dimension halved for gated ops."""
     if not gated:
         return tuple(x.shape)
-    torch._check(x.dim() >= 1, lambda: f"{name}: input must have at least one dimension, got a 0-d tensor")
+    torch._check(
+        x.dim() >= 1, lambda: f"{name}: input must have at least one dimension, got a 0-d tensor"
+    )
     torch._check(
         x.shape[-1] % 2 == 0,
         lambda: f"{name}: input last dimension must be even (2 * d), got {x.shape[-1]}",
@@ -85,18 +87,24 @@ def output_shape(name: str, gated: bool, x: torch.Tensor) -> Tuple[int, ...]:
 def _check_dtype(name: str, arg: str, t: torch.Tensor) -> None:
     torch._check(
         t.dtype in _FLOAT_DTYPES,
-        lambda: f"{name}: {arg} must be float32, float16, bfloat16 or float64, got {_dtype_name(t.dtype)}",
+        lambda: (
+            f"{name}: {arg} must be float32, float16, bfloat16 or float64, got {_dtype_name(t.dtype)}"
+        ),
     )
 
 
 def _check_like(name: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
     torch._check(
         t.dtype == ref.dtype,
-        lambda: f"{name}: {arg} must have the dtype of {ref_arg} (expected {_dtype_name(ref.dtype)}, got {_dtype_name(t.dtype)})",
+        lambda: (
+            f"{name}: {arg} must have the dtype of {ref_arg} (expected {_dtype_name(ref.dtype)}, got {_dtype_name(t.dtype)})"
+        ),
     )
     torch._check(
         t.device == ref.device,
-        lambda: f"{name}: {arg} must be on the device of {ref_arg} (expected {ref.device}, got {t.device})",
+        lambda: (
+            f"{name}: {arg} must be on the device of {ref_arg} (expected {ref.device}, got {t.device})"
+        ),
     )
 
 
@@ -135,7 +143,9 @@ def _register(spec: _OpSpec) -> None:
         what = "the input shape with the last dimension halved" if gated else "the input shape"
         _check_shape(name, "out", out, shape, what)
 
-    def bwd_fake(grad_input: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, *scalars: float) -> None:
+    def bwd_fake(
+        grad_input: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, *scalars: float
+    ) -> None:
         _check_bwd(bwd_name, gated, grad_out, x)
         _check_like(bwd_name, "grad_input", grad_input, "input", x)
         _check_shape(bwd_name, "grad_input", grad_input, x.shape, "the input shape")
@@ -192,7 +202,9 @@ def _register(spec: _OpSpec) -> None:
         return (backward_op(grad_out, x, *ctx.scalars),) + (None,) * num_scalars
 
     torch.library.register_autograd(
-        add_op_namespace_prefix(f"{name}_functional"), autograd_backward, setup_context=setup_context
+        add_op_namespace_prefix(f"{name}_functional"),
+        autograd_backward,
+        setup_context=setup_context,
     )
 
     FORWARD[name] = forward_op

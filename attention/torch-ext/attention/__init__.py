@@ -90,7 +90,16 @@ def reshape_and_cache(
     ``kv_cache_dtype`` must be ``"auto"`` (fp8 caches are not supported) and the scales are
     unused. A slot past the cache raises (CPU) or stops the kernel with a device-side assertion
     naming slot_mapping (CUDA)."""
-    ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, _scale(k_scale), _scale(v_scale))
+    ops.reshape_and_cache(
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        kv_cache_dtype,
+        _scale(k_scale),
+        _scale(v_scale),
+    )
 
 
 def reshape_and_cache_flash(
@@ -109,7 +118,14 @@ def reshape_and_cache_flash(
     the layout ``flash_attn_with_kvcache`` and ``flash_attn_varlen_func`` read with a
     ``block_table``."""
     ops.reshape_and_cache_flash(
-        key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, _scale(k_scale), _scale(v_scale)
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        kv_cache_dtype,
+        _scale(k_scale),
+        _scale(v_scale),
     )
 
 
@@ -122,7 +138,12 @@ def _unpad(x: torch.Tensor, mask: torch.Tensor):
     lengths = mask.sum(dim=-1, dtype=torch.int32)
     indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
     cu = torch.nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
-    return x.reshape(-1, *x.shape[2:])[indices], indices, cu, int(lengths.max().item()) if lengths.numel() else 0
+    return (
+        x.reshape(-1, *x.shape[2:])[indices],
+        indices,
+        cu,
+        int(lengths.max().item()) if lengths.numel() else 0,
+    )
 
 
 def transformers_attention_forward(
@@ -165,12 +186,18 @@ def transformers_attention_forward(
     if s_aux is not None:
         raise NotImplementedError(f"{op}: attention sinks (s_aux) are not supported by this kernel")
     if dropout and module is not None and module.training:
-        raise NotImplementedError(f"{op}: dropout = {dropout} is not implemented (forward-only kernel)")
+        raise NotImplementedError(
+            f"{op}: dropout = {dropout} is not implemented (forward-only kernel)"
+        )
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D] views
     dtype = q.dtype
     if q.device.type == "cuda" and dtype == torch.float32:
-        target = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+        target = (
+            torch.get_autocast_dtype("cuda")
+            if torch.is_autocast_enabled("cuda")
+            else torch.bfloat16
+        )
         q, k, v = q.to(target), k.to(target), v.to(target)
     batch, q_len = q.shape[0], q.shape[1]
     kv_len = k.shape[1]
@@ -187,7 +214,9 @@ def transformers_attention_forward(
             k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
             kv_len = k.shape[1]
         k_unpad, _, cu_k, max_k = _unpad(k, mask)
-        v_unpad = v.reshape(-1, *v.shape[2:])[torch.nonzero(mask.flatten(), as_tuple=False).flatten()]
+        v_unpad = v.reshape(-1, *v.shape[2:])[
+            torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+        ]
         if q_len == kv_len:
             q_unpad, indices_q, cu_q, max_q = _unpad(q, mask)
         elif q_len == 1:
@@ -197,7 +226,9 @@ def transformers_attention_forward(
             max_q = 1
         else:
             q_unpad, indices_q, cu_q, max_q = _unpad(q, mask[:, -q_len:])
-        out_unpad = flash_attn_varlen_func(q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, **options)
+        out_unpad = flash_attn_varlen_func(
+            q_unpad, k_unpad, v_unpad, cu_q, cu_k, max_q, max_k, **options
+        )
         out = out_unpad.new_zeros((batch * q_len, *out_unpad.shape[1:]))
         out[indices_q] = out_unpad
         out = out.view(batch, q_len, *out_unpad.shape[1:])

@@ -23,10 +23,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _check_device(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str = "q") -> None:
+def _check_device(
+    op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str = "q"
+) -> None:
     torch._check(
         t.device == ref.device,
-        lambda: f"{op}: {name} must be on the device of {ref_name} (expected {ref.device}, got {t.device})",
+        lambda: (
+            f"{op}: {name} must be on the device of {ref_name} (expected {ref.device}, got {t.device})"
+        ),
     )
 
 
@@ -34,10 +38,16 @@ def _unit_last_stride(t: torch.Tensor) -> bool:
     return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1
 
 
-def _check_int32(op: str, name: str, t: torch.Tensor, q: torch.Tensor, shape_text: str, dims: int = 1) -> None:
+def _check_int32(
+    op: str, name: str, t: torch.Tensor, q: torch.Tensor, shape_text: str, dims: int = 1
+) -> None:
     _check_device(op, name, t, q)
-    torch._check(t.dtype == torch.int32, lambda: f"{op}: {name} must be int32, got {_dtype_name(t.dtype)}")
-    torch._check(t.dim() == dims, lambda: f"{op}: {name} must have shape {shape_text}, got {list(t.shape)}")
+    torch._check(
+        t.dtype == torch.int32, lambda: f"{op}: {name} must be int32, got {_dtype_name(t.dtype)}"
+    )
+    torch._check(
+        t.dim() == dims, lambda: f"{op}: {name} must have shape {shape_text}, got {list(t.shape)}"
+    )
 
 
 def check_attention(
@@ -56,19 +66,33 @@ def check_attention(
     names: Optional[dict] = None,
 ) -> None:
     """The shape, dtype, device and stride rules of torch-ext/attention_ops.cpp (`check`)."""
-    n = {"q": "q", "k": "k", "v": "v", "out": "out", "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k",
-         "seqused_k": "seqused_k", "block_table": "block_table", "kv_batch_idx": "kv_batch_idx",
-         "leftpad_k": "leftpad_k", "alibi_slopes": "alibi_slopes"}
+    n = {
+        "q": "q",
+        "k": "k",
+        "v": "v",
+        "out": "out",
+        "cu_seqlens_q": "cu_seqlens_q",
+        "cu_seqlens_k": "cu_seqlens_k",
+        "seqused_k": "seqused_k",
+        "block_table": "block_table",
+        "kv_batch_idx": "kv_batch_idx",
+        "leftpad_k": "leftpad_k",
+        "alibi_slopes": "alibi_slopes",
+    }
     n.update(names or {})
     if q.device.type == "cuda":
         torch._check(
             q.dtype in CUDA_DTYPES,
-            lambda: f"{op}: {n['q']} must be float16 or bfloat16 on CUDA, got {_dtype_name(q.dtype)}",
+            lambda: (
+                f"{op}: {n['q']} must be float16 or bfloat16 on CUDA, got {_dtype_name(q.dtype)}"
+            ),
         )
     else:
         torch._check(
             q.dtype in KERNEL_DTYPES,
-            lambda: f"{op}: {n['q']} must be float32, float16 or bfloat16, got {_dtype_name(q.dtype)}",
+            lambda: (
+                f"{op}: {n['q']} must be float32, float16 or bfloat16, got {_dtype_name(q.dtype)}"
+            ),
         )
     for key in ("k", "v", "out"):
         t = {"k": k, "v": v, "out": out}[key]
@@ -77,22 +101,28 @@ def check_attention(
         _check_device(op, n[key], t, q, n["q"])
         torch._check(
             t.dtype == q.dtype,
-            lambda: f"{op}: {n[key]} must have the dtype of {n['q']} (expected {_dtype_name(q.dtype)}, got "
-            f"{_dtype_name(t.dtype)})",
+            lambda: (
+                f"{op}: {n[key]} must have the dtype of {n['q']} (expected {_dtype_name(q.dtype)}, got "
+                f"{_dtype_name(t.dtype)})"
+            ),
         )
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         torch._check(
             q.dim() == 3,
-            lambda: f"{op}: {n['q']} must have shape [total_q, num_heads, head_dim] with {n['cu_seqlens_q']}, got "
-            f"{list(q.shape)}",
+            lambda: (
+                f"{op}: {n['q']} must have shape [total_q, num_heads, head_dim] with {n['cu_seqlens_q']}, got "
+                f"{list(q.shape)}"
+            ),
         )
         _check_int32(op, n["cu_seqlens_q"], cu_seqlens_q, q, "[batch + 1]")
         batch = cu_seqlens_q.shape[0] - 1
     else:
         torch._check(
             q.dim() == 4,
-            lambda: f"{op}: {n['q']} must have shape [batch, seqlen_q, num_heads, head_dim], got {list(q.shape)}",
+            lambda: (
+                f"{op}: {n['q']} must have shape [batch, seqlen_q, num_heads, head_dim], got {list(q.shape)}"
+            ),
         )
         batch = q.shape[0]
     if block_table is not None and cu_seqlens_k is not None:
@@ -100,97 +130,135 @@ def check_attention(
         _check_int32(op, n["cu_seqlens_k"], cu_seqlens_k, q, "[batch + 1]")
         torch._check(
             cu_seqlens_k.shape[0] == batch + 1,
-            lambda: f"{op}: {n['cu_seqlens_k']} must have shape [{batch + 1}] ([batch + 1]), got "
-            f"{list(cu_seqlens_k.shape)}",
+            lambda: (
+                f"{op}: {n['cu_seqlens_k']} must have shape [{batch + 1}] ([batch + 1]), got "
+                f"{list(cu_seqlens_k.shape)}"
+            ),
         )
         cu_seqlens_k = None
     if block_table is not None:
         torch._check(
             k.dim() == 4,
-            lambda: f"{op}: {n['k']} must be a paged cache [num_blocks, block_size, num_heads_k, head_dim] with "
-            f"{n['block_table']}, got {list(k.shape)}",
+            lambda: (
+                f"{op}: {n['k']} must be a paged cache [num_blocks, block_size, num_heads_k, head_dim] with "
+                f"{n['block_table']}, got {list(k.shape)}"
+            ),
         )
         _check_int32(op, n["block_table"], block_table, q, "[batch, max_blocks_per_seq]", dims=2)
         torch._check(
             block_table.shape[0] == batch,
-            lambda: f"{op}: {n['block_table']} must have shape [batch = {batch}, max_blocks_per_seq], got "
-            f"{list(block_table.shape)}",
+            lambda: (
+                f"{op}: {n['block_table']} must have shape [batch = {batch}, max_blocks_per_seq], got "
+                f"{list(block_table.shape)}"
+            ),
         )
     elif cu_seqlens_k is not None:
         torch._check(
             k.dim() == 3,
-            lambda: f"{op}: {n['k']} must have shape [total_k, num_heads_k, head_dim] with {n['cu_seqlens_k']}, got "
-            f"{list(k.shape)}",
+            lambda: (
+                f"{op}: {n['k']} must have shape [total_k, num_heads_k, head_dim] with {n['cu_seqlens_k']}, got "
+                f"{list(k.shape)}"
+            ),
         )
         _check_int32(op, n["cu_seqlens_k"], cu_seqlens_k, q, "[batch + 1]")
         torch._check(
             cu_seqlens_k.shape[0] == batch + 1,
-            lambda: f"{op}: {n['cu_seqlens_k']} must have shape [{batch + 1}] ([batch + 1]), got "
-            f"{list(cu_seqlens_k.shape)}",
+            lambda: (
+                f"{op}: {n['cu_seqlens_k']} must have shape [{batch + 1}] ([batch + 1]), got "
+                f"{list(cu_seqlens_k.shape)}"
+            ),
         )
     else:
         torch._check(
             k.dim() == 4,
-            lambda: f"{op}: {n['k']} must have shape [batch, seqlen_k, num_heads_k, head_dim], got {list(k.shape)}",
+            lambda: (
+                f"{op}: {n['k']} must have shape [batch, seqlen_k, num_heads_k, head_dim], got {list(k.shape)}"
+            ),
         )
         if kv_batch_idx is None:
             torch._check(
                 k.shape[0] == batch,
-                lambda: f"{op}: {n['k']} must have the batch size of {n['q']} ({batch}), got shape {list(k.shape)}",
+                lambda: (
+                    f"{op}: {n['k']} must have the batch size of {n['q']} ({batch}), got shape {list(k.shape)}"
+                ),
             )
     torch._check(
         tuple(v.shape) == tuple(k.shape),
-        lambda: f"{op}: {n['v']} must have the shape of {n['k']} {list(k.shape)}, got {list(v.shape)}",
+        lambda: (
+            f"{op}: {n['v']} must have the shape of {n['k']} {list(k.shape)}, got {list(v.shape)}"
+        ),
     )
     heads_q, heads_kv, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     torch._check(
         heads_kv > 0 and heads_q % heads_kv == 0,
-        lambda: f"{op}: the number of heads of {n['q']} ({heads_q}) must be a multiple of that of {n['k']} and "
-        f"{n['v']} ({heads_kv})",
+        lambda: (
+            f"{op}: the number of heads of {n['q']} ({heads_q}) must be a multiple of that of {n['k']} and "
+            f"{n['v']} ({heads_kv})"
+        ),
     )
     torch._check(
         k.shape[-1] == head_dim,
-        lambda: f"{op}: {n['k']} must have the head_dim of {n['q']} ({head_dim}), got shape {list(k.shape)}",
+        lambda: (
+            f"{op}: {n['k']} must have the head_dim of {n['q']} ({head_dim}), got shape {list(k.shape)}"
+        ),
     )
     if q.device.type == "cuda":
         torch._check(
             head_dim in CUDA_HEAD_DIMS,
-            lambda: f"{op}: head_dim {head_dim} of {n['q']} is not supported on CUDA (supported: 32, 64, 96, 128, "
-            "192, 256)",
+            lambda: (
+                f"{op}: head_dim {head_dim} of {n['q']} is not supported on CUDA (supported: 32, 64, 96, 128, "
+                "192, 256)"
+            ),
         )
     else:
-        torch._check(head_dim > 0, lambda: f"{op}: head_dim of {n['q']} must be > 0, got shape {list(q.shape)}")
+        torch._check(
+            head_dim > 0,
+            lambda: f"{op}: head_dim of {n['q']} must be > 0, got shape {list(q.shape)}",
+        )
     for key in ("q", "k", "v", "out"):
         t = {"q": q, "k": k, "v": v, "out": out}[key]
         if t is None:
             continue
         torch._check(
             _unit_last_stride(t),
-            lambda: f"{op}: {n[key]} must have stride 1 along its last dimension (head_dim), got strides "
-            f"{list(t.stride())}",
+            lambda: (
+                f"{op}: {n[key]} must have stride 1 along its last dimension (head_dim), got strides "
+                f"{list(t.stride())}"
+            ),
         )
     if out is not None:
         torch._check(
             tuple(out.shape) == tuple(q.shape),
-            lambda: f"{op}: {n['out']} must have the shape of {n['q']} {list(q.shape)}, got {list(out.shape)}",
+            lambda: (
+                f"{op}: {n['out']} must have the shape of {n['q']} {list(q.shape)}, got {list(out.shape)}"
+            ),
         )
-    for key, t in (("seqused_k", seqused_k), ("kv_batch_idx", kv_batch_idx), ("leftpad_k", leftpad_k)):
+    for key, t in (
+        ("seqused_k", seqused_k),
+        ("kv_batch_idx", kv_batch_idx),
+        ("leftpad_k", leftpad_k),
+    ):
         if t is not None:
             _check_int32(op, n[key], t, q, f"[{batch}]")
             torch._check(
-                t.shape[0] == batch, lambda: f"{op}: {n[key]} must have shape [{batch}], got {list(t.shape)}"
+                t.shape[0] == batch,
+                lambda: f"{op}: {n[key]} must have shape [{batch}], got {list(t.shape)}",
             )
     if alibi_slopes is not None:
         _check_device(op, n["alibi_slopes"], alibi_slopes, q)
         torch._check(
             alibi_slopes.dtype == torch.float32,
-            lambda: f"{op}: {n['alibi_slopes']} must be float32, got {_dtype_name(alibi_slopes.dtype)}",
+            lambda: (
+                f"{op}: {n['alibi_slopes']} must be float32, got {_dtype_name(alibi_slopes.dtype)}"
+            ),
         )
         torch._check(
             (alibi_slopes.dim() == 1 and alibi_slopes.shape[0] == heads_q)
             or (alibi_slopes.dim() == 2 and tuple(alibi_slopes.shape) == (batch, heads_q)),
-            lambda: f"{op}: {n['alibi_slopes']} must have shape [num_heads = {heads_q}] or [batch = {batch}, "
-            f"num_heads = {heads_q}], got {list(alibi_slopes.shape)}",
+            lambda: (
+                f"{op}: {n['alibi_slopes']} must have shape [num_heads = {heads_q}] or [batch = {batch}, "
+                f"num_heads = {heads_q}], got {list(alibi_slopes.shape)}"
+            ),
         )
 
 
@@ -228,44 +296,154 @@ def lse_like(q: torch.Tensor, varlen: bool) -> torch.Tensor:
 
 @torch.library.register_fake(add_op_namespace_prefix("attn_fwd"))
 def _attn_fwd_fake(
-    out, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
-    max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits,
+    out,
+    q,
+    k,
+    v,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_k,
+    block_table,
+    kv_batch_idx,
+    leftpad_k,
+    alibi_slopes,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    softcap,
+    causal,
+    window_left,
+    window_right,
+    num_splits,
     enable_pdl=None,
 ):
     check_attention(
-        "attn_fwd", q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
+        "attn_fwd",
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        kv_batch_idx,
+        leftpad_k,
         alibi_slopes,
     )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("fwd"))
-def _fwd_fake(q, k, v, out, alibi_slopes, p_dropout, softmax_scale, is_causal, window_size_left, window_size_right,
-              softcap, return_softmax, gen, enable_pdl=None):
+def _fwd_fake(
+    q,
+    k,
+    v,
+    out,
+    alibi_slopes,
+    p_dropout,
+    softmax_scale,
+    is_causal,
+    window_size_left,
+    window_size_right,
+    softcap,
+    return_softmax,
+    gen,
+    enable_pdl=None,
+):
     check_attention("fwd", q, k, v, out, alibi_slopes=alibi_slopes)
     return out if out is not None else output_like(q), lse_like(q, False)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("varlen_fwd"))
-def _varlen_fwd_fake(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table, alibi_slopes,
-                     max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, zero_tensors, is_causal, window_size_left,
-                     window_size_right, softcap, return_softmax, gen, enable_pdl=None):
+def _varlen_fwd_fake(
+    q,
+    k,
+    v,
+    out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_k,
+    leftpad_k,
+    block_table,
+    alibi_slopes,
+    max_seqlen_q,
+    max_seqlen_k,
+    p_dropout,
+    softmax_scale,
+    zero_tensors,
+    is_causal,
+    window_size_left,
+    window_size_right,
+    softcap,
+    return_softmax,
+    gen,
+    enable_pdl=None,
+):
     check_attention(
-        "varlen_fwd", q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, None, leftpad_k, alibi_slopes,
+        "varlen_fwd",
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        None,
+        leftpad_k,
+        alibi_slopes,
     )
     return out if out is not None else output_like(q), lse_like(q, True)
 
 
-KVCACHE_NAMES = {"k": "k_cache", "v": "v_cache", "seqused_k": "cache_seqlens", "kv_batch_idx": "cache_batch_idx",
-                 "leftpad_k": "cache_leftpad"}
+KVCACHE_NAMES = {
+    "k": "k_cache",
+    "v": "v_cache",
+    "seqused_k": "cache_seqlens",
+    "kv_batch_idx": "cache_batch_idx",
+    "leftpad_k": "cache_leftpad",
+}
 
 
 @torch.library.register_fake(add_op_namespace_prefix("fwd_kvcache"))
-def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, cache_batch_idx,
-                      cache_leftpad, block_table, alibi_slopes, out, softmax_scale, is_causal, window_size_left,
-                      window_size_right, softcap, rotary_interleaved, num_splits, enable_pdl=None):
+def _fwd_kvcache_fake(
+    q,
+    k_cache,
+    v_cache,
+    k,
+    v,
+    cache_seqlens,
+    rotary_cos,
+    rotary_sin,
+    cache_batch_idx,
+    cache_leftpad,
+    block_table,
+    alibi_slopes,
+    out,
+    softmax_scale,
+    is_causal,
+    window_size_left,
+    window_size_right,
+    softcap,
+    rotary_interleaved,
+    num_splits,
+    enable_pdl=None,
+):
     check_attention(
-        "fwd_kvcache", q, k_cache, v_cache, out, None, None, cache_seqlens, block_table, cache_batch_idx,
-        cache_leftpad, alibi_slopes, names=KVCACHE_NAMES,
+        "fwd_kvcache",
+        q,
+        k_cache,
+        v_cache,
+        out,
+        None,
+        None,
+        cache_seqlens,
+        block_table,
+        cache_batch_idx,
+        cache_leftpad,
+        alibi_slopes,
+        names=KVCACHE_NAMES,
     )
     return out if out is not None else output_like(q), lse_like(q, False)
 
@@ -275,12 +453,19 @@ def _check_cache_write(op, key, value, key_cache, value_cache, slot_mapping, kv_
         raise NotImplementedError(
             f"{op}: kv_cache_dtype '{kv_cache_dtype}' is not supported (only 'auto': the caches have the dtype of key)"
         )
-    torch._check(key.dim() == 3, lambda: f"{op}: key must have shape [num_tokens, num_heads, head_size], got {list(key.shape)}")
+    torch._check(
+        key.dim() == 3,
+        lambda: (
+            f"{op}: key must have shape [num_tokens, num_heads, head_size], got {list(key.shape)}"
+        ),
+    )
     for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
         _check_device(op, name, t, key, "key")
         torch._check(
             t.dtype == key.dtype,
-            lambda: f"{op}: {name} must have the dtype of key (expected {_dtype_name(key.dtype)}, got {_dtype_name(t.dtype)})",
+            lambda: (
+                f"{op}: {name} must have the dtype of key (expected {_dtype_name(key.dtype)}, got {_dtype_name(t.dtype)})"
+            ),
         )
     torch._check(
         slot_mapping.dtype in (torch.int64, torch.int32),
@@ -289,13 +474,21 @@ def _check_cache_write(op, key, value, key_cache, value_cache, slot_mapping, kv_
 
 
 @torch.library.register_fake(add_op_namespace_prefix("reshape_and_cache"))
-def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
-    _check_cache_write("reshape_and_cache", key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype)
+def _reshape_and_cache_fake(
+    key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
+):
+    _check_cache_write(
+        "reshape_and_cache", key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("reshape_and_cache_flash"))
-def _reshape_and_cache_flash_fake(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
-    _check_cache_write("reshape_and_cache_flash", key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype)
+def _reshape_and_cache_flash_fake(
+    key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
+):
+    _check_cache_write(
+        "reshape_and_cache_flash", key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype
+    )
 
 
 # ---- the allocating forward op behind the Python API ----
@@ -309,24 +502,89 @@ def _reshape_and_cache_flash_fake(key, value, key_cache, value_cache, slot_mappi
     "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
     "int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)",
 )
-def _attn_func(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
-               max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits,
-               enable_pdl=None):
+def _attn_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_k,
+    block_table,
+    kv_batch_idx,
+    leftpad_k,
+    alibi_slopes,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    softcap,
+    causal,
+    window_left,
+    window_right,
+    num_splits,
+    enable_pdl=None,
+):
     out = output_like(q)
     lse = lse_like(q, cu_seqlens_q is not None)
     ops.attn_fwd(
-        out, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
-        max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left, window_right, num_splits, enable_pdl,
+        out,
+        q,
+        k,
+        v,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        kv_batch_idx,
+        leftpad_k,
+        alibi_slopes,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        softcap,
+        causal,
+        window_left,
+        window_right,
+        num_splits,
+        enable_pdl,
     )
     return out, lse
 
 
 @torch.library.register_fake(add_op_namespace_prefix("attn_func"))
-def _attn_func_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
-                    alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left,
-                    window_right, num_splits, enable_pdl=None):
+def _attn_func_fake(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_k,
+    block_table,
+    kv_batch_idx,
+    leftpad_k,
+    alibi_slopes,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    softcap,
+    causal,
+    window_left,
+    window_right,
+    num_splits,
+    enable_pdl=None,
+):
     check_attention(
-        "attn_func", q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k,
+        "attn_func",
+        q,
+        k,
+        v,
+        None,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        kv_batch_idx,
+        leftpad_k,
         alibi_slopes,
     )
     return output_like(q), lse_like(q, cu_seqlens_q is not None)
@@ -364,7 +622,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:3])
 
 
-torch.library.register_autograd(add_op_namespace_prefix("attn_func"), _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    add_op_namespace_prefix("attn_func"), _backward, setup_context=_setup_context
+)
 
 
 def attention(
@@ -400,9 +660,25 @@ def attention(
     left, right = window(op, window_size)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _attn_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx, leftpad_k, alibi_slopes,
-        as_int(max_seqlen_q), as_int(max_seqlen_k), scale, float(softcap or 0.0), bool(causal), left, right,
-        int(num_splits), enable_pdl,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        kv_batch_idx,
+        leftpad_k,
+        alibi_slopes,
+        as_int(max_seqlen_q),
+        as_int(max_seqlen_k),
+        scale,
+        float(softcap or 0.0),
+        bool(causal),
+        left,
+        right,
+        int(num_splits),
+        enable_pdl,
     )
 
 
@@ -418,7 +694,9 @@ def window(op: str, window_size) -> Tuple[int, int]:
     try:
         left, right = window_size
     except (TypeError, ValueError):
-        raise ValueError(f"{op}: window_size must be a pair (left, right), got {window_size!r}") from None
+        raise ValueError(
+            f"{op}: window_size must be a pair (left, right), got {window_size!r}"
+        ) from None
     left = -1 if left is None or left < 0 else int(left)
     right = -1 if right is None or right < 0 else int(right)
     return left, right

@@ -10,7 +10,9 @@ from typing import Optional, Tuple
 import torch
 
 
-def visible(len_q: int, len_k: int, causal: bool, window_size=(-1, -1), device=None) -> torch.Tensor:
+def visible(
+    len_q: int, len_k: int, causal: bool, window_size=(-1, -1), device=None
+) -> torch.Tensor:
     """[len_q, len_k] bool: key j visible from query i (masks aligned to the bottom-right corner)."""
     i = torch.arange(len_q, device=device)[:, None]
     j = torch.arange(len_k, device=device)[None, :]
@@ -41,7 +43,7 @@ def attention(
     -> (out [S_q, H, D], lse [H, S_q]) in `dtype`. A row with no visible key: out 0, lse +inf."""
     sq, h, d = q.shape
     sk, hk = k.shape[0], k.shape[1]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
     mask = visible(sq, sk, causal, window_size, q.device)
     dist = None
     if alibi_slopes is not None:

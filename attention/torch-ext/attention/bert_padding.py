@@ -15,12 +15,18 @@ def index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 def unpad_input(
-    hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: Optional[torch.Tensor] = None
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    unused_mask: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """``hidden_states [B, S, ...]``, ``attention_mask [B, S]`` (true / 1 = token) ->
     ``(rows [total, ...], indices [total], cu_seqlens int32 [B + 1], max_seqlen, seqused int32
     [B])``. ``unused_mask`` marks rows that are kept (allocated) but not counted in ``seqused``."""
-    mask = attention_mask.bool() if unused_mask is None else (attention_mask.bool() | unused_mask.bool())
+    mask = (
+        attention_mask.bool()
+        if unused_mask is None
+        else (attention_mask.bool() | unused_mask.bool())
+    )
     seqlens = mask.sum(dim=-1, dtype=torch.int32)
     used = attention_mask.bool().sum(dim=-1, dtype=torch.int32)
     indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
@@ -30,7 +36,9 @@ def unpad_input(
     return rows, indices, cu_seqlens, max_seqlen, used
 
 
-def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+def pad_input(
+    hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int
+) -> torch.Tensor:
     """Inverse of ``unpad_input``: rows ``[total, ...]`` back to ``[batch, seqlen, ...]`` with
     zeros where the mask was false."""
     out = hidden_states.new_zeros((batch * seqlen, *hidden_states.shape[1:]))

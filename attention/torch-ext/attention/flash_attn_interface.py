@@ -59,8 +59,16 @@ def flash_attn_func(
     """flash-attn ``flash_attn_func``: q ``[B, S_q, H, D]``, k / v ``[B, S_k, H_kv, D]`` ->
     out ``[B, S_q, H, D]`` (or ``(out, softmax_lse, None)``)."""
     out, lse = _custom_ops.attention(
-        "flash_attn_func", q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap,
-        causal=causal, window_size=window_size, dropout_p=dropout_p,
+        "flash_attn_func",
+        q,
+        k,
+        v,
+        alibi_slopes=alibi_slopes,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=window_size,
+        dropout_p=dropout_p,
         enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
@@ -98,11 +106,26 @@ def flash_attn_varlen_func(
     if block_table is None and cu_seqlens_k is None:
         raise ValueError(f"{op}: cu_seqlens_k is required without block_table")
     if block_table is not None and cu_seqlens_k is None and seqused_k is None:
-        raise ValueError(f"{op}: with block_table, pass seqused_k or cu_seqlens_k (the key lengths)")
+        raise ValueError(
+            f"{op}: with block_table, pass seqused_k or cu_seqlens_k (the key lengths)"
+        )
     out, lse = _custom_ops.attention(
-        op, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-        block_table=block_table, alibi_slopes=alibi_slopes, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, softcap=softcap, causal=causal, window_size=window_size, dropout_p=dropout_p,
+        op,
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        seqused_k=seqused_k,
+        block_table=block_table,
+        alibi_slopes=alibi_slopes,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=window_size,
+        dropout_p=dropout_p,
         enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
@@ -110,8 +133,12 @@ def flash_attn_varlen_func(
 
 def _unbind_packed(op: str, name: str, x: torch.Tensor, dim: int, parts: int):
     if x.dim() <= dim or x.shape[dim] != parts:
-        layout = {(2, 3): "[B, S, 3, H, D]", (2, 2): "[B, S, 2, H_kv, D]", (1, 3): "[total, 3, H, D]",
-                  (1, 2): "[total_k, 2, H_kv, D]"}[(dim, parts)]
+        layout = {
+            (2, 3): "[B, S, 3, H, D]",
+            (2, 2): "[B, S, 2, H_kv, D]",
+            (1, 3): "[total, 3, H, D]",
+            (1, 2): "[total_k, 2, H_kv, D]",
+        }[(dim, parts)]
         raise ValueError(f"{op}: {name} must have shape {layout}, got {list(x.shape)}")
     return x.unbind(dim)
 
@@ -132,8 +159,16 @@ def flash_attn_qkvpacked_func(
     op = "flash_attn_qkvpacked_func"
     q, k, v = _unbind_packed(op, "qkv", qkv, 2, 3)
     out, lse = _custom_ops.attention(
-        op, q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap, causal=causal,
-        window_size=window_size, dropout_p=dropout_p,
+        op,
+        q,
+        k,
+        v,
+        alibi_slopes=alibi_slopes,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=window_size,
+        dropout_p=dropout_p,
         enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
@@ -156,8 +191,16 @@ def flash_attn_kvpacked_func(
     op = "flash_attn_kvpacked_func"
     k, v = _unbind_packed(op, "kv", kv, 2, 2)
     out, lse = _custom_ops.attention(
-        op, q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap, causal=causal,
-        window_size=window_size, dropout_p=dropout_p,
+        op,
+        q,
+        k,
+        v,
+        alibi_slopes=alibi_slopes,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=window_size,
+        dropout_p=dropout_p,
         enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
@@ -181,9 +224,20 @@ def flash_attn_varlen_qkvpacked_func(
     op = "flash_attn_varlen_qkvpacked_func"
     q, k, v = _unbind_packed(op, "qkv", qkv, 1, 3)
     out, lse = _custom_ops.attention(
-        op, q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, alibi_slopes=alibi_slopes,
-        max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, softmax_scale=softmax_scale, softcap=softcap,
-        causal=causal, window_size=window_size, dropout_p=dropout_p,
+        op,
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        alibi_slopes=alibi_slopes,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=window_size,
+        dropout_p=dropout_p,
         enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
@@ -211,9 +265,20 @@ def flash_attn_varlen_kvpacked_func(
     op = "flash_attn_varlen_kvpacked_func"
     k, v = _unbind_packed(op, "kv", kv, 1, 2)
     out, lse = _custom_ops.attention(
-        op, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, softcap=softcap,
-        causal=causal, window_size=window_size, dropout_p=dropout_p,
+        op,
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        alibi_slopes=alibi_slopes,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=window_size,
+        dropout_p=dropout_p,
         enable_pdl=enable_pdl,
     )
     return _result(out, lse, return_attn_probs)
@@ -255,13 +320,33 @@ def flash_attn_with_kvcache(
     ``num_splits``: split-KV count (0: the kernel's choice; the CPU ignores it). Returns out
     ``[B, S_q, H, D]``, or ``(out, softmax_lse [B, H, S_q])``."""
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=k_cache.device)
+        cache_seqlens = torch.full(
+            (q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=k_cache.device
+        )
     left, right = _custom_ops.window("flash_attn_with_kvcache", window_size)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     out, lse = ops.fwd_kvcache(
-        q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
-        block_table, alibi_slopes, None, scale, bool(causal), left, right, float(softcap or 0.0),
-        bool(rotary_interleaved), int(num_splits), enable_pdl,
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens,
+        rotary_cos,
+        rotary_sin,
+        cache_batch_idx,
+        cache_leftpad,
+        block_table,
+        alibi_slopes,
+        None,
+        scale,
+        bool(causal),
+        left,
+        right,
+        float(softcap or 0.0),
+        bool(rotary_interleaved),
+        int(num_splits),
+        enable_pdl,
     )
     return (out, lse) if return_softmax_lse else out
 
@@ -285,10 +370,20 @@ def _flash_attn_forward(
     """flash-attn ``_flash_attn_forward`` -> ``(out, softmax_lse [B, H, S_q], S_dmask, rng_state)``;
     S_dmask and rng_state are None (no dropout)."""
     if return_softmax:
-        raise NotImplementedError("_flash_attn_forward: return_softmax (the attention probabilities) is not implemented")
+        raise NotImplementedError(
+            "_flash_attn_forward: return_softmax (the attention probabilities) is not implemented"
+        )
     out, lse = _custom_ops.attention(
-        "_flash_attn_forward", q, k, v, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, softcap=softcap,
-        causal=causal, window_size=(window_size_left, window_size_right), dropout_p=dropout_p,
+        "_flash_attn_forward",
+        q,
+        k,
+        v,
+        alibi_slopes=alibi_slopes,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=(window_size_left, window_size_right),
+        dropout_p=dropout_p,
     )
     return out, lse, None, None
 
@@ -318,14 +413,28 @@ def _flash_attn_varlen_forward(
     rng_state)``; S_dmask and rng_state are None (no dropout)."""
     op = "_flash_attn_varlen_forward"
     if return_softmax:
-        raise NotImplementedError(f"{op}: return_softmax (the attention probabilities) is not implemented")
+        raise NotImplementedError(
+            f"{op}: return_softmax (the attention probabilities) is not implemented"
+        )
     if leftpad_k is not None:
         raise NotImplementedError(f"{op}: leftpad_k is not supported with packed sequences")
     out, lse = _custom_ops.attention(
-        op, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-        block_table=block_table, alibi_slopes=alibi_slopes, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, softcap=softcap, causal=causal,
-        window_size=(window_size_left, window_size_right), dropout_p=dropout_p,
+        op,
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        seqused_k=seqused_k,
+        block_table=block_table,
+        alibi_slopes=alibi_slopes,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        causal=causal,
+        window_size=(window_size_left, window_size_right),
+        dropout_p=dropout_p,
     )
     return out, lse, None, None
 

@@ -61,7 +61,11 @@ __all__ = [
 
 
 def rms_norm(
-    out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    epsilon: float,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """vLLM ``rms_norm``: writes ``out = round_out(round_in(n) * weight)`` and returns ``out``.
 
@@ -75,7 +79,11 @@ def rms_norm(
 
 
 def fused_add_rms_norm(
-    input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    epsilon: float,
+    enable_pdl: Optional[bool] = None,
 ) -> None:
     """vLLM ``fused_add_rms_norm``, in place: ``residual <- input + residual`` (rounded to the
     input dtype), then ``input <- rms_norm(residual)`` with ``rms_norm``'s casting. Both tensors
@@ -84,7 +92,11 @@ def fused_add_rms_norm(
 
 
 def gemma_rms_norm(
-    out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    epsilon: float,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Gemma RMSNorm: writes ``out = round_out(n * (1 + weight))``, fp32 throughout (one
     rounding, as transformers' GemmaRMSNorm), and returns ``out``. Not seen by autograd."""
@@ -93,7 +105,11 @@ def gemma_rms_norm(
 
 
 def gemma_fused_add_rms_norm(
-    input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    epsilon: float,
+    enable_pdl: Optional[bool] = None,
 ) -> None:
     """In place: ``residual <- input + residual``, ``input <- gemma_rms_norm(residual)``."""
     ops.gemma_fused_add_rms_norm(input, residual, weight, float(epsilon), enable_pdl)
@@ -135,7 +151,9 @@ def fused_add_rmsnorm(
     the input dtype), ``input <- round(rms_norm(residual) * weight)`` with one rounding.
     Not seen by autograd (use ``add_rms_norm`` for training)."""
     w = _custom_ops.kernel_weight(input, weight)
-    ops.rms_norm_fwd(input, input, w, residual, residual, None, None, None, float(eps), 0.0, None, enable_pdl)
+    ops.rms_norm_fwd(
+        input, input, w, residual, residual, None, None, None, float(eps), 0.0, None, enable_pdl
+    )
 
 
 def gemma_rmsnorm(
@@ -164,7 +182,9 @@ def gemma_fused_add_rmsnorm(
 ) -> None:
     """flashinfer ``gemma_fused_add_rmsnorm``, in place: ``residual <- input + residual``,
     ``input <- gemma_rmsnorm(residual)``. Not seen by autograd."""
-    ops.gemma_fused_add_rms_norm(input, residual, _custom_ops.kernel_weight(input, weight), float(eps), enable_pdl)
+    ops.gemma_fused_add_rms_norm(
+        input, residual, _custom_ops.kernel_weight(input, weight), float(eps), enable_pdl
+    )
 
 
 # ---- differentiable functional forms ----
@@ -212,7 +232,13 @@ def add_rms_norm(
     if gemma:
         return _custom_ops.add_norm(x, residual, w, eps, weight_offset=1.0, enable_pdl=enable_pdl)
     return _custom_ops.add_norm(
-        x, residual, w, eps, norm_dtype=x.dtype, out_dtype=_custom_ops.promoted_dtype(x, weight), enable_pdl=enable_pdl
+        x,
+        residual,
+        w,
+        eps,
+        norm_dtype=x.dtype,
+        out_dtype=_custom_ops.promoted_dtype(x, weight),
+        enable_pdl=enable_pdl,
     )
 
 
@@ -240,7 +266,12 @@ def rms_norm_modulate(
 
 
 def apply_rms_norm(
-    input: torch.Tensor, weight: torch.Tensor, eps: float, return_rstd: bool = False, *, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    return_rstd: bool = False,
+    *,
+    enable_pdl: Optional[bool] = None,
 ):
     """kernels-community/rmsnorm ``apply_rms_norm``: the LlamaRMSNorm forward, not differentiable.
 
@@ -250,9 +281,17 @@ def apply_rms_norm(
     ``input.shape[:-1]``. Output dtype as ``rms_norm_func``.
     """
     w = _custom_ops.kernel_weight(input, weight)
-    out = torch.empty(input.shape, dtype=_custom_ops.promoted_dtype(input, weight), device=input.device)
-    rstd = torch.empty(input.shape[:-1], dtype=torch.float32, device=input.device) if return_rstd else None
-    ops.rms_norm_fwd(out, input, w, None, None, None, None, rstd, float(eps), 0.0, input.dtype, enable_pdl)
+    out = torch.empty(
+        input.shape, dtype=_custom_ops.promoted_dtype(input, weight), device=input.device
+    )
+    rstd = (
+        torch.empty(input.shape[:-1], dtype=torch.float32, device=input.device)
+        if return_rstd
+        else None
+    )
+    ops.rms_norm_fwd(
+        out, input, w, None, None, None, None, rstd, float(eps), 0.0, input.dtype, enable_pdl
+    )
     return [out, rstd] if return_rstd else out
 
 
@@ -280,7 +319,19 @@ def apply_rms_norm_backward(
     want_weight = weight_requires_grad and weight is not None
     grad_weight = torch.empty(w.shape, dtype=w.dtype, device=w.device) if want_weight else None
     ops.rms_norm_bwd(
-        grad_input, grad_weight, None, None, grad_output, input, w, None, None, float(eps), 0.0, input.dtype, enable_pdl
+        grad_input,
+        grad_weight,
+        None,
+        None,
+        grad_output,
+        input,
+        w,
+        None,
+        None,
+        float(eps),
+        0.0,
+        input.dtype,
+        enable_pdl,
     )
     if grad_weight is not None and grad_weight.dtype != weight.dtype:
         grad_weight = grad_weight.to(weight.dtype)

@@ -46,10 +46,15 @@ def _check_input(op: str, x: torch.Tensor, arg: str = "input") -> None:
         x.dtype in KERNEL_DTYPES,
         lambda: f"{op}: {arg} must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}",
     )
-    torch._check(x.dim() >= 1, lambda: f"{op}: {arg} must have at least one dimension [..., hidden], got a 0-d tensor")
+    torch._check(
+        x.dim() >= 1,
+        lambda: f"{op}: {arg} must have at least one dimension [..., hidden], got a 0-d tensor",
+    )
     torch._check(
         x.shape[-1] != 0 or math.prod(x.shape[:-1]) == 0,
-        lambda: f"{op}: {arg} must have a last dimension (hidden) > 0 when it has rows, got shape {list(x.shape)}",
+        lambda: (
+            f"{op}: {arg} must have a last dimension (hidden) > 0 when it has rows, got shape {list(x.shape)}"
+        ),
     )
 
 
@@ -65,12 +70,16 @@ def _check_same(op: str, arg: str, t: torch.Tensor, x: torch.Tensor, dtypes=None
     allowed = (x.dtype,) if dtypes is None else dtypes
     torch._check(
         t.dtype in allowed,
-        lambda: f"{op}: {arg} must have dtype {' or '.join(_dtype_name(d) for d in allowed)}, got {_dtype_name(t.dtype)}",
+        lambda: (
+            f"{op}: {arg} must have dtype {' or '.join(_dtype_name(d) for d in allowed)}, got {_dtype_name(t.dtype)}"
+        ),
     )
     _check_device(op, arg, t, x)
     torch._check(
         tuple(t.shape) == tuple(x.shape),
-        lambda: f"{op}: {arg} must have shape {list(x.shape)} (the input shape), got {list(t.shape)}",
+        lambda: (
+            f"{op}: {arg} must have shape {list(x.shape)} (the input shape), got {list(t.shape)}"
+        ),
     )
 
 
@@ -85,12 +94,16 @@ def _check_weight(op: str, arg: str, w: Optional[torch.Tensor], x: torch.Tensor)
     allowed = _wide(x)
     torch._check(
         w.dtype in allowed,
-        lambda: f"{op}: {arg} must have dtype {' or '.join(_dtype_name(d) for d in allowed)}, got {_dtype_name(w.dtype)}",
+        lambda: (
+            f"{op}: {arg} must have dtype {' or '.join(_dtype_name(d) for d in allowed)}, got {_dtype_name(w.dtype)}"
+        ),
     )
     _check_device(op, arg, w, x)
     torch._check(
         w.dim() == 1 and w.shape[0] == x.shape[-1],
-        lambda: f"{op}: {arg} must have shape [{x.shape[-1]}] (the hidden size of input), got {list(w.shape)}",
+        lambda: (
+            f"{op}: {arg} must have shape [{x.shape[-1]}] (the hidden size of input), got {list(w.shape)}"
+        ),
     )
 
 
@@ -103,13 +116,19 @@ def _check_modulation(op: str, arg: str, t: Optional[torch.Tensor], x: torch.Ten
     )
     torch._check(
         t.dtype == x.dtype,
-        lambda: f"{op}: {arg} must have dtype {_dtype_name(x.dtype)} (the input dtype), got {_dtype_name(t.dtype)}",
+        lambda: (
+            f"{op}: {arg} must have dtype {_dtype_name(x.dtype)} (the input dtype), got {_dtype_name(t.dtype)}"
+        ),
     )
     _check_device(op, arg, t, x)
     torch._check(
-        (t.dim() == 2 or (t.dim() == 3 and t.shape[1] == 1)) and t.shape[0] == x.shape[0] and t.shape[-1] == x.shape[-1],
-        lambda: f"{op}: {arg} must have shape [{x.shape[0]}, {x.shape[-1]}] or [{x.shape[0]}, 1, {x.shape[-1]}] "
-        f"([B, hidden] for input [B, ..., hidden]), got {list(t.shape)}",
+        (t.dim() == 2 or (t.dim() == 3 and t.shape[1] == 1))
+        and t.shape[0] == x.shape[0]
+        and t.shape[-1] == x.shape[-1],
+        lambda: (
+            f"{op}: {arg} must have shape [{x.shape[0]}, {x.shape[-1]}] or [{x.shape[0]}, 1, {x.shape[-1]}] "
+            f"([B, hidden] for input [B, ..., hidden]), got {list(t.shape)}"
+        ),
     )
 
 
@@ -183,7 +202,9 @@ def _check_fwd(
         _check_device(op, "rstd", rstd, x)
         torch._check(
             tuple(rstd.shape) == tuple(x.shape[:-1]),
-            lambda: f"{op}: rstd must have shape {list(x.shape[:-1])} (the input shape without hidden), got {list(rstd.shape)}",
+            lambda: (
+                f"{op}: rstd must have shape {list(x.shape[:-1])} (the input shape without hidden), got {list(rstd.shape)}"
+            ),
         )
     _check_eps(op, eps)
     _check_offset(op, weight_offset)
@@ -218,11 +239,15 @@ def _check_bwd(
         _check_weight(op, "grad_weight", grad_weight, x)
         torch._check(
             grad_weight.dtype == weight.dtype,
-            lambda: f"{op}: grad_weight must have the dtype of weight ({_dtype_name(weight.dtype)}), got {_dtype_name(grad_weight.dtype)}",
+            lambda: (
+                f"{op}: grad_weight must have the dtype of weight ({_dtype_name(weight.dtype)}), got {_dtype_name(grad_weight.dtype)}"
+            ),
         )
     for name, g in (("grad_scale", grad_scale), ("grad_shift", grad_shift)):
         if g is not None:
-            torch._check(scale is not None, lambda: f"{op}: {name} needs scale (a modulated forward)")
+            torch._check(
+                scale is not None, lambda: f"{op}: {name} needs scale (a modulated forward)"
+            )
             _check_modulation(op, name, g, x)
     _check_eps(op, eps)
     _check_offset(op, weight_offset)
@@ -244,34 +269,106 @@ def _gemma_rms_norm_fake(out, input, weight, epsilon, enable_pdl=None):
 
 @torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm"))
 def _fused_add_rms_norm_fake(input, residual, weight, epsilon, enable_pdl=None):
-    _check_fwd("fused_add_rms_norm", input, input, weight, residual, residual, None, None, None, epsilon, input.dtype)
+    _check_fwd(
+        "fused_add_rms_norm",
+        input,
+        input,
+        weight,
+        residual,
+        residual,
+        None,
+        None,
+        None,
+        epsilon,
+        input.dtype,
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("gemma_fused_add_rms_norm"))
 def _gemma_fused_add_rms_norm_fake(input, residual, weight, epsilon, enable_pdl=None):
-    _check_fwd("gemma_fused_add_rms_norm", input, input, weight, residual, residual, None, None, None, epsilon, None)
+    _check_fwd(
+        "gemma_fused_add_rms_norm",
+        input,
+        input,
+        weight,
+        residual,
+        residual,
+        None,
+        None,
+        None,
+        epsilon,
+        None,
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_modulate"))
 def _rms_norm_modulate_fake(out, input, weight, scale, shift, epsilon, enable_pdl=None):
-    _check_fwd("rms_norm_modulate", out, input, weight, None, None, scale, shift, None, epsilon, None)
+    _check_fwd(
+        "rms_norm_modulate", out, input, weight, None, None, scale, shift, None, epsilon, None
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_fwd"))
 def _rms_norm_fwd_fake(
-    out, input, weight, residual, residual_out, scale, shift, rstd, epsilon, weight_offset, norm_dtype, enable_pdl=None
+    out,
+    input,
+    weight,
+    residual,
+    residual_out,
+    scale,
+    shift,
+    rstd,
+    epsilon,
+    weight_offset,
+    norm_dtype,
+    enable_pdl=None,
 ):
-    _check_fwd("rms_norm_fwd", out, input, weight, residual, residual_out, scale, shift, rstd, epsilon, norm_dtype, weight_offset)
+    _check_fwd(
+        "rms_norm_fwd",
+        out,
+        input,
+        weight,
+        residual,
+        residual_out,
+        scale,
+        shift,
+        rstd,
+        epsilon,
+        norm_dtype,
+        weight_offset,
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_bwd"))
 def _rms_norm_bwd_fake(
-    grad_input, grad_weight, grad_scale, grad_shift, grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype,
+    grad_input,
+    grad_weight,
+    grad_scale,
+    grad_shift,
+    grad_out,
+    input,
+    weight,
+    grad_residual,
+    scale,
+    epsilon,
+    weight_offset,
+    norm_dtype,
     enable_pdl=None,
 ):
     _check_bwd(
-        "rms_norm_bwd", grad_input, grad_weight, grad_scale, grad_shift, grad_out, input, weight, grad_residual, scale,
-        epsilon, norm_dtype, weight_offset,
+        "rms_norm_bwd",
+        grad_input,
+        grad_weight,
+        grad_scale,
+        grad_shift,
+        grad_out,
+        input,
+        weight,
+        grad_residual,
+        scale,
+        epsilon,
+        norm_dtype,
+        weight_offset,
     )
 
 
@@ -284,14 +381,33 @@ def _rms_norm_bwd_fake(
     schema="(Tensor input, Tensor? weight, Tensor? scale, Tensor? shift, float epsilon, float weight_offset, "
     "ScalarType? norm_dtype, ScalarType out_dtype, bool? enable_pdl=None) -> Tensor",
 )
-def _rms_norm_functional(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
-    return _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl)
+def _rms_norm_functional(
+    input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
+):
+    return _norm_allocating(
+        input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl
+    )
 
 
-def _norm_allocating(input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
+def _norm_allocating(
+    input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
+):
     """The body of rms_norm_functional, also called directly by `norm` in eager inference."""
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
-    ops.rms_norm_fwd(out, input, weight, None, None, scale, shift, None, epsilon, weight_offset, norm_dtype, enable_pdl)
+    ops.rms_norm_fwd(
+        out,
+        input,
+        weight,
+        None,
+        None,
+        scale,
+        shift,
+        None,
+        epsilon,
+        weight_offset,
+        norm_dtype,
+        enable_pdl,
+    )
     return out
 
 
@@ -300,7 +416,20 @@ def _rms_norm_functional_fake(
     input, weight, scale, shift, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
 ):
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
-    _check_fwd("rms_norm_functional", out, input, weight, None, None, scale, shift, None, epsilon, norm_dtype, weight_offset)
+    _check_fwd(
+        "rms_norm_functional",
+        out,
+        input,
+        weight,
+        None,
+        None,
+        scale,
+        shift,
+        None,
+        epsilon,
+        norm_dtype,
+        weight_offset,
+    )
     return out
 
 
@@ -310,16 +439,33 @@ def _rms_norm_functional_fake(
     schema="(Tensor input, Tensor residual, Tensor? weight, float epsilon, float weight_offset, "
     "ScalarType? norm_dtype, ScalarType out_dtype, bool? enable_pdl=None) -> (Tensor, Tensor)",
 )
-def _add_rms_norm_functional(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
-    return _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl)
+def _add_rms_norm_functional(
+    input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
+):
+    return _add_norm_allocating(
+        input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl
+    )
 
 
-def _add_norm_allocating(input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None):
+def _add_norm_allocating(
+    input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
+):
     """The body of add_rms_norm_functional, also called directly by `add_norm` in eager inference."""
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     ops.rms_norm_fwd(
-        out, input, weight, residual, residual_out, None, None, None, epsilon, weight_offset, norm_dtype, enable_pdl
+        out,
+        input,
+        weight,
+        residual,
+        residual_out,
+        None,
+        None,
+        None,
+        epsilon,
+        weight_offset,
+        norm_dtype,
+        enable_pdl,
     )
     return out, residual_out
 
@@ -340,7 +486,18 @@ def _add_rms_norm_functional_fake(
     out = torch.empty(input.shape, dtype=out_dtype, device=input.device)
     residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     _check_fwd(
-        "add_rms_norm_functional", out, input, weight, residual, residual_out, None, None, None, epsilon, norm_dtype, weight_offset
+        "add_rms_norm_functional",
+        out,
+        input,
+        weight,
+        residual,
+        residual_out,
+        None,
+        None,
+        None,
+        epsilon,
+        norm_dtype,
+        weight_offset,
     )
     return out, residual_out
 
@@ -350,7 +507,11 @@ def _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad):
     formula reshapes it to shift's ([B, D] and [B, 1, D] hold the same elements)."""
 
     def like(t, needed):
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device) if needed and t is not None else None
+        return (
+            torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            if needed and t is not None
+            else None
+        )
 
     grad_input = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     return grad_input, like(weight, weight_grad), like(scale, scale_grad), like(scale, shift_grad)
@@ -364,26 +525,69 @@ def _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad):
     "bool? enable_pdl=None) -> (Tensor, Tensor?, Tensor?, Tensor?)",
 )
 def _rms_norm_bwd_functional(
-    grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, weight_grad, scale_grad, shift_grad,
+    grad_out,
+    input,
+    weight,
+    grad_residual,
+    scale,
+    epsilon,
+    weight_offset,
+    norm_dtype,
+    weight_grad,
+    scale_grad,
+    shift_grad,
     enable_pdl=None,
 ):
     grads = _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad)
     ops.rms_norm_bwd(
-        *grads, grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, enable_pdl
+        *grads,
+        grad_out,
+        input,
+        weight,
+        grad_residual,
+        scale,
+        epsilon,
+        weight_offset,
+        norm_dtype,
+        enable_pdl,
     )
     return grads
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_bwd_functional"))
 def _rms_norm_bwd_functional_fake(
-    grad_out, input, weight, grad_residual, scale, epsilon, weight_offset, norm_dtype, weight_grad, scale_grad, shift_grad,
+    grad_out,
+    input,
+    weight,
+    grad_residual,
+    scale,
+    epsilon,
+    weight_offset,
+    norm_dtype,
+    weight_grad,
+    scale_grad,
+    shift_grad,
     enable_pdl=None,
 ):
     op = "rms_norm_bwd_functional"
     torch._check(not weight_grad or weight is not None, lambda: f"{op}: weight_grad needs weight")
-    torch._check(not (scale_grad or shift_grad) or scale is not None, lambda: f"{op}: scale_grad and shift_grad need scale")
+    torch._check(
+        not (scale_grad or shift_grad) or scale is not None,
+        lambda: f"{op}: scale_grad and shift_grad need scale",
+    )
     grads = _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad)
-    _check_bwd(op, *grads, grad_out, input, weight, grad_residual, scale, epsilon, norm_dtype, weight_offset)
+    _check_bwd(
+        op,
+        *grads,
+        grad_out,
+        input,
+        weight,
+        grad_residual,
+        scale,
+        epsilon,
+        norm_dtype,
+        weight_offset,
+    )
     return grads
 
 
@@ -402,15 +606,36 @@ def _norm_backward(ctx, grad_out):
     input, weight, scale = ctx.saved_tensors
     need_input, need_weight, need_scale, need_shift = ctx.needs_input_grad[:4]
     grad_input, grad_weight, grad_scale, grad_shift = _rms_norm_bwd_functional(
-        grad_out, input, weight, None, scale, *ctx.options, need_weight, need_scale, need_shift, ctx.enable_pdl
+        grad_out,
+        input,
+        weight,
+        None,
+        scale,
+        *ctx.options,
+        need_weight,
+        need_scale,
+        need_shift,
+        ctx.enable_pdl,
     )
     if grad_shift is not None:
         grad_shift = grad_shift.reshape(ctx.shift_shape)
-    return (grad_input if need_input else None), grad_weight, grad_scale, grad_shift, None, None, None, None, None
+    return (
+        (grad_input if need_input else None),
+        grad_weight,
+        grad_scale,
+        grad_shift,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 torch.library.register_autograd(
-    add_op_namespace_prefix("rms_norm_functional"), _norm_backward, setup_context=_norm_setup_context
+    add_op_namespace_prefix("rms_norm_functional"),
+    _norm_backward,
+    setup_context=_norm_setup_context,
 )
 
 
@@ -428,14 +653,34 @@ def _add_norm_backward(ctx, grad_out, grad_residual_out):
     if grad_out is None:  # only residual_out reached the loss
         grad_out = torch.zeros_like(residual_out)
     grad_r, grad_weight, _, _ = _rms_norm_bwd_functional(
-        grad_out, residual_out, weight, grad_residual_out, None, *ctx.options, need_weight, False, False, ctx.enable_pdl
+        grad_out,
+        residual_out,
+        weight,
+        grad_residual_out,
+        None,
+        *ctx.options,
+        need_weight,
+        False,
+        False,
+        ctx.enable_pdl,
     )
     # d(x + residual)/dx = d(x + residual)/dresidual = 1: both receive the gradient of r.
-    return (grad_r if need_input else None), (grad_r if need_residual else None), grad_weight, None, None, None, None, None
+    return (
+        (grad_r if need_input else None),
+        (grad_r if need_residual else None),
+        grad_weight,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 torch.library.register_autograd(
-    add_op_namespace_prefix("add_rms_norm_functional"), _add_norm_backward, setup_context=_add_norm_setup_context
+    add_op_namespace_prefix("add_rms_norm_functional"),
+    _add_norm_backward,
+    setup_context=_add_norm_setup_context,
 )
 
 
@@ -449,7 +694,12 @@ def kernel_weight(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[t
     or a half weight with an fp32 input) is widened to float32, which is exact, so that every
     dtype pair the frameworks accept can run. Other dtypes pass through for the op to reject.
     """
-    if weight is not None and weight.dtype != x.dtype and weight.dtype in _HALF_DTYPES and x.dtype in KERNEL_DTYPES:
+    if (
+        weight is not None
+        and weight.dtype != x.dtype
+        and weight.dtype in _HALF_DTYPES
+        and x.dtype in KERNEL_DTYPES
+    ):
         return weight.to(torch.float32)
     return weight
 
@@ -476,7 +726,14 @@ def norm(
     """Differentiable `rms_norm_fwd` with every option (weight already in a kernel dtype)."""
     impl = _rms_norm_functional if _custom_op_needed(x, weight, scale, shift) else _norm_allocating
     return impl(
-        x, weight, scale, shift, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype,
+        x,
+        weight,
+        scale,
+        shift,
+        float(eps),
+        float(weight_offset),
+        norm_dtype,
+        x.dtype if out_dtype is None else out_dtype,
         enable_pdl,
     )
 
@@ -493,9 +750,17 @@ def add_norm(
     enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Differentiable fused residual add + norm: ``(norm(r), r)``, ``r = round(x + residual)``."""
-    impl = _add_rms_norm_functional if _custom_op_needed(x, residual, weight) else _add_norm_allocating
+    impl = (
+        _add_rms_norm_functional if _custom_op_needed(x, residual, weight) else _add_norm_allocating
+    )
     return impl(
-        x, residual, weight, float(eps), float(weight_offset), norm_dtype, x.dtype if out_dtype is None else out_dtype,
+        x,
+        residual,
+        weight,
+        float(eps),
+        float(weight_offset),
+        norm_dtype,
+        x.dtype if out_dtype is None else out_dtype,
         enable_pdl,
     )
 
@@ -505,7 +770,12 @@ def llama_norm(
 ) -> torch.Tensor:
     """transformers LlamaRMSNorm: ``weight * round_x(x * rstd)`` in dtype promote(x, weight)."""
     return norm(
-        x, kernel_weight(x, weight), eps, norm_dtype=x.dtype, out_dtype=promoted_dtype(x, weight), enable_pdl=enable_pdl
+        x,
+        kernel_weight(x, weight),
+        eps,
+        norm_dtype=x.dtype,
+        out_dtype=promoted_dtype(x, weight),
+        enable_pdl=enable_pdl,
     )
 
 
@@ -532,7 +802,9 @@ def diffusers_norm(
             # (exact), n rounded to W (norm_dtype), the product kept in fp32 and rounded to W here.
             # The product of two W values (at most 11 significant bits each) is exact in fp32, so
             # the single rounding to W below gives diffusers' result bit for bit.
-            y = norm(x, weight.to(torch.float32), eps, norm_dtype=weight.dtype, out_dtype=torch.float32).to(weight.dtype)
+            y = norm(
+                x, weight.to(torch.float32), eps, norm_dtype=weight.dtype, out_dtype=torch.float32
+            ).to(weight.dtype)
     else:
         # fp32 weight: n and the product stay in fp32; the result is fp32 whatever the input dtype.
         y = norm(x, weight, eps, out_dtype=promoted_dtype(x, weight))
@@ -542,7 +814,11 @@ def diffusers_norm(
 
 
 def modulated_norm(
-    x: torch.Tensor, weight: Optional[torch.Tensor], scale: torch.Tensor, shift: torch.Tensor, eps: float,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float,
     enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """``round_x(x * rstd * weight * (1 + scale) + shift)``, fp32 throughout."""

@@ -39,7 +39,9 @@ def _per_sample(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], *([1] * (x.dim() - 2)), t.shape[-1])
 
 
-def rstd(x: torch.Tensor, eps: float = 1e-6, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def rstd(
+    x: torch.Tensor, eps: float = 1e-6, compute_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """``1 / sqrt(mean(x**2, -1) + eps)``, shape ``x.shape[:-1]``."""
     x = _upcast(x, compute_dtype)
     return torch.rsqrt(x.pow(2).mean(-1) + _as_float32(eps))
@@ -91,7 +93,14 @@ def add_rms_norm(
     rounds once, as the kernel does), so ``r`` is bitwise what the kernel writes to the residual.
     """
     r = x + residual
-    return rms_norm(r, weight, eps, weight_offset=weight_offset, norm_dtype=norm_dtype, compute_dtype=compute_dtype), r
+    return rms_norm(
+        r,
+        weight,
+        eps,
+        weight_offset=weight_offset,
+        norm_dtype=norm_dtype,
+        compute_dtype=compute_dtype,
+    ), r
 
 
 # ---- framework forwards, op for op ----

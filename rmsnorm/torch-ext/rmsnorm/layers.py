@@ -72,4 +72,6 @@ class DiffusersRMSNorm(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return _custom_ops.diffusers_norm(hidden_states, self.weight, getattr(self, "bias", None), self.eps)
+        return _custom_ops.diffusers_norm(
+            hidden_states, self.weight, getattr(self, "bias", None), self.eps
+        )

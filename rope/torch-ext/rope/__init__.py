@@ -83,7 +83,9 @@ def rotary_embedding(
     ``rot_dim`` are left untouched. A position outside ``[0, max_position)`` raises (CPU) or
     trips a device-side assertion (CUDA).
     """
-    ops.rotary_embedding(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), enable_pdl)
+    ops.rotary_embedding(
+        positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), enable_pdl
+    )
 
 
 def batched_rotary_embedding(
@@ -101,7 +103,14 @@ def batched_rotary_embedding(
     the row ``positions + cos_sin_cache_offsets`` (one offset per token, int64 or int32);
     ``cos_sin_cache`` must have ``rot_dim`` columns."""
     ops.batched_rotary_embedding(
-        positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), int(rot_dim), cos_sin_cache_offsets,
+        positions,
+        query,
+        key,
+        int(head_size),
+        cos_sin_cache,
+        bool(is_neox),
+        int(rot_dim),
+        cos_sin_cache_offsets,
         enable_pdl,
     )
 
@@ -126,7 +135,9 @@ def apply_rope_with_cos_sin_cache_inplace(
             "apply_rope_with_cos_sin_cache_inplace: fused_set_kv_buffer_arg is not supported; "
             "write the KV cache after the call"
         )
-    ops.rotary_embedding(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), enable_pdl)
+    ops.rotary_embedding(
+        positions, query, key, int(head_size), cos_sin_cache, bool(is_neox), enable_pdl
+    )
 
 
 # ---- flash-attn ----
@@ -134,10 +145,19 @@ def apply_rope_with_cos_sin_cache_inplace(
 
 def _check_activation(op: str, name: str, t: torch.Tensor) -> None:
     if t.dtype not in _custom_ops.KERNEL_DTYPES:
-        raise ValueError(f"{op}: {name} must be float32, float16 or bfloat16, got {_custom_ops._dtype_name(t.dtype)}")
+        raise ValueError(
+            f"{op}: {name} must be float32, float16 or bfloat16, got {_custom_ops._dtype_name(t.dtype)}"
+        )
 
 
-def _fa_tables(op: str, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, head_dim: int, names=("cos", "sin")):
+def _fa_tables(
+    op: str,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    dtype: torch.dtype,
+    head_dim: int,
+    names=("cos", "sin"),
+):
     """flash-attn cos/sin ``[seqlen_ro, rotary_dim / 2]`` as ``[1, seqlen_ro, 1, rot/2]`` tables."""
     if cos.dim() != 2 or tuple(sin.shape) != tuple(cos.shape):
         raise ValueError(
@@ -157,7 +177,9 @@ def _fa_offsets(op: str, seqlen_offsets) -> Tuple[int, Optional[torch.Tensor]]:
     """flash-attn ``seqlen_offsets``: an int, or one offset per sequence (int32 / int64 tensor)."""
     if isinstance(seqlen_offsets, torch.Tensor):
         if seqlen_offsets.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{op}: seqlen_offsets must be an int or an int32 / int64 tensor, got {seqlen_offsets.dtype}")
+            raise ValueError(
+                f"{op}: seqlen_offsets must be an int or an int32 / int64 tensor, got {seqlen_offsets.dtype}"
+            )
         return 0, seqlen_offsets.to(torch.int32)
     return int(seqlen_offsets), None
 
@@ -195,11 +217,22 @@ def apply_rotary_emb(
     offset, offsets = _fa_offsets(op, seqlen_offsets)
     cu = None
     if varlen:
-        cu = (cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)).contiguous()
+        cu = (
+            cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
+        ).contiguous()
     x4 = x.unsqueeze(0) if varlen else x
     out, _ = _custom_ops.rope(
-        x4, None, cos4, sin4, rot_dim=rot_dim, seqlen_offsets=offsets, cu_seqlens=cu, seqlen_offset=offset,
-        interleaved=interleaved, inplace=inplace, enable_pdl=enable_pdl,
+        x4,
+        None,
+        cos4,
+        sin4,
+        rot_dim=rot_dim,
+        seqlen_offsets=offsets,
+        cu_seqlens=cu,
+        seqlen_offset=offset,
+        interleaved=interleaved,
+        inplace=inplace,
+        enable_pdl=enable_pdl,
     )
     if inplace:
         return x
@@ -231,7 +264,9 @@ def apply_rotary_emb_qkv_(
         q, k = qkv[:, :, 0], qkv[:, :, 1]
     elif qkv.dim() == 4:
         if num_heads_q is None:
-            raise ValueError(f"{op}: qkv of shape [B, S, Hq + 2 * Hk, D] needs num_heads_q, got {list(qkv.shape)}")
+            raise ValueError(
+                f"{op}: qkv of shape [B, S, Hq + 2 * Hk, D] needs num_heads_q, got {list(qkv.shape)}"
+            )
         num_heads_k = (qkv.shape[2] - num_heads_q) // 2
         if num_heads_q <= 0 or num_heads_k <= 0 or num_heads_q + 2 * num_heads_k != qkv.shape[2]:
             raise ValueError(
@@ -239,19 +274,27 @@ def apply_rotary_emb_qkv_(
             )
         q, k = qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q : num_heads_q + num_heads_k]
     else:
-        raise ValueError(f"{op}: qkv must have shape [B, S, 3, H, D] or [B, S, Hq + 2 * Hk, D], got {list(qkv.shape)}")
+        raise ValueError(
+            f"{op}: qkv must have shape [B, S, 3, H, D] or [B, S, Hq + 2 * Hk, D], got {list(qkv.shape)}"
+        )
     if (cos_k is None) != (sin_k is None):
         raise ValueError(f"{op}: cos_k and sin_k must be given together or not at all")
     head_dim = qkv.shape[-1]
     cos4, sin4, rot_dim = _fa_tables(op, cos, sin, qkv.dtype, head_dim)
     offset, offsets = _fa_offsets(op, seqlen_offsets)
     options = dict(
-        seqlen_offsets=offsets, seqlen_offset=offset, interleaved=interleaved, inplace=True, enable_pdl=enable_pdl
+        seqlen_offsets=offsets,
+        seqlen_offset=offset,
+        interleaved=interleaved,
+        inplace=True,
+        enable_pdl=enable_pdl,
     )
     if cos_k is None:
         _custom_ops.rope(q, k, cos4, sin4, rot_dim=rot_dim, **options)
     else:
-        cos4k, sin4k, rot_dim_k = _fa_tables(op, cos_k, sin_k, qkv.dtype, head_dim, names=("cos_k", "sin_k"))
+        cos4k, sin4k, rot_dim_k = _fa_tables(
+            op, cos_k, sin_k, qkv.dtype, head_dim, names=("cos_k", "sin_k")
+        )
         _custom_ops.rope(q, None, cos4, sin4, rot_dim=rot_dim, **options)
         _custom_ops.rope(k, None, cos4k, sin4k, rot_dim=rot_dim_k, **options)
     return qkv
@@ -273,8 +316,16 @@ def apply_rotary_emb_kv_(
     cos4, sin4, rot_dim = _fa_tables(op, cos, sin, kv.dtype, kv.shape[-1])
     offset, offsets = _fa_offsets(op, seqlen_offsets)
     _custom_ops.rope(
-        kv[:, :, 0], None, cos4, sin4, rot_dim=rot_dim, seqlen_offsets=offsets, seqlen_offset=offset,
-        interleaved=interleaved, inplace=True, enable_pdl=enable_pdl,
+        kv[:, :, 0],
+        None,
+        cos4,
+        sin4,
+        rot_dim=rot_dim,
+        seqlen_offsets=offsets,
+        seqlen_offset=offset,
+        interleaved=interleaved,
+        inplace=True,
+        enable_pdl=enable_pdl,
     )
     return kv
 

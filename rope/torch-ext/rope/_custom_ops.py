@@ -43,22 +43,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _check_device(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
     torch._check(
         t.device == ref.device,
-        lambda: f"{op}: {name} must be on the device of {ref_name} (expected {ref.device}, got {t.device})",
+        lambda: (
+            f"{op}: {name} must be on the device of {ref_name} (expected {ref.device}, got {t.device})"
+        ),
     )
 
 
 def _check_dtype(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
     torch._check(
         t.dtype == ref.dtype,
-        lambda: f"{op}: {name} must have the dtype of {ref_name} (expected {_dtype_name(ref.dtype)}, got "
-        f"{_dtype_name(t.dtype)})",
+        lambda: (
+            f"{op}: {name} must have the dtype of {ref_name} (expected {_dtype_name(ref.dtype)}, got "
+            f"{_dtype_name(t.dtype)})"
+        ),
     )
 
 
 def _check_shape(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
     torch._check(
         tuple(t.shape) == tuple(ref.shape),
-        lambda: f"{op}: {name} must have the shape of {ref_name} {list(ref.shape)}, got {list(t.shape)}",
+        lambda: (
+            f"{op}: {name} must have the shape of {ref_name} {list(ref.shape)}, got {list(t.shape)}"
+        ),
     )
 
 
@@ -84,7 +90,10 @@ def _check_core(
     """The checks of rope_ops.cpp `run` on 4-D views (q [B, S, Hq, D], cos [TB, R, TH, W])."""
     nq, nqo, nk, nko = names
     ncos, nsin = table_names
-    torch._check(q.dim() == 4, lambda: f"{op}: {nq} must have 4 dimensions [B, S, Hq, D], got shape {list(q.shape)}")
+    torch._check(
+        q.dim() == 4,
+        lambda: f"{op}: {nq} must have 4 dimensions [B, S, Hq, D], got shape {list(q.shape)}",
+    )
     torch._check(
         q.dtype in KERNEL_DTYPES,
         lambda: f"{op}: {nq} must be float32, float16 or bfloat16, got {_dtype_name(q.dtype)}",
@@ -95,17 +104,24 @@ def _check_core(
     _check_shape(op, nqo, q_out, q, nq)
     torch._check(
         (k is None) == (k_out is None),
-        lambda: f"{op}: {nk} and {nko} must be given together or not at all, got {nk if k is not None else nko} only",
+        lambda: (
+            f"{op}: {nk} and {nko} must be given together or not at all, got {nk if k is not None else nko} only"
+        ),
     )
     heads_k = None
     if k is not None:
-        torch._check(k.dim() == 4, lambda: f"{op}: {nk} must have 4 dimensions [B, S, Hk, D], got shape {list(k.shape)}")
+        torch._check(
+            k.dim() == 4,
+            lambda: f"{op}: {nk} must have 4 dimensions [B, S, Hk, D], got shape {list(k.shape)}",
+        )
         _check_device(op, nk, k, q, nq)
         _check_dtype(op, nk, k, q, nq)
         torch._check(
             k.shape[0] == batch and k.shape[1] == seqlen and k.shape[3] == head_dim,
-            lambda: f"{op}: {nk} must have shape [{batch}, {seqlen}, Hk, {head_dim}] (the batch, sequence and "
-            f"head_dim of {nq}), got {list(k.shape)}",
+            lambda: (
+                f"{op}: {nk} must have shape [{batch}, {seqlen}, Hk, {head_dim}] (the batch, sequence and "
+                f"head_dim of {nq}), got {list(k.shape)}"
+            ),
         )
         _check_device(op, nko, k_out, q, nq)
         _check_dtype(op, nko, k_out, k, nk)
@@ -117,47 +133,67 @@ def _check_core(
     )
     _check_device(op, ncos, cos, q, nq)
     _check_device(op, nsin, sin, q, nq)
-    torch._check(cos.dim() == 4, lambda: f"{op}: {ncos} must have 4 dimensions [TB, R, TH, W], got shape {list(cos.shape)}")
+    torch._check(
+        cos.dim() == 4,
+        lambda: f"{op}: {ncos} must have 4 dimensions [TB, R, TH, W], got shape {list(cos.shape)}",
+    )
     _check_shape(op, nsin, sin, cos, ncos)
     _check_dtype(op, nsin, sin, cos, ncos)
     torch._check(
         cos.dtype == torch.float32 or cos.dtype == q.dtype,
-        lambda: f"{op}: {ncos} must be float32 or have the dtype of {nq} ({_dtype_name(q.dtype)}), got {_dtype_name(cos.dtype)}",
+        lambda: (
+            f"{op}: {ncos} must be float32 or have the dtype of {nq} ({_dtype_name(q.dtype)}), got {_dtype_name(cos.dtype)}"
+        ),
     )
     width = rot_dim if full_table else rot_dim // 2
     torch._check(
         cos.shape[0] == 1 or cos.shape[0] == batch,
-        lambda: f"{op}: {ncos} must have 1 or B = {batch} entries along its first dimension (one table for all "
-        f"sequences or one per sequence), got shape {list(cos.shape)}",
+        lambda: (
+            f"{op}: {ncos} must have 1 or B = {batch} entries along its first dimension (one table for all "
+            f"sequences or one per sequence), got shape {list(cos.shape)}"
+        ),
     )
     torch._check(
         cos.shape[2] == 1 or (cos.shape[2] == heads_q and (heads_k is None or heads_k == heads_q)),
-        lambda: f"{op}: {ncos} must have 1 entry along its third dimension (one table for all heads) or one per "
-        f"head of {nq}" + (f" and {nk}" if k is not None else "") + f", got shape {list(cos.shape)}",
+        lambda: (
+            f"{op}: {ncos} must have 1 entry along its third dimension (one table for all heads) or one per "
+            f"head of {nq}"
+            + (f" and {nk}" if k is not None else "")
+            + f", got shape {list(cos.shape)}"
+        ),
     )
     torch._check(
         cos.shape[3] == width,
-        lambda: f"{op}: {ncos} must have {width} columns ("
-        + ("rot_dim: one per rotated channel" if full_table else "rot_dim / 2: one per pair")
-        + f", rot_dim = {rot_dim}), got shape {list(cos.shape)}",
+        lambda: (
+            f"{op}: {ncos} must have {width} columns ("
+            + ("rot_dim: one per rotated channel" if full_table else "rot_dim / 2: one per pair")
+            + f", rot_dim = {rot_dim}), got shape {list(cos.shape)}"
+        ),
     )
     torch._check(
-        positions is None or cu_seqlens is None, lambda: f"{op}: give {positions_name} or cu_seqlens, not both"
+        positions is None or cu_seqlens is None,
+        lambda: f"{op}: give {positions_name} or cu_seqlens, not both",
     )
     if positions is not None:
         _check_device(op, positions_name, positions, q, nq)
         torch._check(
             positions.dtype in _INDEX_DTYPES,
-            lambda: f"{op}: {positions_name} must be int64 or int32, got {_dtype_name(positions.dtype)}",
+            lambda: (
+                f"{op}: {positions_name} must be int64 or int32, got {_dtype_name(positions.dtype)}"
+            ),
         )
         torch._check(
             positions.dim() == 2 and positions.shape[0] == batch and positions.shape[1] == seqlen,
-            lambda: f"{op}: {positions_name} must have shape [{batch}, {seqlen}] ([B, S]), got {list(positions.shape)}",
+            lambda: (
+                f"{op}: {positions_name} must have shape [{batch}, {seqlen}] ([B, S]), got {list(positions.shape)}"
+            ),
         )
         torch._check(
             seqlen_offsets is None and seqlen_offset == 0,
-            lambda: f"{op}: {positions_name} give the table rows; seqlen_offsets and seqlen_offset "
-            f"({seqlen_offset}) must be None and 0 with it",
+            lambda: (
+                f"{op}: {positions_name} give the table rows; seqlen_offsets and seqlen_offset "
+                f"({seqlen_offset}) must be None and 0 with it"
+            ),
         )
     expected_offsets = batch
     if cu_seqlens is not None:
@@ -168,12 +204,16 @@ def _check_core(
         )
         torch._check(
             cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 1,
-            lambda: f"{op}: cu_seqlens must have shape [num_seqs + 1], got {list(cu_seqlens.shape)}",
+            lambda: (
+                f"{op}: cu_seqlens must have shape [num_seqs + 1], got {list(cu_seqlens.shape)}"
+            ),
         )
         torch._check(
             batch == 1,
-            lambda: f"{op}: with cu_seqlens (varlen), {nq} must hold the packed tokens as [1, total_tokens, H, D], "
-            f"got shape {list(q.shape)}",
+            lambda: (
+                f"{op}: with cu_seqlens (varlen), {nq} must hold the packed tokens as [1, total_tokens, H, D], "
+                f"got shape {list(q.shape)}"
+            ),
         )
         expected_offsets = cu_seqlens.shape[0] - 1
     if seqlen_offsets is not None:
@@ -184,35 +224,51 @@ def _check_core(
         )
         torch._check(
             seqlen_offsets.dim() == 1 and seqlen_offsets.shape[0] == expected_offsets,
-            lambda: f"{op}: seqlen_offsets must have shape [{expected_offsets}] (one offset per "
-            + ("sequence of cu_seqlens" if cu_seqlens is not None else "batch")
-            + f"), got {list(seqlen_offsets.shape)}",
+            lambda: (
+                f"{op}: seqlen_offsets must have shape [{expected_offsets}] (one offset per "
+                + ("sequence of cu_seqlens" if cu_seqlens is not None else "batch")
+                + f"), got {list(seqlen_offsets.shape)}"
+            ),
         )
 
 
-def _vllm_view(op: str, name: str, t: torch.Tensor, positions: torch.Tensor, head_size: int) -> torch.Tensor:
+def _vllm_view(
+    op: str, name: str, t: torch.Tensor, positions: torch.Tensor, head_size: int
+) -> torch.Tensor:
     """query / key of the vLLM convention as a [B, S, H, D] view (rope_ops.cpp `vllm_view`)."""
     lead = positions.dim()
     torch._check(
         t.dim() == lead + 1 or t.dim() == lead + 2,
-        lambda: f"{op}: {name} must have shape "
-        + ("[T, H * head_size] or [T, H, head_size]" if lead == 1 else "[B, S, H * head_size] or [B, S, H, head_size]")
-        + f" (the leading dimensions of positions, {list(positions.shape)}), got {list(t.shape)}",
+        lambda: (
+            f"{op}: {name} must have shape "
+            + (
+                "[T, H * head_size] or [T, H, head_size]"
+                if lead == 1
+                else "[B, S, H * head_size] or [B, S, H, head_size]"
+            )
+            + f" (the leading dimensions of positions, {list(positions.shape)}), got {list(t.shape)}"
+        ),
     )
     torch._check(
         tuple(t.shape[:lead]) == tuple(positions.shape),
-        lambda: f"{op}: {name} must have the leading dimensions of positions {list(positions.shape)}, got shape {list(t.shape)}",
+        lambda: (
+            f"{op}: {name} must have the leading dimensions of positions {list(positions.shape)}, got shape {list(t.shape)}"
+        ),
     )
     if t.dim() == lead + 1:
         torch._check(
             t.shape[-1] % head_size == 0,
-            lambda: f"{op}: {name}.size(-1) = {t.shape[-1]} must be a multiple of head_size = {head_size} ([..., H * head_size])",
+            lambda: (
+                f"{op}: {name}.size(-1) = {t.shape[-1]} must be a multiple of head_size = {head_size} ([..., H * head_size])"
+            ),
         )
         v = t.unflatten(-1, (t.shape[-1] // head_size, head_size))
     else:
         torch._check(
             t.shape[-1] == head_size,
-            lambda: f"{op}: {name} must have head_size = {head_size} channels per head ([..., H, head_size]), got shape {list(t.shape)}",
+            lambda: (
+                f"{op}: {name} must have head_size = {head_size} channels per head ([..., H, head_size]), got shape {list(t.shape)}"
+            ),
         )
         v = t
     return v.unsqueeze(0) if lead == 1 else v
@@ -221,17 +277,22 @@ def _vllm_view(op: str, name: str, t: torch.Tensor, positions: torch.Tensor, hea
 def _check_vllm(op, positions, query, key, head_size, cos_sin_cache, positions_name="positions"):
     torch._check(head_size > 0, lambda: f"{op}: head_size must be > 0, got {head_size}")
     torch._check(
-        positions.dim() in (1, 2), lambda: f"{op}: positions must have shape [T] or [B, S], got {list(positions.shape)}"
+        positions.dim() in (1, 2),
+        lambda: f"{op}: positions must have shape [T] or [B, S], got {list(positions.shape)}",
     )
     torch._check(
         cos_sin_cache.dim() == 2,
-        lambda: f"{op}: cos_sin_cache must have shape [max_position, rot_dim] (cat(cos, sin)), got {list(cos_sin_cache.shape)}",
+        lambda: (
+            f"{op}: cos_sin_cache must have shape [max_position, rot_dim] (cat(cos, sin)), got {list(cos_sin_cache.shape)}"
+        ),
     )
     rot_dim = cos_sin_cache.shape[1]
     torch._check(
         rot_dim > 0 and rot_dim % 2 == 0 and rot_dim <= head_size,
-        lambda: f"{op}: cos_sin_cache must have an even number of columns rot_dim (cat(cos, sin)), > 0 and <= "
-        f"head_size = {head_size}, got shape {list(cos_sin_cache.shape)}",
+        lambda: (
+            f"{op}: cos_sin_cache must have an even number of columns rot_dim (cat(cos, sin)), > 0 and <= "
+            f"head_size = {head_size}, got shape {list(cos_sin_cache.shape)}"
+        ),
     )
     q4 = _vllm_view(op, "query", query, positions, head_size)
     k4 = None if key is None else _vllm_view(op, "key", key, positions, head_size)
@@ -240,9 +301,23 @@ def _check_vllm(op, positions, query, key, head_size, cos_sin_cache, positions_n
     sin = cos_sin_cache[:, half:][None, :, None, :]
     pos2 = positions.unsqueeze(0) if positions.dim() == 1 else positions
     _check_core(
-        op, q4, q4, k4, k4, cos, sin, pos2, None, None, 0, rot_dim, False,
-        names=("query", "query", "key", "key"), table_names=("cos_sin_cache", "cos_sin_cache"),
-        rot_name="rot_dim (cos_sin_cache.size(1))", positions_name=positions_name,
+        op,
+        q4,
+        q4,
+        k4,
+        k4,
+        cos,
+        sin,
+        pos2,
+        None,
+        None,
+        0,
+        rot_dim,
+        False,
+        names=("query", "query", "key", "key"),
+        table_names=("cos_sin_cache", "cos_sin_cache"),
+        rot_name="rot_dim (cos_sin_cache.size(1))",
+        positions_name=positions_name,
     )
 
 
@@ -250,18 +325,30 @@ def _check_vllm(op, positions, query, key, head_size, cos_sin_cache, positions_n
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rotary_embedding"))
-def _rotary_embedding_fake(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl=None):
+def _rotary_embedding_fake(
+    positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl=None
+):
     _check_vllm("rotary_embedding", positions, query, key, head_size, cos_sin_cache)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("batched_rotary_embedding"))
 def _batched_rotary_embedding_fake(
-    positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets, enable_pdl=None
+    positions,
+    query,
+    key,
+    head_size,
+    cos_sin_cache,
+    is_neox,
+    rot_dim,
+    cos_sin_cache_offsets,
+    enable_pdl=None,
 ):
     op = "batched_rotary_embedding"
     torch._check(
         cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == rot_dim,
-        lambda: f"{op}: cos_sin_cache must have shape [max_position, rot_dim = {rot_dim}], got {list(cos_sin_cache.shape)}",
+        lambda: (
+            f"{op}: cos_sin_cache must have shape [max_position, rot_dim = {rot_dim}], got {list(cos_sin_cache.shape)}"
+        ),
     )
     torch._check(
         positions.dtype in _INDEX_DTYPES,
@@ -270,33 +357,89 @@ def _batched_rotary_embedding_fake(
     _check_device(op, "cos_sin_cache_offsets", cos_sin_cache_offsets, positions, "positions")
     torch._check(
         cos_sin_cache_offsets.dtype in _INDEX_DTYPES,
-        lambda: f"{op}: cos_sin_cache_offsets must be int64 or int32, got {_dtype_name(cos_sin_cache_offsets.dtype)}",
+        lambda: (
+            f"{op}: cos_sin_cache_offsets must be int64 or int32, got {_dtype_name(cos_sin_cache_offsets.dtype)}"
+        ),
     )
     torch._check(
         cos_sin_cache_offsets.numel() == positions.numel(),
-        lambda: f"{op}: cos_sin_cache_offsets must hold one offset per token ({positions.numel()}, the elements of "
-        f"positions), got shape {list(cos_sin_cache_offsets.shape)}",
+        lambda: (
+            f"{op}: cos_sin_cache_offsets must hold one offset per token ({positions.numel()}, the elements of "
+            f"positions), got shape {list(cos_sin_cache_offsets.shape)}"
+        ),
     )
-    _check_vllm(op, positions, query, key, head_size, cos_sin_cache, "positions + cos_sin_cache_offsets")
+    _check_vllm(
+        op, positions, query, key, head_size, cos_sin_cache, "positions + cos_sin_cache_offsets"
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_inplace"))
 def _rope_inplace_fake(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    q,
+    k,
+    cos,
+    sin,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    seqlen_offset,
+    rot_dim,
+    interleaved,
+    full_table,
+    transpose,
     enable_pdl=None,
 ):
     _check_core(
-        "rope_inplace", q, q, k, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, full_table,
+        "rope_inplace",
+        q,
+        q,
+        k,
+        k,
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        seqlen_offset,
+        rot_dim,
+        full_table,
         names=("q", "q", "k", "k"),
     )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_out"))
 def _rope_out_fake(
-    q_out, q, k_out, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    q_out,
+    q,
+    k_out,
+    k,
+    cos,
+    sin,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    seqlen_offset,
+    rot_dim,
+    interleaved,
+    full_table,
+    transpose,
     enable_pdl=None,
 ):
-    _check_core("rope_out", q, q_out, k, k_out, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, full_table)
+    _check_core(
+        "rope_out",
+        q,
+        q_out,
+        k,
+        k_out,
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        seqlen_offset,
+        rot_dim,
+        full_table,
+    )
 
 
 @torch.library.register_fake(add_op_namespace_prefix("apply_rotary"))
@@ -304,19 +447,29 @@ def _apply_rotary_fake(x1, x2, cos, sin, out1, out2, conj, enable_pdl=None):
     op = "apply_rotary"
     torch._check(
         x1.dtype in KERNEL_DTYPES or x1.dtype == torch.float64,
-        lambda: f"{op}: x1 must be float32, float16, bfloat16 or float64, got {_dtype_name(x1.dtype)}",
+        lambda: (
+            f"{op}: x1 must be float32, float16, bfloat16 or float64, got {_dtype_name(x1.dtype)}"
+        ),
     )
-    torch._check(x1.dim() >= 1, lambda: f"{op}: x1 must have at least one dimension, got a 0-d tensor")
+    torch._check(
+        x1.dim() >= 1, lambda: f"{op}: x1 must have at least one dimension, got a 0-d tensor"
+    )
     for name, t in (("x2", x2), ("out1", out1), ("out2", out2)):
         _check_device(op, name, t, x1, "x1")
         _check_dtype(op, name, t, x1, "x1")
         _check_shape(op, name, t, x1, "x1")
     for name, t in (("cos", cos), ("sin", sin)):
         _check_device(op, name, t, x1, "x1")
-        torch._check(t.dtype.is_floating_point, lambda: f"{op}: {name} must be a floating-point tensor, got {_dtype_name(t.dtype)}")
         torch._check(
-            t.dim() <= x1.dim() and all(t.shape[-i] == 1 or t.shape[-i] == x1.shape[-i] for i in range(1, t.dim() + 1)),
-            lambda: f"{op}: {name} must broadcast to the shape of x1 {list(x1.shape)}, got {list(t.shape)}",
+            t.dtype.is_floating_point,
+            lambda: f"{op}: {name} must be a floating-point tensor, got {_dtype_name(t.dtype)}",
+        )
+        torch._check(
+            t.dim() <= x1.dim()
+            and all(t.shape[-i] == 1 or t.shape[-i] == x1.shape[-i] for i in range(1, t.dim() + 1)),
+            lambda: (
+                f"{op}: {name} must broadcast to the shape of x1 {list(x1.shape)}, got {list(t.shape)}"
+            ),
         )
 
 
@@ -340,17 +493,50 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
     "bool? enable_pdl=None) -> (Tensor, Tensor?)",
 )
 def _rope_functional(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    q,
+    k,
+    cos,
+    sin,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    seqlen_offset,
+    rot_dim,
+    interleaved,
+    full_table,
+    transpose,
     enable_pdl=None,
 ):
     return _rope_allocating(
-        q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+        q,
+        k,
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        seqlen_offset,
+        rot_dim,
+        interleaved,
+        full_table,
+        transpose,
         enable_pdl,
     )
 
 
 def _rope_allocating(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    q,
+    k,
+    cos,
+    sin,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    seqlen_offset,
+    rot_dim,
+    interleaved,
+    full_table,
+    transpose,
     enable_pdl=None,
 ):
     """New outputs (q's and k's layouts) written by the out-param op: the body of rope_functional,
@@ -358,22 +544,58 @@ def _rope_allocating(
     q_out = _empty_like(q)
     k_out = None if k is None else _empty_like(k)
     ops.rope_out(
-        q_out, q, k_out, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved,
-        full_table, transpose, enable_pdl,
+        q_out,
+        q,
+        k_out,
+        k,
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        seqlen_offset,
+        rot_dim,
+        interleaved,
+        full_table,
+        transpose,
+        enable_pdl,
     )
     return q_out, k_out
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rope_functional"))
 def _rope_functional_fake(
-    q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+    q,
+    k,
+    cos,
+    sin,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    seqlen_offset,
+    rot_dim,
+    interleaved,
+    full_table,
+    transpose,
     enable_pdl=None,
 ):
     q_out = _empty_like(q) if q.dim() == 4 else q.new_empty(q.shape)
     k_out = None if k is None else (_empty_like(k) if k.dim() == 4 else k.new_empty(k.shape))
     _check_core(
-        "rope_functional", q, q_out, k, k_out, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim,
-        full_table, names=("q", "q", "k", "k"),
+        "rope_functional",
+        q,
+        q_out,
+        k,
+        k_out,
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        seqlen_offset,
+        rot_dim,
+        full_table,
+        names=("q", "q", "k", "k"),
     )
     return q_out, k_out
 
@@ -426,27 +648,52 @@ def table_grads(
             dsin = dsin.sum(dim=2, keepdim=True)
         grad_cos = dcos if grad_cos is None else grad_cos + dcos
         grad_sin = dsin if grad_sin is None else grad_sin + dsin
-    token_rows = _reference.rows(batch, seqlen, q.device, positions, seqlen_offsets, cu_seqlens, seqlen_offset)
+    token_rows = _reference.rows(
+        batch, seqlen, q.device, positions, seqlen_offsets, cu_seqlens, seqlen_offset
+    )
     if table_batch == 1:
         tb = torch.zeros_like(token_rows)
     else:
         tb = torch.arange(batch, device=q.device).unsqueeze(1).expand(batch, seqlen)
     out = []
     for grad in (grad_cos, grad_sin):
-        acc = torch.zeros((table_batch, table_rows, table_heads, width), dtype=torch.float32, device=q.device)
+        acc = torch.zeros(
+            (table_batch, table_rows, table_heads, width), dtype=torch.float32, device=q.device
+        )
         if grad is not None:
-            acc = acc.index_put((tb, token_rows), grad.expand(batch, seqlen, table_heads, width), accumulate=True)
+            acc = acc.index_put(
+                (tb, token_rows), grad.expand(batch, seqlen, table_heads, width), accumulate=True
+            )
         out.append(acc)
     return out[0], out[1]
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    (q, k, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
-     enable_pdl) = inputs
+    (
+        q,
+        k,
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        seqlen_offset,
+        rot_dim,
+        interleaved,
+        full_table,
+        transpose,
+        enable_pdl,
+    ) = inputs
     need_table = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
     # q and k themselves are kept only for the gradients of the tables.
     ctx.save_for_backward(
-        cos, sin, positions, seqlen_offsets, cu_seqlens, q if need_table else None, k if need_table else None
+        cos,
+        sin,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        q if need_table else None,
+        k if need_table else None,
     )
     ctx.options = (seqlen_offset, rot_dim, interleaved, full_table, transpose, enable_pdl)
     ctx.has_k = k is not None
@@ -468,21 +715,45 @@ def _backward(ctx, grad_q_out, grad_k_out):
     if need_q or need_k:
         gk = grad_k_out if need_k else None
         grad_q, grad_k = _rope_functional(
-            grad_q_out, gk, cos, sin, positions, seqlen_offsets, cu_seqlens, seqlen_offset, rot_dim, interleaved,
-            full_table, not transpose, enable_pdl,
+            grad_q_out,
+            gk,
+            cos,
+            sin,
+            positions,
+            seqlen_offsets,
+            cu_seqlens,
+            seqlen_offset,
+            rot_dim,
+            interleaved,
+            full_table,
+            not transpose,
+            enable_pdl,
         )
         grad_q = grad_q if need_q else None
     if need_cos or need_sin:
         gc, gs = table_grads(
-            q, k if ctx.has_k else None, grad_q_out, grad_k_out if ctx.has_k else None, cos, positions, seqlen_offsets,
-            cu_seqlens, seqlen_offset, rot_dim, interleaved, full_table, transpose,
+            q,
+            k if ctx.has_k else None,
+            grad_q_out,
+            grad_k_out if ctx.has_k else None,
+            cos,
+            positions,
+            seqlen_offsets,
+            cu_seqlens,
+            seqlen_offset,
+            rot_dim,
+            interleaved,
+            full_table,
+            transpose,
         )
         grad_cos = gc.to(cos.dtype) if need_cos else None
         grad_sin = gs.to(sin.dtype) if need_sin else None
     return grad_q, grad_k, grad_cos, grad_sin, None, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd(add_op_namespace_prefix("rope_functional"), _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    add_op_namespace_prefix("rope_functional"), _backward, setup_context=_setup_context
+)
 
 
 # ---- the differentiable entry point of the Python API ----
@@ -516,7 +787,15 @@ def rope(
     ``copy_``, which records the in-place update for backward (flash-attn's ``inplace=True``).
     ``enable_pdl``: programmatic dependent launch on CUDA (None: the kernel's default).
     """
-    args = (positions, seqlen_offsets, cu_seqlens, int(seqlen_offset), int(rot_dim), bool(interleaved), bool(full_table))
+    args = (
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        int(seqlen_offset),
+        int(rot_dim),
+        bool(interleaved),
+        bool(full_table),
+    )
     if not inplace:
         if _requires_grad(q, k, cos, sin) or torch.compiler.is_compiling():
             return _rope_functional(q, k, cos, sin, *args, False, enable_pdl)
@@ -538,7 +817,9 @@ def rope(
     return q, k
 
 
-def table_dtype(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+def table_dtype(
+    cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """cos/sin in a dtype the kernel reads: theirs when both have float32 or `dtype`, else
     float32 (exact for float16 / bfloat16 tables; a float64 table is rounded to float32)."""
     if cos.dtype == sin.dtype and cos.dtype in (torch.float32, dtype):
@@ -566,14 +847,21 @@ def _promoted(op: str, **named: torch.Tensor) -> torch.dtype:
     dtype = None
     for name, t in named.items():
         if t.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"{op}: {name} must be float32, float16 or bfloat16, got {_dtype_name(t.dtype)}")
+            raise ValueError(
+                f"{op}: {name} must be float32, float16 or bfloat16, got {_dtype_name(t.dtype)}"
+            )
         dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
     return dtype
 
 
 def transformers_rope(
-    q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
-    op: str = "apply_rotary_transformers", enable_pdl: Optional[bool] = None,
+    q: torch.Tensor,
+    k: Optional[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+    op: str = "apply_rotary_transformers",
+    enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """transformers ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin`` with the full
     cos/sin (per-channel table, NeoX pairs), fp32 math and one rounding to the result dtype
@@ -581,9 +869,13 @@ def transformers_rope(
     (unsqueeze_dim=1) or ``[B, S, H, D]`` (unsqueeze_dim=2); cos/sin ``[B or 1, S or 1, R]``;
     ``R < D``: partial rotary (the first R channels rotated, the rest passed through)."""
     if q.dim() != 4:
-        raise ValueError(f"{op}: q must have 4 dimensions ([B, H, S, D] or [B, S, H, D]), got shape {list(q.shape)}")
+        raise ValueError(
+            f"{op}: q must have 4 dimensions ([B, H, S, D] or [B, S, H, D]), got shape {list(q.shape)}"
+        )
     if k is not None and k.dim() != 4:
-        raise ValueError(f"{op}: k must have 4 dimensions ([B, H, S, D] or [B, S, H, D]), got shape {list(k.shape)}")
+        raise ValueError(
+            f"{op}: k must have 4 dimensions ([B, H, S, D] or [B, S, H, D]), got shape {list(k.shape)}"
+        )
     if cos.dim() != 3 or tuple(sin.shape) != tuple(cos.shape):
         raise ValueError(
             f"{op}: cos and sin must have one shape [B or 1, S, rot_dim], got {list(cos.shape)} and {list(sin.shape)}"
@@ -601,7 +893,9 @@ def transformers_rope(
         )
     to4 = (lambda t: t.transpose(1, 2)) if dim == 1 else (lambda t: t)
     batch, seqlen = q.shape[0], to4(q).shape[1]
-    if k is not None and (k.shape[0] != batch or to4(k).shape[1] != seqlen or k.shape[-1] != q.shape[-1]):
+    if k is not None and (
+        k.shape[0] != batch or to4(k).shape[1] != seqlen or k.shape[-1] != q.shape[-1]
+    ):
         raise ValueError(
             f"{op}: k must have the batch, sequence length and head_dim of q, got shapes {list(k.shape)} and "
             f"{list(q.shape)} (unsqueeze_dim={unsqueeze_dim})"
@@ -614,7 +908,12 @@ def transformers_rope(
         dtype = _promoted(op, **{name: x}, cos=cos, sin=sin)
         c, s = table_dtype(cos4, sin4, dtype)
         y, y_other = rope(
-            to4(x.to(dtype)), None if other is None else to4(other.to(dtype)), c, s, rot_dim=rot_dim, full_table=True,
+            to4(x.to(dtype)),
+            None if other is None else to4(other.to(dtype)),
+            c,
+            s,
+            rot_dim=rot_dim,
+            full_table=True,
             enable_pdl=enable_pdl,
         )
         return to4(y), None if y_other is None else to4(y_other)
@@ -625,7 +924,10 @@ def transformers_rope(
 
 
 def ltx_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: str = "apply_rotary_emb_ltx",
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    op: str = "apply_rotary_emb_ltx",
     enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """diffusers LTX-Video ``apply_rotary_emb(x, (cos, sin))``: interleaved pairs, per-channel
@@ -646,11 +948,19 @@ def ltx_rope(
             f"got shape {list(cos.shape)}"
         )
     if x.dtype not in KERNEL_DTYPES:
-        raise ValueError(f"{op}: x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
+        raise ValueError(
+            f"{op}: x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}"
+        )
     _check_table_rows(op, "cos", cos, x.shape[0], x.shape[1])
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         x = x.contiguous()
     x4 = x.unflatten(-1, (channels // width, width))
-    c, s = table_dtype(_broadcast_rows(cos.unsqueeze(2), x.shape[1]), _broadcast_rows(sin.unsqueeze(2), x.shape[1]), x.dtype)
-    y, _ = rope(x4, None, c, s, rot_dim=width, interleaved=True, full_table=True, enable_pdl=enable_pdl)
+    c, s = table_dtype(
+        _broadcast_rows(cos.unsqueeze(2), x.shape[1]),
+        _broadcast_rows(sin.unsqueeze(2), x.shape[1]),
+        x.dtype,
+    )
+    y, _ = rope(
+        x4, None, c, s, rot_dim=width, interleaved=True, full_table=True, enable_pdl=enable_pdl
+    )
     return y.flatten(-2)

@@ -71,12 +71,12 @@ def rows(
     return r
 
 
-def token_tables(
-    table: torch.Tensor, token_rows: torch.Tensor, batch: int
-) -> torch.Tensor:
+def token_tables(table: torch.Tensor, token_rows: torch.Tensor, batch: int) -> torch.Tensor:
     """``table [TB, R, TH, W]`` gathered per token: ``[batch, seqlen, TH, W]``."""
-    tb = torch.arange(batch, device=table.device).unsqueeze(1) if table.shape[0] != 1 else torch.zeros(
-        1, 1, dtype=torch.int64, device=table.device
+    tb = (
+        torch.arange(batch, device=table.device).unsqueeze(1)
+        if table.shape[0] != 1
+        else torch.zeros(1, 1, dtype=torch.int64, device=table.device)
     )
     return table[tb, token_rows]
 
@@ -133,7 +133,9 @@ def rope(
     outs = []
     for x in (q, k):
         outs.append(
-            None if x is None else _rotate(_upcast(x, compute_dtype), ca, cb, sa, sb, rot_dim, interleaved, transpose)
+            None
+            if x is None
+            else _rotate(_upcast(x, compute_dtype), ca, cb, sa, sb, rot_dim, interleaved, transpose)
         )
     return outs[0], outs[1]
 
@@ -184,9 +186,17 @@ def flash_apply_rotary_emb(
     offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
     offset = 0 if offsets is not None else int(seqlen_offsets)
     out, _ = rope(
-        x4, None, cos[None, :, None, :], sin[None, :, None, :], rot_dim=2 * cos.shape[-1],
-        seqlen_offsets=offsets, cu_seqlens=cu_seqlens, seqlen_offset=offset, interleaved=interleaved,
-        transpose=conjugate, compute_dtype=compute_dtype,
+        x4,
+        None,
+        cos[None, :, None, :],
+        sin[None, :, None, :],
+        rot_dim=2 * cos.shape[-1],
+        seqlen_offsets=offsets,
+        cu_seqlens=cu_seqlens,
+        seqlen_offset=offset,
+        interleaved=interleaved,
+        transpose=conjugate,
+        compute_dtype=compute_dtype,
     )
     return out.squeeze(0) if varlen else out
 
