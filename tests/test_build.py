@@ -8,15 +8,15 @@ half builds a small throwaway kernel in a temporary git repository, so it can br
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import kernels._rust as kernels_rust
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -27,7 +27,11 @@ KERNEL_DIRS = build_script.discover_kernels(REPO)
 
 def _variants(kernel_dir: Path) -> list[Path]:
     build = kernel_dir / "build"
-    variants = [p for p in build.iterdir() if p.is_dir() and (p / "metadata.json").is_file()] if build.is_dir() else []
+    variants = (
+        [p for p in build.iterdir() if p.is_dir() and (p / "metadata.json").is_file()]
+        if build.is_dir()
+        else []
+    )
     if not variants:
         pytest.skip(f"{kernel_dir.name} is not built: run scripts/dev.sh build")
     return variants
@@ -38,7 +42,9 @@ def test_variant_layout_matches_kernel_builder(kernel_dir: Path):
     project = build_script.load_project(kernel_dir)
     for variant in _variants(kernel_dir):
         # The name parses as the loader parses it and matches this machine's Torch.
-        assert re.fullmatch(r"torch\d\d+-cxx11-(cpu|cu\d\d\d)-(x86_64|aarch64)-linux", variant.name), variant.name
+        assert re.fullmatch(
+            r"torch\d\d+-cxx11-(cpu|cu\d\d\d)-(x86_64|aarch64)-linux", variant.name
+        ), variant.name
         meta = json.loads((variant / "metadata.json").read_text())
         kernels_rust.Metadata.read_from_file(variant / "metadata.json")  # the loader's validation
         ops_name = meta["id"]
@@ -55,20 +61,29 @@ def test_variant_layout_matches_kernel_builder(kernel_dir: Path):
         assert meta["license"] == project.license
         assert meta["python-depends"] == [] and "torch" not in meta["python-depends"]
         if backend == "cuda":
-            assert meta["backend"]["archs"] == sorted(meta["backend"]["archs"]) and meta["backend"]["archs"]
+            assert (
+                meta["backend"]["archs"] == sorted(meta["backend"]["archs"])
+                and meta["backend"]["archs"]
+            )
         else:
             assert "archs" not in meta["backend"]
         # Flat layout: the package's .py files at the variant root, no bytecode, no .pyi.
         package = kernel_dir / "torch-ext" / project.python_name
-        expected = {str(p.relative_to(package)) for p in package.rglob("*.py")
-                    if "__pycache__" not in p.parts and p.name != "_ops.py"}
+        expected = {
+            str(p.relative_to(package))
+            for p in package.rglob("*.py")
+            if "__pycache__" not in p.parts and p.name != "_ops.py"
+        }
         shipped = {str(p.relative_to(variant)) for p in variant.rglob("*") if p.is_file()}
         assert shipped == expected | {"_ops.py", "metadata.json", f"{ops_name}.abi3.so"}
         for rel in expected:
             assert (variant / rel).read_bytes() == (package / rel).read_bytes(), rel
         # The digest is the one kernel-builder's `hash` would write, over the final tree.
         actual = kernels_rust.Digest.hash_variant(kernels_rust.DigestAlgorithm.SHA256, variant)
-        assert meta["digest"] == {"algorithm": "sha256", "files": dict(sorted(actual.files.items()))}
+        assert meta["digest"] == {
+            "algorithm": "sha256",
+            "files": dict(sorted(actual.files.items())),
+        }
         assert set(meta["provenance"]) <= {"kernel-builder", "kernel"}
 
 
@@ -86,8 +101,11 @@ def test_card_and_benchmarks_are_bundled(kernel_dir: Path):
 
 @pytest.mark.parametrize("kernel_dir", KERNEL_DIRS, ids=lambda p: p.name)
 def test_built_kernel_loads_and_registers_its_namespace(kernel_dir: Path):
-    variants = [v for v in _variants(kernel_dir)
-                if json.loads((v / "metadata.json").read_text())["backend"]["type"] == "cpu"]
+    variants = [
+        v
+        for v in _variants(kernel_dir)
+        if json.loads((v / "metadata.json").read_text())["backend"]["type"] == "cpu"
+    ]
     if not variants:
         pytest.skip("no CPU variant")
     meta = json.loads((variants[0] / "metadata.json").read_text())
@@ -97,8 +115,12 @@ def test_built_kernel_loads_and_registers_its_namespace(kernel_dir: Path):
         "ns = getattr(torch.ops, m.__name__)\n"
         "print(json.dumps([m.__name__, sorted(m.__all__), hasattr(ns, m.__all__[0])]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(kernel_dir / "build")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(kernel_dir / "build")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     name, exported, registered = json.loads(out.strip().splitlines()[-1])
     assert name == meta["id"]
     assert exported and registered
@@ -148,7 +170,9 @@ TOY_FILES = {
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -168,37 +192,54 @@ def toy_repo(tmp_path_factory) -> Path:
 
 
 def _build(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(repo / "scripts" / "build.py"), *args],
-                          cwd=repo, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, str(repo / "scripts" / "build.py"), *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
 
 
 def _variant(repo: Path) -> Path:
-    (variant,) = [p for p in (repo / "toy-kernel" / "build").iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and p.name != "benchmarks"]
+    (variant,) = [
+        p
+        for p in (repo / "toy-kernel" / "build").iterdir()
+        if p.is_dir() and not p.name.startswith(".") and p.name != "benchmarks"
+    ]
     return variant
 
 
 def test_toy_build_is_conformant_and_loads(toy_repo: Path):
     proc = _build(toy_repo, "--jobs", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    tree = _git(toy_repo, "rev-parse", "HEAD^{tree}")
+    tree = _git(toy_repo, "rev-parse", "HEAD:toy-kernel")
     commit = _git(toy_repo, "rev-parse", "HEAD")
     variant = _variant(toy_repo)
     meta = json.loads((variant / "metadata.json").read_text())
-    assert meta["id"] == f"_toy_kernel_cpu_{tree[:7]}"  # kernel-builder: 7 hex of the HEAD tree
+    assert meta["id"] == f"_toy_kernel_cpu_{tree[:7]}"  # 7 hex of the kernel folder's tree
     assert meta["name"] == "toy-kernel" and meta["version"] == 3
     assert meta["provenance"]["kernel"] == {"commit": commit, "dirty": False}
     assert (variant / "helpers" / "__init__.py").is_file()  # nested packages are kept
     assert not (variant / "stub.pyi").exists()  # .pyi is not installed in arch builds
     card = (toy_repo / "toy-kernel" / "build" / "CARD.md").read_text()
-    assert "# test-org/toy-kernel v3" in card and "- scale" in card and "license: apache-2.0" in card
-    assert "[toy-kernel " in proc.stdout and "compile kernel_src/scale.cpp" in proc.stdout  # progress
+    assert (
+        "# test-org/toy-kernel v3" in card and "- scale" in card and "license: apache-2.0" in card
+    )
+    assert (
+        "[toy-kernel " in proc.stdout and "compile kernel_src/scale.cpp" in proc.stdout
+    )  # progress
     assert "smoke-load: loaded _toy_kernel_cpu_" in proc.stdout
     assert "ABI:" in proc.stdout  # kernel-abi-check ran and reported
-    code = ("import pathlib, sys, torch, kernels\n"
-            "m = kernels.get_local_kernel(pathlib.Path(sys.argv[1]))\n"
-            "x = torch.arange(5.0)\nassert torch.equal(m.scale(x, 2.5), x * 2.5)\n")
+    code = (
+        "import pathlib, sys, torch, kernels\n"
+        "m = kernels.get_local_kernel(pathlib.Path(sys.argv[1]))\n"
+        "x = torch.arange(5.0)\nassert torch.equal(m.scale(x, 2.5), x * 2.5)\n"
+    )
     subprocess.run([sys.executable, "-c", code, str(toy_repo / "toy-kernel" / "build")], check=True)
+    # A rebuild that changes nothing does not load the variant again.
+    again = _build(toy_repo)
+    assert again.returncode == 0, again.stderr
+    assert "smoke-load: unchanged since it last loaded" in again.stdout, again.stdout
 
 
 def test_toy_rebuild_is_incremental(toy_repo: Path):
@@ -208,43 +249,143 @@ def test_toy_rebuild_is_incremental(toy_repo: Path):
     assert "compile" not in proc.stdout and "link" not in proc.stdout, proc.stdout
 
 
-def test_dirty_tree_gets_dirty_id(toy_repo: Path):
-    scale = toy_repo / "toy-kernel" / "kernel_src" / "scale.cpp"
+def test_change_outside_the_kernel_keeps_its_id(toy_repo: Path):
+    assert _build(toy_repo, "--no-smoke").returncode == 0
+    before = json.loads((_variant(toy_repo) / "metadata.json").read_text())
+    (toy_repo / "README.md").write_text("# toys\n\n")
+    proc = _build(toy_repo, "--no-smoke")  # uncommitted, outside the folder: still clean
+    assert proc.returncode == 0 and "compile" not in proc.stdout, proc.stdout
+    assert json.loads((_variant(toy_repo) / "metadata.json").read_text()) == before
+    _git(toy_repo, "add", "README.md")
+    _git(toy_repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "readme")
+    proc = _build(toy_repo, "--no-smoke")
+    assert proc.returncode == 0 and "compile" not in proc.stdout and "link" not in proc.stdout, (
+        proc.stdout
+    )
+    # Same id, same provenance (the last commit that changed the folder): nothing new to upload.
+    assert json.loads((_variant(toy_repo) / "metadata.json").read_text()) == before
+
+
+def _upload_dry_run(kernel_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "upload.py"), str(kernel_dir), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def test_untracked_or_modified_kernel_is_dirty_and_refused(toy_repo: Path):
+    kernel = toy_repo / "toy-kernel"
+    scale = kernel / "kernel_src" / "scale.cpp"
     original = scale.read_text()
+    extra = kernel / "kernel_src" / "notes.h"
     try:
-        scale.write_text(original + "// touched\n")
-        assert _build(toy_repo, "--no-smoke").returncode == 0
-        meta = json.loads((_variant(toy_repo) / "metadata.json").read_text())
-        assert meta["id"].endswith("_dirty") and meta["provenance"]["kernel"]["dirty"] is True
-        assert len(list(_variant(toy_repo).glob("*.so"))) == 1  # no stale .so of the clean id
+        for change in ("untracked", "modified"):
+            if change == "untracked":
+                extra.write_text("// never committed\n")
+            else:
+                extra.unlink()
+                scale.write_text(original + "// touched\n")
+            proc = _build(toy_repo, "--no-smoke")
+            assert proc.returncode == 0, proc.stderr
+            assert "note: uncommitted or untracked files in toy-kernel" in proc.stdout, proc.stdout
+            meta = json.loads((_variant(toy_repo) / "metadata.json").read_text())
+            assert (
+                meta["id"].endswith("_dirty") and meta["provenance"]["kernel"]["dirty"] is True
+            ), change
+            assert len(list(_variant(toy_repo).glob("*.so"))) == 1  # no stale .so of the clean id
+            refused = _upload_dry_run(kernel)
+            assert refused.returncode == 1 and "dirty build" in refused.stderr, refused.stderr
     finally:
         scale.write_text(original)
-    assert _build(toy_repo, "--no-smoke").returncode == 0
+        extra.unlink(missing_ok=True)
+
+
+def _scratch_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "k").mkdir(parents=True)
+    (repo / "k" / "a.txt").write_text("a\n")
+    (repo / ".gitignore").write_text("build/\n")
+    _git(repo.parent, "init", "-q", str(repo))
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "k")
+    return repo
+
+
+def test_identity_follows_the_kernel_folder(tmp_path: Path):
+    repo = _scratch_repo(tmp_path)
+    ident = build_script.git_identity(repo / "k")
+    assert ident == build_script.GitIdentity(
+        _git(repo, "rev-parse", "HEAD:k")[:7], _git(repo, "rev-parse", "HEAD"), False
+    )
+    (repo / "k" / "build").mkdir()
+    (repo / "k" / "build" / "out.so").write_text("ignored\n")
+    assert build_script.git_identity(repo / "k") == ident  # ignored files do not count
+    # A never-committed kernel folder next to it: dirty, whatever HEAD says.
+    (repo / "new").mkdir()
+    (repo / "new" / "build.toml").write_text("[general]\n")
+    fresh = build_script.git_identity(repo / "new")
+    assert fresh.dirty and fresh.unique_id.endswith("_dirty") and fresh.commit == ident.commit
+    assert build_script.git_identity(repo / "k") == ident  # the neighbour's files are not k's
+
+
+def test_jobs_cap_the_compilers_over_all_variants():
+    for variants in range(1, 9):
+        for jobs in range(1, 9):
+            workers, per_job = build_script.parallelism(variants, jobs)
+            assert 1 <= workers <= variants and workers * per_job <= jobs, (variants, jobs)
+    assert build_script.parallelism(8, 1) == (1, 1)
+    assert build_script.parallelism(2, 8) == (2, 4)
+    with pytest.raises(SystemExit):
+        build_script.main(["-j", "0"])
 
 
 @pytest.mark.parametrize(
     "breakage, message",
     [
-        (lambda k: (k / "build.toml").write_text(TOY_TOML.replace('license = "Apache-2.0"\n', 'license = "Apache-2.0"\ncolour = 1\n')),
-         r"toy-kernel: invalid toy-kernel/build\.toml: .*Unknown field colour"),
-        (lambda k: (k / "build.toml").write_text(TOY_TOML.replace('"kernel_src/scale.h"]', '"kernel_src/scale.h", "kernel_src/gone.cpp"]')),
-         r"toy-kernel: source kernel_src/gone\.cpp is listed in build\.toml but does not exist"),
-        (lambda k: (k / "kernel_src" / "scale.cpp").write_text(TOY_FILES["kernel_src/scale.cpp"] + "int broken(\n"),
-         r"toy-kernel: compiling kernel_src/scale\.cpp failed"),
+        (
+            lambda k: (k / "build.toml").write_text(
+                TOY_TOML.replace('license = "Apache-2.0"\n', 'license = "Apache-2.0"\ncolour = 1\n')
+            ),
+            r"toy-kernel: invalid toy-kernel/build\.toml: .*Unknown field colour",
+        ),
+        (
+            lambda k: (k / "build.toml").write_text(
+                TOY_TOML.replace(
+                    '"kernel_src/scale.h"]', '"kernel_src/scale.h", "kernel_src/gone.cpp"]'
+                )
+            ),
+            r"toy-kernel: source kernel_src/gone\.cpp is listed in build\.toml but does not exist",
+        ),
+        (
+            lambda k: (k / "kernel_src" / "scale.cpp").write_text(
+                TOY_FILES["kernel_src/scale.cpp"] + "int broken(\n"
+            ),
+            r"toy-kernel: compiling kernel_src/scale\.cpp failed",
+        ),
     ],
     ids=["unknown-key", "missing-source", "compiler-error"],
 )
 def test_failures_name_kernel_and_file_and_keep_previous_build(toy_repo: Path, breakage, message):
     kernel = toy_repo / "toy-kernel"
     assert _build(toy_repo, "--no-smoke").returncode == 0
-    before = {p.relative_to(_variant(toy_repo)): p.read_bytes() for p in _variant(toy_repo).rglob('*') if p.is_file()}
+    before = {
+        p.relative_to(_variant(toy_repo)): p.read_bytes()
+        for p in _variant(toy_repo).rglob('*')
+        if p.is_file()
+    }
     saved = {rel: (kernel / rel).read_text() for rel in ("build.toml", "kernel_src/scale.cpp")}
     try:
         breakage(kernel)
         proc = _build(toy_repo, "--no-smoke")
         assert proc.returncode != 0
         assert re.search(message, proc.stderr), proc.stderr
-        after = {p.relative_to(_variant(toy_repo)): p.read_bytes() for p in _variant(toy_repo).rglob('*') if p.is_file()}
+        after = {
+            p.relative_to(_variant(toy_repo)): p.read_bytes()
+            for p in _variant(toy_repo).rglob('*')
+            if p.is_file()
+        }
         assert after == before  # the previous variant is untouched
         assert not list((kernel / "build").glob(".*partial"))  # nothing half-written left behind
     finally:
