@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,14 @@ VARIANT = "torch-cpu"
 
 
 def upload(env, *args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(UPLOAD), *map(str, args)], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(UPLOAD), *map(str, args)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def repo_exists(hub: LocalHub, repo_id: str) -> bool:
@@ -37,10 +44,15 @@ def test_upload_layout_and_second_upload_is_a_noop(local_hub, hub_env, tmp_path)
     assert main_files["README.md"] == (kdir / "build" / "CARD.md").read_bytes()
     assert not any(p.startswith(("build/", "benchmarks/")) for p in main_files)
     assert {p for p in v1_files if p.startswith(("build/", "benchmarks/"))} == {
-        f"build/{VARIANT}/__init__.py", f"build/{VARIANT}/_ops.py", f"build/{VARIANT}/metadata.json",
+        f"build/{VARIANT}/__init__.py",
+        f"build/{VARIANT}/_ops.py",
+        f"build/{VARIANT}/metadata.json",
         "benchmarks/benchmark.py",
     }
-    assert v1_files[f"build/{VARIANT}/metadata.json"] == (kdir / "build" / VARIANT / "metadata.json").read_bytes()
+    assert (
+        v1_files[f"build/{VARIANT}/metadata.json"]
+        == (kdir / "build" / VARIANT / "metadata.json").read_bytes()
+    )
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["status"] == "uploaded" and out["repo_id"] == repo_id and out["branch"] == "v1"
     assert out["branches"]["v1"]["commit"] == local_hub.branches(repo_id)["v1"]
@@ -72,15 +84,23 @@ def test_dry_run_changes_nothing(local_hub, hub_env, tmp_path):
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["status"] == "dry_run"
-    assert plan["branches"]["v1"]["replace"] == [f"build/{VARIANT}/__init__.py", f"build/{VARIANT}/metadata.json"]
+    assert plan["branches"]["v1"]["replace"] == [
+        f"build/{VARIANT}/__init__.py",
+        f"build/{VARIANT}/metadata.json",
+    ]
     assert plan["branches"]["v1"]["add"] == [f"build/{VARIANT}/new.py"]
     assert local_hub.branches(repo_id) == heads and local_hub.commit_count(repo_id) == commits
     assert b"CHANGED" not in local_hub.files(repo_id, "v1")[f"build/{VARIANT}/__init__.py"]
 
 
 def _dirty_provenance(vdir):
-    edit_metadata(vdir, provenance={"kernel-builder": {"version": "0.17.0"},
-                                    "kernel": {"commit": "ab" * 20, "dirty": True}})
+    edit_metadata(
+        vdir,
+        provenance={
+            "kernel-builder": {"version": "0.17.0"},
+            "kernel": {"commit": "ab" * 20, "dirty": True},
+        },
+    )
 
 
 def _dirty_id(vdir):
@@ -103,6 +123,28 @@ def _version(vdir):
     edit_metadata(vdir, version=2)
 
 
+def _abi_violation(vdir):
+    """A shared object that links exp@GLIBC_2.29, newer than manylinux_2_28 allows (as local builds do)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    (vdir / "exp.c").write_text("#include <math.h>\ndouble f(double x) { return exp(x); }\n")
+    subprocess.run(
+        [
+            "cc",
+            "-O0",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(vdir / "_fakek_cpu_abc1234.abi3.so"),
+            str(vdir / "exp.c"),
+            "-lm",
+        ],
+        check=True,
+    )
+    (vdir / "exp.c").unlink()
+    rehash(vdir)
+
+
 @pytest.mark.parametrize(
     "spoil, expected, allow",
     [
@@ -111,9 +153,27 @@ def _version(vdir):
         (_tampered, "digest mismatch: _ops.py has a different hash", "--allow-digest-mismatch"),
         (_extra_file, "digest mismatch: sneaky.py is not in the digest", "--allow-digest-mismatch"),
         (_no_digest, "metadata.json has no digest", "--allow-digest-mismatch"),
-        (_version, "metadata version 2 differs from build.toml version 1", "--allow-version-mismatch"),
+        (
+            _version,
+            "metadata version 2 differs from build.toml version 1",
+            "--allow-version-mismatch",
+        ),
+        (
+            _abi_violation,
+            "ABI check failed: _fakek_cpu_abc1234.abi3.so: manylinux_2_28: 1 symbol(s) newer than "
+            "the policy allows: exp@GLIBC_2.29",
+            "--allow-abi-violations",
+        ),
     ],
-    ids=["dirty-provenance", "dirty-id", "digest-hash", "digest-extra-file", "no-digest", "version-mismatch"],
+    ids=[
+        "dirty-provenance",
+        "dirty-id",
+        "digest-hash",
+        "digest-extra-file",
+        "no-digest",
+        "version-mismatch",
+        "abi-violation",
+    ],
 )
 def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
     kdir = make_fake_kernel(tmp_path, variants=(VARIANT, "torch213-cxx11-cpu-x86_64-linux"))
@@ -124,13 +184,20 @@ def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr  # only the spoiled variant is refused, in one line
-    assert lines[0].startswith(f"error: fakek: variant {VARIANT}: ") and expected in lines[0], lines[0]
+    assert lines[0].startswith(f"error: fakek: variant {VARIANT}: ") and expected in lines[0], (
+        lines[0]
+    )
     assert json.loads((tmp_path / "out.json").read_text())["status"] == "error"
     assert not repo_exists(local_hub, f"{org}/fakek")
     # Told otherwise, the upload goes through (--branch: the version check is off for a mixed build).
     r = upload(env, kdir, "--org", org, allow, "--branch", "v1")
     assert r.returncode == 0, r.stderr
     assert f"build/{VARIANT}/_ops.py" in local_hub.files(f"{org}/fakek", "v1")
+    if allow == "--allow-abi-violations":  # let through, not silently
+        assert (
+            "warning: fakek: variant torch-cpu: ABI check failed" in r.stderr
+            and "exp@GLIBC_2.29" in r.stderr
+        )
 
 
 def test_existing_branch_keeps_other_variants(local_hub, hub_env, tmp_path):
@@ -181,16 +248,26 @@ def test_token_is_never_printed(tmp_path):
     with LocalHub(tmp_path / "store", tokens={secret}) as hub:
         env = client_env(hub.endpoint, tmp_path / "client", token=None)
         bad = "hf_wrong_secret_value_43"
-        r = upload(env, kdir, "--org", "tok", "--token", bad, "--output-json", tmp_path / "bad.json")
+        r = upload(
+            env, kdir, "--org", "tok", "--token", bad, "--output-json", tmp_path / "bad.json"
+        )
         assert r.returncode == 1
         assert len(r.stderr.strip().splitlines()) == 1 and "401" in r.stderr, r.stderr
-        r2 = upload({**env, "HF_TOKEN": secret}, kdir, "--org", "tok", "--output-json", tmp_path / "ok.json")
+        r2 = upload(
+            {**env, "HF_TOKEN": secret}, kdir, "--org", "tok", "--output-json", tmp_path / "ok.json"
+        )
         assert r2.returncode == 0, r2.stderr
         assert "v1" in hub.branches("tok/fakek")
         r3 = upload(env, kdir, "--org", "tok")  # no token at all
         assert r3.returncode == 1 and "no Hugging Face token" in r3.stderr
-    for text in (r.stdout, r.stderr, r2.stdout, r2.stderr, (tmp_path / "bad.json").read_text(),
-                 (tmp_path / "ok.json").read_text()):
+    for text in (
+        r.stdout,
+        r.stderr,
+        r2.stdout,
+        r2.stderr,
+        (tmp_path / "bad.json").read_text(),
+        (tmp_path / "ok.json").read_text(),
+    ):
         assert bad not in text and secret not in text
 
 
@@ -203,3 +280,92 @@ def test_branch_main(local_hub, hub_env, tmp_path):
     files = local_hub.files("up-main/fakek", "main")
     assert {"README.md", f"build/{VARIANT}/__init__.py", "benchmarks/benchmark.py"} <= set(files)
     assert local_hub.commit_count("up-main/fakek") == 2  # the repo's initial commit and the upload
+
+
+def test_card_names_the_repository_uploaded_to(local_hub, hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    (kdir / "build" / "CARD.md").write_text(
+        "---\nlibrary_name: kernels\n---\n"
+        'k = get_kernel("open-kernels/fakek", version=1)\n'
+        "kernels benchmark open-kernels/fakek@v1\n"
+        'LayerRepository(repo_id="open-kernels/fakek", layer_name="X")\n'
+        "Related, not this repository: open-kernels/fakek-extra\n"
+    )
+    r = upload(hub_env(), kdir, "--org", "card-org")
+    assert r.returncode == 0, r.stderr
+    for branch in ("main", "v1"):
+        card = local_hub.files("card-org/fakek", branch)["README.md"].decode()
+        assert 'get_kernel("card-org/fakek", version=1)' in card
+        assert "kernels benchmark card-org/fakek@v1" in card and 'repo_id="card-org/fakek"' in card
+        assert "open-kernels/fakek-extra" in card and "open-kernels/fakek\"" not in card
+
+
+def _state(hub: LocalHub, repo_id: str) -> dict:
+    return {b: hub.files(repo_id, b) for b in hub.branches(repo_id)} | {
+        "heads": hub.branches(repo_id)
+    }
+
+
+def test_failed_upload_leaves_the_repository_as_it_was(local_hub, hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    env, repo_id = hub_env(), "up-atomic/fakek"
+    assert upload(env, kdir, "--org", "up-atomic").returncode == 0
+    before = _state(local_hub, repo_id)
+    (kdir / "build" / "CARD.md").write_text("---\nlibrary_name: kernels\n---\nnew card\n")
+    (kdir / "build" / VARIANT / "__init__.py").write_text("CHANGED = True\n")
+    rehash(kdir / "build" / VARIANT)
+
+    # main's README is committed last: its failure puts the already committed v1 back.
+    local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/main")
+    r = upload(env, kdir, "--org", "up-atomic")
+    assert (
+        r.returncode == 1
+        and "500" in r.stderr
+        and "branch v1 of up-atomic/fakek was put back" in r.stderr
+    )
+    assert _state(local_hub, repo_id) == before
+
+    # A new branch whose commit fails is removed again.
+    local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/v7")
+    r = upload(env, kdir, "--org", "up-atomic", "--branch", "v7")
+    assert r.returncode == 1 and "v7" not in local_hub.branches(repo_id), r.stderr
+    assert _state(local_hub, repo_id) == before
+
+    # Xet (which the local Hub lacks) fails while the large files are stored: before any ref moves.
+    (kdir / "build" / VARIANT / "weights.bin").write_bytes(b"\0\1\2" * 1000)
+    rehash(kdir / "build" / VARIANT)
+    xet_env = {k: v for k, v in env.items() if k != "HF_HUB_DISABLE_XET"}
+    r = upload(xet_env, kdir, "--org", "up-atomic")
+    assert r.returncode == 1 and "no branch was changed" in r.stderr, r.stderr
+    assert _state(local_hub, repo_id) == before
+    # The same upload with LFS goes through whole.
+    assert upload(env, kdir, "--org", "up-atomic").returncode == 0
+    assert b"CHANGED" in local_hub.files(repo_id, "v1")[f"build/{VARIANT}/__init__.py"]
+    assert local_hub.files(repo_id, "main")["README.md"].endswith(b"new card\n")
+
+
+def test_dry_run_offline_plans_and_says_what_it_could_not_check(hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for env in ({**hub_env(), "HF_ENDPOINT": endpoint}, {**hub_env(), "HF_HUB_OFFLINE": "1"}):
+        r = upload(
+            env, kdir, "--org", "offline", "--dry-run", "--output-json", tmp_path / "plan.json"
+        )
+        assert r.returncode == 0, r.stderr
+        assert (
+            "could not reach the Hub at " in r.stdout
+            and "planning from the local build alone" in r.stdout
+        )
+        assert (
+            f"send    build/{VARIANT}/__init__.py" in r.stdout and "send    README.md" in r.stdout
+        )
+        assert (
+            "not checked (the Hub at " in r.stdout
+            and "whether offline/fakek and its branches exist" in r.stdout
+        )
+        plan = json.loads((tmp_path / "plan.json").read_text())
+        assert plan["status"] == "dry_run" and plan["offline"] is True and plan["not_checked"]
+        assert f"build/{VARIANT}/metadata.json" in plan["branches"]["v1"]["add"]
+    assert endpoint in r.stdout or "HF_HUB_OFFLINE" in r.stdout or "offline" in r.stdout.lower()

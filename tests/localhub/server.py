@@ -68,7 +68,9 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    )
 
 
 def looks_binary(data: bytes) -> bool:
@@ -83,13 +85,17 @@ def looks_binary(data: bytes) -> bool:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return (
+        _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    )
 
 
 class HubError(Exception):
     """An error answered as JSON, with the X-Error-* headers huggingface_hub reads."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, extra: dict | None = None):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, extra: dict | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -121,7 +127,14 @@ class Repo:
 class HubState:
     """Repos, commits, blobs and settings. All methods are thread-safe."""
 
-    def __init__(self, root: Path, *, user: str = "local-user", tokens: set[str] | None = None, page_size: int = 1000):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        user: str = "local-user",
+        tokens: set[str] | None = None,
+        page_size: int = 1000,
+    ):
         self.root = Path(root)
         self.blobs = self.root / "blobs"
         self.blobs.mkdir(parents=True, exist_ok=True)
@@ -135,6 +148,8 @@ class HubState:
         self.repos: dict[tuple[str, str], Repo] = {}
         self._commits: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
+        # Injected failures: (method, path pattern, status), each answered once (see LocalHub.fail_next).
+        self.failures: list[tuple[str, re.Pattern, int]] = []
         self._load()
 
     # ---- persistence -------------------------------------------------
@@ -210,7 +225,9 @@ class HubState:
             raise HubError(404, f"Repository {repo_id!r} ({repo_type}) not found", "RepoNotFound")
         return repo
 
-    def create_repo(self, repo_type: str, repo_id: str, *, private: bool = False) -> tuple[Repo, bool]:
+    def create_repo(
+        self, repo_type: str, repo_id: str, *, private: bool = False
+    ) -> tuple[Repo, bool]:
         ns, _, name = repo_id.partition("/")
         if not ns or not name or "/" in name:
             raise HubError(400, f"Invalid repo id {repo_id!r}: expected <namespace>/<name>")
@@ -221,20 +238,34 @@ class HubState:
                 # Namespaces are organizations (untrusted unless configured).
                 self.orgs[ns] = {"trusted": False}
                 self._save_orgs()
-            repo = Repo(type=repo_type, id=repo_id, path=self.root / "repos" / repo_type / ns / name, private=private)
+            repo = Repo(
+                type=repo_type,
+                id=repo_id,
+                path=self.root / "repos" / repo_type / ns / name,
+                private=private,
+            )
             self.repos[(repo_type, repo_id)] = repo
             gitattributes = DEFAULT_GITATTRIBUTES.encode()
             tree = {".gitattributes": self._entry(gitattributes, lfs=False)}
-            oid = self._write_commit(repo, parents=[], tree=tree, title="initial commit", message="")
+            oid = self._write_commit(
+                repo, parents=[], tree=tree, title="initial commit", message=""
+            )
             repo.branches["main"] = oid
             self._save_repo(repo)
             return repo, True
 
     def _entry(self, data: bytes, *, lfs: bool) -> dict:
-        return {"sha256": self.put_blob(data), "size": len(data), "lfs": lfs, "gitOid": git_blob_sha1(data)}
+        return {
+            "sha256": self.put_blob(data),
+            "size": len(data),
+            "lfs": lfs,
+            "gitOid": git_blob_sha1(data),
+        }
 
     # ---- commits -----------------------------------------------------
-    def _write_commit(self, repo: Repo, *, parents: list[str], tree: dict, title: str, message: str) -> str:
+    def _write_commit(
+        self, repo: Repo, *, parents: list[str], tree: dict, title: str, message: str
+    ) -> str:
         body = {
             "parents": parents,
             "tree": tree,
@@ -354,7 +385,9 @@ class HubState:
                             "Please use LFS/Xet to store binary files.",
                         )
                     if len(data) >= LFS_SIZE_THRESHOLD:
-                        raise HubError(400, f"{path} is too large to be committed as a regular file; use LFS")
+                        raise HubError(
+                            400, f"{path} is too large to be committed as a regular file; use LFS"
+                        )
                     tree[path] = self._entry(data, lfs=False)
                 elif key == "lfsFile":
                     _check_path(path)
@@ -366,17 +399,28 @@ class HubState:
                         raise HubError(422, f"LFS object {sha} for {path} was not uploaded")
                     real = blob.stat().st_size
                     if size is not None and int(size) != real:
-                        raise HubError(422, f"LFS object size mismatch for {path}: {size} != {real}")
-                    tree[path] = {"sha256": sha, "size": real, "lfs": True, "gitOid": git_blob_sha1(lfs_pointer(sha, real))}
+                        raise HubError(
+                            422, f"LFS object size mismatch for {path}: {size} != {real}"
+                        )
+                    tree[path] = {
+                        "sha256": sha,
+                        "size": real,
+                        "lfs": True,
+                        "gitOid": git_blob_sha1(lfs_pointer(sha, real)),
+                    }
                 elif key == "deletedFile":
                     if path not in tree:
-                        raise HubError(404, f"A file with this name doesn't exist: {path}", "EntryNotFound")
+                        raise HubError(
+                            404, f"A file with this name doesn't exist: {path}", "EntryNotFound"
+                        )
                     del tree[path]
                 elif key == "deletedFolder":
                     prefix = path.rstrip("/") + "/"
                     doomed = [p for p in tree if p.startswith(prefix)]
                     if not doomed:
-                        raise HubError(404, f"A folder with this name doesn't exist: {path}", "EntryNotFound")
+                        raise HubError(
+                            404, f"A folder with this name doesn't exist: {path}", "EntryNotFound"
+                        )
                     for p in doomed:
                         del tree[p]
                 else:
@@ -429,7 +473,7 @@ def _folder_oid(tree: dict, folder: str) -> str:
     base = folder + "/"
     h = hashlib.sha1(b"tree\0")
     for p in sorted(p for p in tree if p.startswith(base)):
-        h.update(f"{p[len(base):]}\0{tree[p]['gitOid']}\n".encode())
+        h.update(f"{p[len(base) :]}\0{tree[p]['gitOid']}\n".encode())
     return h.hexdigest()
 
 
@@ -471,7 +515,13 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None, ctype: str | None = None):
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        ctype: str | None = None,
+    ):
         self.send_response(status)
         if ctype:
             self.send_header("Content-Type", ctype)
@@ -519,7 +569,17 @@ class _Handler(BaseHTTPRequestHandler):
         segments = [unquote(s) for s in split.path.split("/")[1:]]
         with self.hub.state.lock:
             self.hub.state.requests.append((self.command, split.path))
+            failures = self.hub.state.failures
+            injected = next(
+                (f for f in failures if f[0] == self.command and f[1].fullmatch(split.path)), None
+            )
+            if injected is not None:
+                failures.remove(injected)
         body = self._read_body() if self.command in ("POST", "PUT", "DELETE") else b""
+        if injected is not None:
+            return self._error(
+                HubError(injected[2], f"Injected failure for {self.command} {split.path}")
+            )
         try:
             if self.role == "cdn":
                 self._route_cdn(segments, body)
@@ -596,7 +656,12 @@ class _Handler(BaseHTTPRequestHandler):
         repo_type, rest = "model", seg
         if seg and seg[0] in PREFIX_TO_TYPE:
             repo_type, rest = PREFIX_TO_TYPE[seg[0]], seg[1:]
-        if len(rest) == 6 and rest[1].endswith(".git") and rest[2:5] == ["info", "lfs", "objects"] and m == "POST":
+        if (
+            len(rest) == 6
+            and rest[1].endswith(".git")
+            and rest[2:5] == ["info", "lfs", "objects"]
+            and m == "POST"
+        ):
             repo = state.get_repo(repo_type, f"{rest[0]}/{rest[1][:-4]}")
             return self._lfs(repo, rest[5], body)
         # Downloads: /{prefix}{ns}/{name}/resolve/{rev}/{path...}
@@ -646,12 +711,19 @@ class _Handler(BaseHTTPRequestHandler):
                 "id": "0" * 24,
                 "name": state.user,
                 "fullname": state.user,
-                "orgs": [{"type": "org", "name": o, "roleInOrg": "admin"} for o in sorted(state.orgs)],
-                "auth": {"type": "access_token", "accessToken": {"displayName": "local", "role": "write"}},
+                "orgs": [
+                    {"type": "org", "name": o, "roleInOrg": "admin"} for o in sorted(state.orgs)
+                ],
+                "auth": {
+                    "type": "access_token",
+                    "accessToken": {"displayName": "local", "role": "write"},
+                },
             },
         )
 
-    def _repo_api(self, repo_type: str, repo_id: str, rest: list[str], raw_rest: list[str], body: bytes) -> None:
+    def _repo_api(
+        self, repo_type: str, repo_id: str, rest: list[str], raw_rest: list[str], body: bytes
+    ) -> None:
         state = self.hub.state
         m = self.command
         repo = state.get_repo(repo_type, repo_id)
@@ -670,9 +742,13 @@ class _Handler(BaseHTTPRequestHandler):
                 200,
                 {
                     "branches": [
-                        {"name": b, "ref": f"refs/heads/{b}", "targetCommit": o} for b, o in sorted(repo.branches.items())
+                        {"name": b, "ref": f"refs/heads/{b}", "targetCommit": o}
+                        for b, o in sorted(repo.branches.items())
                     ],
-                    "tags": [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": o} for t, o in sorted(repo.tags.items())],
+                    "tags": [
+                        {"name": t, "ref": f"refs/tags/{t}", "targetCommit": o}
+                        for t, o in sorted(repo.tags.items())
+                    ],
                     "converts": [],
                     "pullRequests": [],
                 },
@@ -730,7 +806,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HubError(400, "The first line of a commit must be its header")
             oid = state.apply_commit(repo, rev, lines[1:], lines[0].get("value") or {})
             url = f"{self.hub.endpoint}/{URL_PREFIX[repo.type]}{repo.id}/commit/{oid}"
-            return self._json(200, {"success": True, "commitOid": oid, "commitUrl": url, "hookOutput": ""})
+            return self._json(
+                200, {"success": True, "commitOid": oid, "commitUrl": url, "hookOutput": ""}
+            )
         if action.startswith("xet-") and action.endswith("-token"):
             raise HubError(
                 501,
@@ -812,18 +890,31 @@ class _Handler(BaseHTTPRequestHandler):
             for obj in payload.get("objects", []):
                 sha, size = obj.get("oid", ""), obj.get("size")
                 if not _HEX64.match(sha) or not isinstance(size, int):
-                    objects.append({"oid": str(sha), "size": int(size or 0), "error": {"code": 422, "message": "Invalid oid"}})
+                    objects.append(
+                        {
+                            "oid": str(sha),
+                            "size": int(size or 0),
+                            "error": {"code": 422, "message": "Invalid oid"},
+                        }
+                    )
                     continue
                 entry: dict[str, Any] = {"oid": sha, "size": size, "authenticated": True}
                 if not state.has_blob(sha, size):
                     sig = self.hub.sign(f"upload:{sha}")
                     verify = f"{self.hub.endpoint}/{URL_PREFIX[repo.type]}{repo.id}.git/info/lfs/objects/verify"
                     entry["actions"] = {
-                        "upload": {"href": f"{self.hub.cdn_endpoint}/lfs-upload/{sha}?sig={sig}", "header": {}},
+                        "upload": {
+                            "href": f"{self.hub.cdn_endpoint}/lfs-upload/{sha}?sig={sig}",
+                            "header": {},
+                        },
                         "verify": {"href": verify, "header": {}},
                     }
                 objects.append(entry)
-            return self._json(200, {"transfer": "basic", "objects": objects}, {"Content-Type": "application/vnd.git-lfs+json"})
+            return self._json(
+                200,
+                {"transfer": "basic", "objects": objects},
+                {"Content-Type": "application/vnd.git-lfs+json"},
+            )
         if op == "verify":
             sha, size = payload.get("oid", ""), payload.get("size")
             if not _HEX64.match(sha) or not state.has_blob(sha, size):
@@ -852,11 +943,11 @@ class _Handler(BaseHTTPRequestHandler):
 class LocalHub:
     """Start/stop the local Hub. Usage::
 
-        hub = LocalHub(tmp_path / "hub").start()
-        hub.set_org("my-org", trusted=True)
-        env["HF_ENDPOINT"] = hub.endpoint
-        ...
-        hub.stop()
+    hub = LocalHub(tmp_path / "hub").start()
+    hub.set_org("my-org", trusted=True)
+    env["HF_ENDPOINT"] = hub.endpoint
+    ...
+    hub.stop()
     """
 
     def __init__(
@@ -891,7 +982,9 @@ class LocalHub:
         self.endpoint = f"http://{self.host}:{hub_srv.server_address[1]}"
         self.cdn_endpoint = f"http://{self.host}:{cdn_srv.server_address[1]}"
         for srv in self._servers:
-            t = threading.Thread(target=srv.serve_forever, name=f"localhub-{srv.server_address[1]}", daemon=True)
+            t = threading.Thread(
+                target=srv.serve_forever, name=f"localhub-{srv.server_address[1]}", daemon=True
+            )
             t.start()
             self._threads.append(t)
         return self
@@ -926,7 +1019,9 @@ class LocalHub:
         with self.state.lock:
             return dict(self.state.get_repo(repo_type, repo_id).branches)
 
-    def files(self, repo_id: str, revision: str = "main", repo_type: str = "kernel") -> dict[str, bytes]:
+    def files(
+        self, repo_id: str, revision: str = "main", repo_type: str = "kernel"
+    ) -> dict[str, bytes]:
         """{path: content} of a revision, read from the store."""
         with self.state.lock:
             repo = self.state.get_repo(repo_type, repo_id)
@@ -948,6 +1043,11 @@ class LocalHub:
             repo = self.state.get_repo(repo_type, repo_id)
             tree = self.state.commit(repo, self.state.resolve(repo, revision))["tree"]
             return {p for p, e in tree.items() if e["lfs"]}
+
+    def fail_next(self, method: str, path_pattern: str, status: int = 500) -> None:
+        """Answer the next `method` request whose path fully matches `path_pattern` with `status`."""
+        with self.state.lock:
+            self.state.failures.append((method, re.compile(path_pattern), status))
 
     def requests_log(self) -> list[tuple[str, str]]:
         with self.state.lock:
@@ -973,7 +1073,9 @@ def main() -> None:  # pragma: no cover - manual use
 
     ap = argparse.ArgumentParser(description="Run the local test Hub")
     ap.add_argument("--root", default=None)
-    ap.add_argument("--trusted", action="append", default=[], help="trusted kernel publisher org (repeatable)")
+    ap.add_argument(
+        "--trusted", action="append", default=[], help="trusted kernel publisher org (repeatable)"
+    )
     args = ap.parse_args()
     root = args.root or tempfile.mkdtemp(prefix="localhub-")
     hub = LocalHub(root).start()
