@@ -391,3 +391,21 @@ def test_failures_name_kernel_and_file_and_keep_previous_build(toy_repo: Path, b
     finally:
         for rel, text in saved.items():
             (kernel / rel).write_text(text)
+
+
+def test_dev_sh_help_exits_0_and_prints_only_the_usage():
+    for arg in ("--help", "-h", "help"):
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "dev.sh"), arg], capture_output=True, text=True
+        )
+        assert proc.returncode == 0 and not proc.stderr, (arg, proc.stderr)
+        lines = proc.stdout.splitlines()
+        assert (
+            lines[0] == "One entry point on a fresh machine."
+            and "scripts/dev.sh build" in proc.stdout
+        )
+        assert not any(line.startswith(("set ", "cd ", "#")) for line in lines), proc.stdout
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "dev.sh"), "nonsense"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "unknown command: nonsense" in proc.stderr
