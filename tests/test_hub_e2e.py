@@ -26,20 +26,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 import build as build_script  # noqa: E402
 
 TRUSTED, UNTRUSTED = "e2e-trusted", "e2e-untrusted"
+# fmt: off
 OPS = [
-    "silu_and_mul",
-    "mul_and_silu",
-    "gelu_and_mul",
-    "gelu_tanh_and_mul",
-    "fatrelu_and_mul",
-    "swigluoai_and_mul",
-    "gelu",
-    "gelu_tanh",
-    "silu",
-    "gelu_fast",
-    "gelu_new",
-    "gelu_quick",
+    "silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul", "swigluoai_and_mul",
+    "gelu", "gelu_tanh", "silu", "gelu_fast", "gelu_new", "gelu_quick",
 ]
+# fmt: on
 
 
 @dataclass
