@@ -738,24 +738,27 @@ def commit_all(
     additions = [op for op in main_ops + branch_ops if hasattr(op, "path_or_fileobj")]
     undo: list = []  # how to put back each ref moved so far, newest last
     try:
-        if additions:
-            api.preupload_lfs_files(repo_id, additions, revision="main", **kinds)
         branch = branch_plan.branch
+        if additions:
+            where = branch if branch_plan.exists else "main"  # whose .gitattributes decide LFS
+            api.preupload_lfs_files(repo_id, additions, revision=where, **kinds)
         if not branch_plan.exists:
             api.create_branch(repo_id, branch=branch, revision=branch_plan.base, **kinds)
             undo.append(lambda: api.delete_branch(repo_id, branch=branch, **kinds))
-        elif branch_ops:
-            old = branch_plan.base
-
-            def restore() -> None:
-                api.delete_branch(repo_id, branch=branch, **kinds)
-                api.create_branch(repo_id, branch=branch, revision=old, **kinds)
-
-            undo.append(restore)
         if branch_ops:
             branch_plan.commit = _commit(
                 api, repo_id, branch, branch_plan.base, branch_ops, message
             )
+            if branch_plan.exists:
+                # Only once our commit is in: a failed commit moved nothing, and a parent_commit
+                # conflict means someone else's commit, which must not be reset.
+                old = branch_plan.base
+
+                def restore() -> None:
+                    api.delete_branch(repo_id, branch=branch, **kinds)
+                    api.create_branch(repo_id, branch=branch, revision=old, **kinds)
+
+                undo.append(restore)
             print(f"{branch}: committed {branch_plan.commit}", file=out)
         else:
             print(
@@ -823,10 +826,14 @@ def main(argv: list[str] | None = None) -> int:
         kernel = result.get("kernel", args.kernel)
         where = f" ({result['repo_id']})" if "repo_id" in result else ""
         line = _hub_error_line(e) if isinstance(e, HfHubHTTPError) else f"{type(e).__name__}: {e}"
-        msg = _scrub(
-            f"{kernel}{where}: {line.splitlines()[0] if line else type(e).__name__}",
-            result.get("_token"),
-        )
+        line = line.splitlines()[0] if line else type(e).__name__
+        if not isinstance(e, HfHubHTTPError) and "url" in result:
+            # No answer from the Hub at all (DNS, refused connection, proxy): say which Hub.
+            endpoint = result["url"].split("/kernels/")[0]
+            line += (
+                f" (Hub at {endpoint}; check the network or HF_ENDPOINT; --dry-run plans offline)"
+            )
+        msg = _scrub(f"{kernel}{where}: {line}", result.get("_token"))
         print(f"error: {msg}", file=sys.stderr)
         result["error"] = msg
     token = result.pop("_token", None)

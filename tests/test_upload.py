@@ -315,6 +315,12 @@ def test_failed_upload_leaves_the_repository_as_it_was(local_hub, hub_env, tmp_p
     (kdir / "build" / VARIANT / "__init__.py").write_text("CHANGED = True\n")
     rehash(kdir / "build" / VARIANT)
 
+    # The existing branch's commit fails: nothing moved.
+    local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/v1")
+    r = upload(env, kdir, "--org", "up-atomic")
+    assert r.returncode == 1 and "no branch was changed" in r.stderr, r.stderr
+    assert _state(local_hub, repo_id) == before
+
     # main's README is committed last: its failure puts the already committed v1 back.
     local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/main")
     r = upload(env, kdir, "--org", "up-atomic")
@@ -368,4 +374,8 @@ def test_dry_run_offline_plans_and_says_what_it_could_not_check(hub_env, tmp_pat
         plan = json.loads((tmp_path / "plan.json").read_text())
         assert plan["status"] == "dry_run" and plan["offline"] is True and plan["not_checked"]
         assert f"build/{VARIANT}/metadata.json" in plan["branches"]["v1"]["add"]
-    assert endpoint in r.stdout or "HF_HUB_OFFLINE" in r.stdout or "offline" in r.stdout.lower()
+    # Without --dry-run it still fails, naming the Hub it could not reach.
+    r = upload({**hub_env(), "HF_ENDPOINT": endpoint}, kdir, "--org", "offline")
+    assert (
+        r.returncode == 1 and f"Hub at {endpoint}; check the network or HF_ENDPOINT" in r.stderr
+    ), r.stderr
