@@ -28,7 +28,7 @@ not, releases come from Nix. `--allow-dirty`, `--allow-digest-mismatch`,
 An upload lands whole or changes nothing: large files go to storage first, then the version
 branch gets one commit (a new branch is created from main's head just before it) and main's
 README comes last; each commit names its parent commit, and when a step fails the branch is put
-back where it was. (A repository created by a failed upload stays, empty.)
+back where it was; a repository the failed upload created is deleted again.
 
 `--dry-run` prints the plan. When the Hub cannot be reached it plans from the build alone and
 lists what it could not check (existing branches and files, write access) and why.
@@ -601,25 +601,12 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
         return offline_plan(
             e, api.endpoint, repo_id, branch, main_local, branch_local, token, say, out, result
         )
-    repo_created = False
     say(
         f"{kernel}: {len(variants)} variant(s) -> {repo_id} (kernel repo{'' if branches is not None else ', new'})"
     )
     for v in variants:
         say(f"  {v.name} (version {v.version}, id {v.metadata.get('id')}, {len(v.files)} files)")
-    if branches is None and not args.dry_run:
-        try:
-            api.create_repo(repo_id, repo_type="kernel", private=args.private, exist_ok=True)
-        except Exception as e:  # noqa: BLE001 - reported as one line
-            status = getattr(getattr(e, "response", None), "status_code", None)
-            if status in (401, 403):
-                raise UploadError(
-                    f"{kernel}: not allowed to create kernel repo {repo_id} ({status}); ask an admin of "
-                    f"{repo_id.split('/')[0]} for write access or choose another --org"
-                ) from None
-            raise
-        repo_created = True
-        branches = refs() or {}
+    new_repo = branches is None
     branches = branches or {}
 
     main_head = branches.get("main")
@@ -665,10 +652,45 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
         result["status"] = "dry_run"
         return 0
 
-    # 3. Commit: all or nothing (see commit_all).
-    commit_all(api, repo_id, main_plan if main_local else None, branch_plan, args.message, out)
+    # 3. Commit: all or nothing (see commit_all). A new repository is created only now, and
+    # deleted again when the upload fails, so a failure leaves no empty repository behind.
+    created_here = False
+    if new_repo:
+        try:
+            api.create_repo(repo_id, repo_type="kernel", private=args.private)
+            created_here = True
+        except Exception as e:  # noqa: BLE001 - reported as one line
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            if status in (401, 403):
+                raise UploadError(
+                    f"{kernel}: not allowed to create kernel repo {repo_id} ({status}); ask an admin of "
+                    f"{repo_id.split('/')[0]} for write access or choose another --org"
+                ) from None
+            if status != 409:  # 409: created meanwhile by someone else, used but never deleted
+                raise
+    try:
+        if new_repo:
+            head = (refs() or {}).get("main")
+            for plan in (main_plan, branch_plan):
+                plan.base = head
+                plan.exists = plan.exists or plan.branch == "main"
+        commit_all(api, repo_id, main_plan if main_local else None, branch_plan, args.message, out)
+    except BaseException:
+        if created_here:
+            try:
+                api.delete_repo(repo_id, repo_type="kernel")
+                print(
+                    f"the repository {repo_id} created by this upload was deleted again",
+                    file=sys.stderr,
+                )
+            except Exception as e:  # noqa: BLE001 - the upload's own error follows
+                print(
+                    f"warning: could not delete {repo_id}, created by this upload: {e}",
+                    file=sys.stderr,
+                )
+        raise
     result["branches"] = {p.branch: p.to_json() for p in plans}
-    changed = repo_created or not branch_plan.exists or any(p.commit for p in plans)
+    changed = new_repo or not branch_plan.exists or any(p.commit for p in plans)
     result["status"] = "uploaded" if changed else "no_changes"
     print(f"{kernel}: {'uploaded to ' + result['url'] if changed else 'no changes'}", file=out)
     return 0

@@ -344,6 +344,13 @@ def test_failed_upload_leaves_the_repository_as_it_was(local_hub, hub_env, tmp_p
     r = upload(xet_env, kdir, "--org", "up-atomic")
     assert r.returncode == 1 and "no branch was changed" in r.stderr, r.stderr
     assert _state(local_hub, repo_id) == before
+    # A repository that the failed upload created is deleted again.
+    r = upload(xet_env, kdir, "--org", "up-atomic-new")
+    assert (
+        r.returncode == 1
+        and "up-atomic-new/fakek created by this upload was deleted again" in r.stderr
+    )
+    assert not repo_exists(local_hub, "up-atomic-new/fakek")
     # The same upload with LFS goes through whole.
     assert upload(env, kdir, "--org", "up-atomic").returncode == 0
     assert b"CHANGED" in local_hub.files(repo_id, "v1")[f"build/{VARIANT}/__init__.py"]

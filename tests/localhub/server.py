@@ -1,6 +1,6 @@
 """A local Hugging Face Hub for tests (stdlib only).
 
-It answers the HTTP calls that `huggingface_hub` makes for repo creation,
+It answers the HTTP calls that `huggingface_hub` makes for repo creation and deletion,
 branches, the NDJSON commit API (regular files, legacy LFS files, deletions),
 tree listings and `resolve` downloads, and that the `kernels` loader makes for
 versions, variants, downloads and the publisher-trust check.
@@ -224,6 +224,12 @@ class HubState:
         if repo is None:
             raise HubError(404, f"Repository {repo_id!r} ({repo_type}) not found", "RepoNotFound")
         return repo
+
+    def delete_repo(self, repo_type: str, repo_id: str) -> None:
+        with self.lock:
+            repo = self.get_repo(repo_type, repo_id)
+            del self.repos[(repo_type, repo_id)]
+            shutil.rmtree(repo.path, ignore_errors=True)
 
     def create_repo(
         self, repo_type: str, repo_id: str, *, private: bool = False
@@ -638,6 +644,12 @@ class _Handler(BaseHTTPRequestHandler):
             api = seg[1:]
             if api == ["repos", "create"] and m == "POST":
                 return self._create_repo(body)
+            if api == ["repos", "delete"] and m == "DELETE":
+                self._require_write()
+                payload = json.loads(body or b"{}")
+                repo_id = f"{payload.get('organization') or state.user}/{payload.get('name')}"
+                state.delete_repo(payload.get("type") or "model", repo_id)
+                return self._json(200, {})
             if api == ["validate-yaml"] and m == "POST":
                 return self._validate_yaml(body)
             if api == ["whoami-v2"] and m == "GET":
