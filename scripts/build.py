@@ -15,7 +15,13 @@ local GPU's capability (or every capability of build.toml / the toolkit with --a
 Compilation is incremental and parallel (ninja; scratch files in <kernel>/_build/). A variant
 directory is replaced only after it was built completely, so a failure leaves the previous
 build as it was. Every .so is checked for manylinux_2_28 / abi3 with kernel-abi-check and each
-variant is smoke-loaded with `kernels.get_local_kernel`.
+variant is smoke-loaded with `kernels.get_local_kernel` (all in one process; a variant that loaded
+before with the same metadata.json, recorded in _build/<variant>/smoke-loaded, is not reloaded).
+-j caps the compiler processes over all kernels and variants together.
+
+The ops id is per kernel: 7 hex digits of the kernel folder's tree in HEAD, plus `_dirty` when
+git reports any change inside the folder, untracked files included. A commit outside the folder
+keeps the id. (Nix builds take the id from the flake's revision instead; see README.md.)
 
 Usage: python scripts/build.py [KERNEL ...] [--backend cpu|cuda] [--all-archs]
                                [--cuda-archs 9.0a,...] [-j N] [--no-smoke]
@@ -200,14 +206,14 @@ def load_project(kernel_dir: Path) -> KernelProject:
 
 
 # --------------------------------------------------------------------------------------------
-# Identity: ops id from git, as kernel-builder's create-pyproject computes it (§4.3)
+# Identity: ops id from the kernel folder's git tree
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass
 class GitIdentity:
-    unique_id: str  # 7 hex digits of the HEAD tree, "_dirty" appended for a dirty tree
-    commit: str | None
+    unique_id: str  # 7 hex digits of the kernel folder's tree, "_dirty" appended for a dirty folder
+    commit: str | None  # the last commit that changed the kernel folder
     dirty: bool
 
 
@@ -218,15 +224,26 @@ def _git(args: list[str], cwd: Path) -> str:
 
 
 def git_identity(kernel_dir: Path) -> GitIdentity:
+    """The identity of one kernel folder, decided by that folder alone.
+
+    The id is the folder's own tree in HEAD (the common/ helpers it uses are copies inside it), so
+    a commit elsewhere in the repository keeps the id, the .so name and the uploaded files. A
+    folder is dirty when git reports any change inside it, untracked files included: a kernel
+    that was never committed has no tree of its own and must not pass as a clean build.
+    """
     try:
-        tree = _git(["rev-parse", "HEAD^{tree}"], kernel_dir)
-        commit = _git(["rev-parse", "HEAD"], kernel_dir)
-        # Tracked files only: untracked files do not make a build dirty.
-        dirty = bool(_git(["status", "--porcelain", "--untracked-files=no"], kernel_dir))
+        head = _git(["rev-parse", "HEAD"], kernel_dir)
+        dirty = bool(_git(["status", "--porcelain", "--", "."], kernel_dir))
     except (subprocess.CalledProcessError, FileNotFoundError):
         # Outside git kernel-builder uses a random lowercase base32 id.
         random_id = base64.b32encode(os.urandom(8)).decode().rstrip("=").lower()
         return GitIdentity(unique_id=random_id, commit=None, dirty=True)
+    try:
+        tree = _git(["rev-parse", "HEAD:./"], kernel_dir)
+        commit = _git(["log", "-1", "--format=%H", "--", "."], kernel_dir) or head
+    except subprocess.CalledProcessError:
+        # Not in HEAD at all: the repository's tree keeps the id stable between rebuilds.
+        tree, commit, dirty = _git(["rev-parse", "HEAD^{tree}"], kernel_dir), head, True
     return GitIdentity(unique_id=tree[:7] + ("_dirty" if dirty else ""), commit=commit, dirty=dirty)
 
 
@@ -760,26 +777,72 @@ def finish_kernel(project: KernelProject) -> None:
 
 SMOKE = """
 import json, pathlib, sys, kernels
-variant = pathlib.Path(sys.argv[1])
-backend = json.loads((variant / "metadata.json").read_text())["backend"]["type"]
-module = kernels.get_local_kernel(variant.parent, backend=backend)
-ops_name = json.loads((variant / "metadata.json").read_text())["id"]
-assert module.__name__ == ops_name, (module.__name__, ops_name)
-print(f"loaded {module.__name__}: " + ", ".join(getattr(module, "__all__", [])))
+for arg in sys.argv[1:]:
+    variant = pathlib.Path(arg)
+    meta = json.loads((variant / "metadata.json").read_text())
+    try:
+        module = kernels.get_local_kernel(variant.parent, backend=meta["backend"]["type"])
+        assert module.__name__ == meta["id"], (module.__name__, meta["id"])
+        line = "loaded " + module.__name__ + ": " + ", ".join(getattr(module, "__all__", []))
+        print(json.dumps([arg, True, line]), flush=True)
+    except Exception as exc:
+        print(json.dumps([arg, False, f"{type(exc).__name__}: {exc}"]), flush=True)
 """
 
 
-def smoke_load(result: VariantResult) -> None:
+def _smoke_stamp(result: VariantResult) -> tuple[Path, str]:
+    """The stamp file and the value it holds once this exact variant has loaded."""
+    import hashlib
+
+    stamp = result.path.parent.parent / "_build" / result.variant / "smoke-loaded"
+    # metadata.json carries the id and the digest of every other file: same bytes, same variant.
+    return stamp, hashlib.sha256((result.path / "metadata.json").read_bytes()).hexdigest()
+
+
+def smoke_load(results: list[VariantResult]) -> None:
+    """Load every variant with kernels.get_local_kernel, in one process (Torch is imported once).
+
+    A variant whose stamp says it already loaded with these exact contents is not loaded again,
+    which keeps a no-op rebuild fast.
+    """
+    pending = []
+    for result in results:
+        stamp, value = _smoke_stamp(result)
+        if stamp.is_file() and stamp.read_text() == value:
+            log(f"{result.kernel} {result.variant}", "smoke-load: unchanged since it last loaded")
+        else:
+            pending.append(result)
+    if not pending:
+        return
     proc = subprocess.run(
-        [sys.executable, "-c", SMOKE, str(result.path)], capture_output=True, text=True
+        [sys.executable, "-c", SMOKE, *(str(r.path) for r in pending)],
+        capture_output=True,
+        text=True,
     )
-    prefix = f"{result.kernel} {result.variant}"
-    if proc.returncode != 0:
-        raise BuildError(
-            f"{result.kernel}: kernels.get_local_kernel failed on {result.variant}:\n"
-            + proc.stderr.strip()
-        )
-    log(prefix, "smoke-load: " + proc.stdout.strip().splitlines()[-1])
+    outcomes = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("["):
+            path, ok, message = json.loads(line)
+            outcomes[path] = (ok, message)
+    errors = []
+    for result in pending:
+        ok, message = outcomes.get(str(result.path), (False, proc.stderr.strip() or "no output"))
+        if not ok:
+            errors.append(
+                f"{result.kernel}: kernels.get_local_kernel failed on {result.variant}:\n{message}"
+            )
+            continue
+        stamp, value = _smoke_stamp(result)
+        stamp.write_text(value)
+        log(f"{result.kernel} {result.variant}", "smoke-load: " + message)
+    if errors:
+        raise BuildError("\n".join(errors))
+
+
+def parallelism(variants: int, jobs: int) -> tuple[int, int]:
+    """(variants built at once, ninja -j for each): their product never exceeds `jobs`."""
+    workers = max(1, min(variants, jobs))
+    return workers, max(1, jobs // workers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -800,7 +863,13 @@ def main(argv: list[str] | None = None) -> int:
         help="CUDA: every capability of build.toml / the toolkit, not only the local GPU",
     )
     parser.add_argument("--cuda-archs", help="CUDA: comma-separated capabilities, e.g. 9.0a")
-    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="most compiler processes at once, over all kernels and variants",
+    )
     parser.add_argument(
         "--no-smoke", action="store_true", help="skip the get_local_kernel smoke load"
     )
@@ -811,6 +880,8 @@ def main(argv: list[str] | None = None) -> int:
         "(kernel-builder create-pyproject --unique-id), e.g. on a copy without .git",
     )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("-j must be at least 1")
 
     try:
         if args.kernels:
@@ -843,14 +914,17 @@ def main(argv: list[str] | None = None) -> int:
             if ident.commit is None:
                 print(f"[{project.name}] note: not a git checkout, random ops id {ident.unique_id}")
             elif ident.dirty:
-                print(f"[{project.name}] note: tracked files changed, ops id {ident.unique_id}")
+                print(
+                    f"[{project.name}] note: uncommitted or untracked files in {_rel(project.path)}, "
+                    f"ops id {ident.unique_id}"
+                )
             jobs += [(project, b, ident) for b in backends]
         if not jobs:
             raise BuildError("nothing to build")
         override = args.cuda_archs.split(",") if args.cuda_archs else None
-        per_job = max(1, args.jobs // len(jobs))
+        workers, per_job = parallelism(len(jobs), args.jobs)
         results: list[VariantResult] = []
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [
                 pool.submit(build_variant, p, b, tc, ident, per_job, args.all_archs, override)
                 for p, b, ident in jobs
@@ -866,8 +940,7 @@ def main(argv: list[str] | None = None) -> int:
         for project in projects:
             finish_kernel(project)
         if not args.no_smoke:
-            for result in results:
-                smoke_load(result)
+            smoke_load(results)
         if args.strict_abi and any(r.abi_findings for r in results):
             raise BuildError("ABI findings (see above) with --strict-abi")
     except BuildError as exc:

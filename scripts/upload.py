@@ -3,8 +3,9 @@
 
 Repository layout (as kernel-builder publishes it):
 
-    main      README.md               <- build/CARD.md
+    main      README.md               <- build/CARD.md, naming the repository uploaded to
     v<N>      build/<variant>/...     <- build/<variant>/ (every file of the variant)
+              README.md               <- the same card, on a new branch
               benchmarks/benchmark*.py <- build/benchmarks/ (or <kernel>/benchmarks/)
 
 The repository is `<org>/<name>`: `--repo-id`, else `--org` / `KERNELS_ORG` with the
@@ -20,7 +21,17 @@ twice makes no commit ("no changes").
 Before anything is sent, every variant is checked: metadata.json must parse as the loader
 parses it, the build must not be dirty (`provenance.kernel.dirty`, or an id ending in
 `_dirty`), its digest must match a recomputed one, and its version must equal build.toml's.
-`--allow-dirty`, `--allow-digest-mismatch` and `--allow-version-mismatch` relax these.
+Every shared object must pass kernel-abi-check (manylinux_2_28, abi3): local builds usually do
+not, releases come from Nix. `--allow-dirty`, `--allow-digest-mismatch`,
+`--allow-version-mismatch` and `--allow-abi-violations` relax these.
+
+An upload lands whole or changes nothing: large files go to storage first, then the version
+branch gets one commit (a new branch is created from main's head just before it) and main's
+README comes last; each commit names its parent commit, and when a step fails the branch is put
+back where it was; a repository the failed upload created is deleted again.
+
+`--dry-run` prints the plan. When the Hub cannot be reached it plans from the build alone and
+lists what it could not check (existing branches and files, write access) and why.
 
 The token comes from `--token`, else the usual huggingface_hub sources (HF_TOKEN, the saved
 token file); it is never printed. The Hub endpoint comes from HF_ENDPOINT (or --endpoint).
@@ -34,6 +45,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -44,6 +56,7 @@ except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # build.py: the ABI check it runs
 COMMIT_BATCH = 1000
 DEFAULT_MESSAGE = "Uploaded using scripts/upload.py"
 
@@ -59,20 +72,27 @@ class UploadError(Exception):
 
 @dataclass
 class LocalFile:
-    source: Path
+    source: Path | bytes  # a file, or content made here (the card rewritten for its repository)
     size: int
     sha256: str
     git_oid: str
 
     @classmethod
-    def from_path(cls, path: Path) -> "LocalFile":
-        data = path.read_bytes()
+    def from_bytes(cls, data: bytes, source: Path | None = None) -> "LocalFile":
         return cls(
-            source=path,
+            source=data if source is None else source,
             size=len(data),
             sha256=hashlib.sha256(data).hexdigest(),
             git_oid=hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
         )
+
+    @classmethod
+    def from_path(cls, path: Path) -> "LocalFile":
+        return cls.from_bytes(path.read_bytes(), path)
+
+    def payload(self) -> str | bytes:
+        """What CommitOperationAdd takes: a path, or the bytes themselves."""
+        return self.source if isinstance(self.source, bytes) else str(self.source)
 
     def same_as(self, remote) -> bool:
         """Whether a huggingface_hub RepoFile has this content."""
@@ -87,6 +107,7 @@ class Variant:
     path: Path
     metadata: dict
     files: dict[str, LocalFile] = field(default_factory=dict)  # variant-relative path -> file
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def version(self):
@@ -237,7 +258,51 @@ def check_variant(
                 )
 
     variant.files = _variant_files(variant_dir)
+    for finding in abi_findings(variant_dir, variant.files):
+        if args.allow_abi_violations:
+            variant.warnings.append(
+                f"ABI check failed, uploading anyway (--allow-abi-violations): {finding}"
+            )
+        else:
+            problems.append(
+                f"ABI check failed: {finding}; this build is not publishable: releases come from Nix, whose "
+                "toolchain is manylinux_2_28 (README.md, Releases with Nix); --allow-abi-violations uploads it anyway"
+            )
     return variant, problems
+
+
+def abi_findings(variant_dir: Path, files: dict[str, LocalFile]) -> list[str]:
+    """kernel-abi-check's manylinux_2_28 / abi3 findings for every shared object of the variant.
+
+    Checked here rather than trusted from the build: the build may come from elsewhere (--build-dir)
+    and a local build only reports its findings, it does not fail on them.
+    """
+    from build import check_abi
+
+    findings = []
+    for rel in sorted(r for r in files if r.endswith(".so")):
+        try:
+            found = check_abi(variant_dir / rel)
+        except Exception as e:  # noqa: BLE001 - an unreadable object is a finding, not a crash
+            found = [f"not readable as a shared object ({type(e).__name__}: {e})"]
+        findings += [f"{rel}: {f}" for f in found]
+    return findings
+
+
+def card_for_repo(card: Path, rendered_for: str | None, repo_id: str) -> LocalFile | None:
+    """build/CARD.md, telling users to load `repo_id` rather than the repository it was rendered for.
+
+    The build renders the card for build.toml's repo-id; uploaded with --org or --repo-id to another
+    repository, every `get_kernel("...")` and `kernels benchmark ...` line in it would name the
+    wrong one.
+    """
+    if not card.is_file():
+        return None
+    data = card.read_bytes()
+    if rendered_for and rendered_for != repo_id:
+        pattern = re.compile(rb"(?<![\w.-])" + re.escape(rendered_for.encode()) + rb"(?![\w-])")
+        data = pattern.sub(repo_id.encode(), data)
+    return LocalFile.from_bytes(data)
 
 
 def benchmark_files(build_dir: Path, kernel_dir: Path) -> dict[str, LocalFile]:
@@ -400,6 +465,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="upload variants whose digest is missing or does not match their files",
     )
+    ap.add_argument(
+        "--allow-abi-violations",
+        action="store_true",
+        help="upload shared objects that fail kernel-abi-check (manylinux_2_28, abi3), with a warning",
+    )
     ap.add_argument("--private", action="store_true", help="create the repository as private")
     ap.add_argument(
         "--token", help="Hub token (default: HF_TOKEN or the saved token); never printed"
@@ -477,7 +547,8 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
     result.update(repo_id=repo_id, branch=branch, variants=[v.name for v in variants])
 
     card = build_dir / "CARD.md"
-    main_local = {"README.md": LocalFile.from_path(card)} if card.is_file() else {}
+    readme = card_for_repo(card, build["repo_id"], repo_id)
+    main_local = {"README.md": readme} if readme else {}
     branch_local: dict[str, LocalFile] = {}
     for v in variants:
         for rel, lf in v.files.items():
@@ -487,6 +558,13 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
         # `--branch main` (kernels-community also publishes version-1 kernels there): one plan, README included.
         branch_local.update(main_local)
         main_local = {}
+
+    for v in variants:
+        for warning in v.warnings:
+            print(f"warning: {kernel}: variant {v.name}: {warning}", file=sys.stderr)
+    if branch != "main" and main_local:
+        # A new version branch gets the card too: it may start from a main without it (see commit_all).
+        branch_local.setdefault("README.md", main_local["README.md"])
 
     # 2. Hub state.
     from huggingface_hub import HfApi, get_token
@@ -515,26 +593,20 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
         except RepositoryNotFoundError:
             return None
 
-    branches = refs()
-    repo_created = False
+    try:
+        branches = refs()
+    except Exception as e:  # noqa: BLE001 - offline, DNS, proxy, refused connection...
+        if not args.dry_run:
+            raise
+        return offline_plan(
+            e, api.endpoint, repo_id, branch, main_local, branch_local, token, say, out, result
+        )
     say(
         f"{kernel}: {len(variants)} variant(s) -> {repo_id} (kernel repo{'' if branches is not None else ', new'})"
     )
     for v in variants:
         say(f"  {v.name} (version {v.version}, id {v.metadata.get('id')}, {len(v.files)} files)")
-    if branches is None and not args.dry_run:
-        try:
-            api.create_repo(repo_id, repo_type="kernel", private=args.private, exist_ok=True)
-        except Exception as e:  # noqa: BLE001 - reported as one line
-            status = getattr(getattr(e, "response", None), "status_code", None)
-            if status in (401, 403):
-                raise UploadError(
-                    f"{kernel}: not allowed to create kernel repo {repo_id} ({status}); ask an admin of "
-                    f"{repo_id.split('/')[0]} for write access or choose another --org"
-                ) from None
-            raise
-        repo_created = True
-        branches = refs() or {}
+    new_repo = branches is None
     branches = branches or {}
 
     main_head = branches.get("main")
@@ -549,6 +621,8 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
     exists = branch in branches
     base = branches[branch] if exists else main_head
     uploaded_prefixes = tuple(f"build/{v.name}/" for v in variants)
+    if exists and branch != "main":
+        branch_local.pop("README.md", None)  # an existing version branch keeps the card it has
     if exists:
 
         def owned(p: str) -> bool:
@@ -578,52 +652,184 @@ def run(args: argparse.Namespace, out, result: dict) -> int:
         result["status"] = "dry_run"
         return 0
 
-    # 3. Commit: README on main first, so that a new version branch starts from it.
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-
-    def commit(plan: BranchPlan) -> None:
-        paths = plan.add + plan.replace
-        ops = [
-            CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(plan.sources[p].source))
-            for p in paths
-        ]
-        ops += [CommitOperationDelete(path_in_repo=p) for p in plan.delete]
-        parent = plan.base
-        for i in range(0, len(ops), COMMIT_BATCH):
-            info = api.create_commit(
-                repo_id,
-                ops[i : i + COMMIT_BATCH],
-                commit_message=args.message,
-                repo_type="kernel",
-                revision=plan.branch,
-                parent_commit=parent,
-            )
-            parent = info.oid
-        plan.commit = parent
-
-    if main_plan.changed and main_local:
-        commit(main_plan)
-        print(f"main: committed {main_plan.commit}", file=out)
-    elif main_local:
-        print("main: no changes", file=out)
-
-    branch_created = False
-    if not branch_plan.exists:
-        start = main_plan.commit or main_head
-        api.create_branch(repo_id, branch=branch, revision=start, repo_type="kernel")
-        branch_created = True
-        branch_plan.base = start
-    if branch_plan.changed:
-        commit(branch_plan)
-        print(f"{branch}: committed {branch_plan.commit}", file=out)
-    else:
-        print(f"{branch}: {'created from main, ' if branch_created else ''}no changes", file=out)
-
+    # 3. Commit: all or nothing (see commit_all). A new repository is created only now, and
+    # deleted again when the upload fails, so a failure leaves no empty repository behind.
+    created_here = False
+    if new_repo:
+        try:
+            api.create_repo(repo_id, repo_type="kernel", private=args.private)
+            created_here = True
+        except Exception as e:  # noqa: BLE001 - reported as one line
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            if status in (401, 403):
+                raise UploadError(
+                    f"{kernel}: not allowed to create kernel repo {repo_id} ({status}); ask an admin of "
+                    f"{repo_id.split('/')[0]} for write access or choose another --org"
+                ) from None
+            if status != 409:  # 409: created meanwhile by someone else, used but never deleted
+                raise
+    try:
+        if new_repo:
+            head = (refs() or {}).get("main")
+            for plan in (main_plan, branch_plan):
+                plan.base = head
+                plan.exists = plan.exists or plan.branch == "main"
+        commit_all(api, repo_id, main_plan if main_local else None, branch_plan, args.message, out)
+    except BaseException:
+        if created_here:
+            try:
+                api.delete_repo(repo_id, repo_type="kernel")
+                print(
+                    f"the repository {repo_id} created by this upload was deleted again",
+                    file=sys.stderr,
+                )
+            except Exception as e:  # noqa: BLE001 - the upload's own error follows
+                print(
+                    f"warning: could not delete {repo_id}, created by this upload: {e}",
+                    file=sys.stderr,
+                )
+        raise
     result["branches"] = {p.branch: p.to_json() for p in plans}
-    changed = repo_created or branch_created or any(p.commit for p in plans)
+    changed = new_repo or not branch_plan.exists or any(p.commit for p in plans)
     result["status"] = "uploaded" if changed else "no_changes"
     print(f"{kernel}: {'uploaded to ' + result['url'] if changed else 'no changes'}", file=out)
     return 0
+
+
+def offline_plan(
+    error, endpoint, repo_id, branch, main_local, branch_local, token, say, out, result
+) -> int:
+    """A dry run without the Hub: what would be sent, and what could not be checked and why."""
+    reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    say(f"could not reach the Hub at {endpoint} ({reason}); planning from the local build alone")
+    plans = []
+    if main_local and branch != "main":
+        plans.append(plan_branch("main", False, None, main_local, {}, lambda p: False))
+    local = dict(branch_local)
+    if branch != "main":
+        local.pop("README.md", None)
+    plans.append(plan_branch(branch, False, None, local, {}, lambda p: False))
+    for plan in plans:
+        print(f"branch {plan.branch} (state unknown):", file=out)
+        for path in plan.add:
+            print(f"  send    {path}", file=out)
+    not_checked = [
+        f"whether {repo_id} and its branches exist (files already on the Hub are listed as sent)",
+        "which files on the branch the upload would replace or delete",
+        "whether the token may write to " + repo_id.split("/")[0]
+        if token
+        else "no token was found (HF_TOKEN)",
+    ]
+    print(f"not checked (the Hub at {endpoint} was unreachable):", file=out)
+    for item in not_checked:
+        print(f"  - {item}", file=out)
+    say("dry run: nothing was changed")
+    result.update(
+        status="dry_run",
+        offline=True,
+        hub_error=reason,
+        not_checked=not_checked,
+        branches={p.branch: p.to_json() for p in plans},
+    )
+    return 0
+
+
+def _operations(plan: BranchPlan) -> list:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    ops = [
+        CommitOperationAdd(path_in_repo=p, path_or_fileobj=plan.sources[p].payload())
+        for p in plan.add + plan.replace
+    ]
+    return ops + [CommitOperationDelete(path_in_repo=p) for p in plan.delete]
+
+
+def commit_all(
+    api, repo_id: str, main_plan: BranchPlan | None, branch_plan: BranchPlan, message: str, out
+) -> None:
+    """Land the version branch and main's README together, or leave every ref where it was.
+
+    Large files go to storage first (no ref moves; the xet/LFS calls that fail most often fail
+    here). Then the version branch gets one commit (a new branch is created from main's head just
+    before it), and main's README last; each commit names its parent, so a concurrent change is a
+    failure, not an overwrite. When a step fails, the refs moved so far are put back.
+    """
+    kinds = {"repo_type": "kernel"}
+    main_ops = _operations(main_plan) if main_plan and main_plan.changed else []
+    branch_ops = _operations(branch_plan) if branch_plan.changed else []
+    additions = [op for op in main_ops + branch_ops if hasattr(op, "path_or_fileobj")]
+    undo: list = []  # how to put back each ref moved so far, newest last
+    try:
+        branch = branch_plan.branch
+        if additions:
+            where = branch if branch_plan.exists else "main"  # whose .gitattributes decide LFS
+            api.preupload_lfs_files(repo_id, additions, revision=where, **kinds)
+        if not branch_plan.exists:
+            api.create_branch(repo_id, branch=branch, revision=branch_plan.base, **kinds)
+            undo.append(lambda: api.delete_branch(repo_id, branch=branch, **kinds))
+        if branch_ops:
+            branch_plan.commit = _commit(
+                api, repo_id, branch, branch_plan.base, branch_ops, message
+            )
+            if branch_plan.exists:
+                # Only once our commit is in: a failed commit moved nothing, and a parent_commit
+                # conflict means someone else's commit, which must not be reset.
+                old = branch_plan.base
+
+                def restore() -> None:
+                    api.delete_branch(repo_id, branch=branch, **kinds)
+                    api.create_branch(repo_id, branch=branch, revision=old, **kinds)
+
+                undo.append(restore)
+            print(f"{branch}: committed {branch_plan.commit}", file=out)
+        else:
+            print(
+                f"{branch}: {'created from main, ' if not branch_plan.exists else ''}no changes",
+                file=out,
+            )
+        if main_plan is not None and main_ops:
+            main_plan.commit = _commit(api, repo_id, "main", main_plan.base, main_ops, message)
+            print(f"main: committed {main_plan.commit}", file=out)
+        elif main_plan is not None:
+            print("main: no changes", file=out)
+    except BaseException as e:
+        failed = []
+        for step in reversed(undo):
+            try:
+                step()
+            except Exception as undo_error:  # noqa: BLE001 - reported with the original failure
+                failed.append(f"{type(undo_error).__name__}: {undo_error}")
+        if failed:
+            raise UploadError(
+                f"upload failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}) and putting "
+                f"branch {branch_plan.branch} of {repo_id} back failed too ({failed[0]}); check it on the Hub"
+            ) from e
+        what = (
+            f"branch {branch_plan.branch} of {repo_id} was put back"
+            if undo
+            else "no branch was changed"
+        )
+        print(f"upload failed; {what}", file=sys.stderr)
+        branch_plan.commit = None
+        if main_plan is not None:
+            main_plan.commit = None
+        raise
+
+
+def _commit(api, repo_id: str, branch: str, parent: str | None, ops: list, message: str) -> str:
+    if len(ops) > COMMIT_BATCH:
+        raise UploadError(
+            f"{len(ops)} files in one commit; more than {COMMIT_BATCH} cannot be landed atomically"
+        )
+    info = api.create_commit(
+        repo_id,
+        ops,
+        commit_message=message,
+        repo_type="kernel",
+        revision=branch,
+        parent_commit=parent,
+    )
+    return info.oid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -642,10 +848,14 @@ def main(argv: list[str] | None = None) -> int:
         kernel = result.get("kernel", args.kernel)
         where = f" ({result['repo_id']})" if "repo_id" in result else ""
         line = _hub_error_line(e) if isinstance(e, HfHubHTTPError) else f"{type(e).__name__}: {e}"
-        msg = _scrub(
-            f"{kernel}{where}: {line.splitlines()[0] if line else type(e).__name__}",
-            result.get("_token"),
-        )
+        line = line.splitlines()[0] if line else type(e).__name__
+        if not isinstance(e, HfHubHTTPError) and "url" in result:
+            # No answer from the Hub at all (DNS, refused connection, proxy): say which Hub.
+            endpoint = result["url"].split("/kernels/")[0]
+            line += (
+                f" (Hub at {endpoint}; check the network or HF_ENDPOINT; --dry-run plans offline)"
+            )
+        msg = _scrub(f"{kernel}{where}: {line}", result.get("_token"))
         print(f"error: {msg}", file=sys.stderr)
         result["error"] = msg
     token = result.pop("_token", None)

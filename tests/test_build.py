@@ -8,6 +8,7 @@ half builds a small throwaway kernel in a temporary git repository, so it can br
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -211,11 +212,11 @@ def _variant(repo: Path) -> Path:
 def test_toy_build_is_conformant_and_loads(toy_repo: Path):
     proc = _build(toy_repo, "--jobs", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    tree = _git(toy_repo, "rev-parse", "HEAD^{tree}")
+    tree = _git(toy_repo, "rev-parse", "HEAD:toy-kernel")
     commit = _git(toy_repo, "rev-parse", "HEAD")
     variant = _variant(toy_repo)
     meta = json.loads((variant / "metadata.json").read_text())
-    assert meta["id"] == f"_toy_kernel_cpu_{tree[:7]}"  # kernel-builder: 7 hex of the HEAD tree
+    assert meta["id"] == f"_toy_kernel_cpu_{tree[:7]}"  # 7 hex of the kernel folder's tree
     assert meta["name"] == "toy-kernel" and meta["version"] == 3
     assert meta["provenance"]["kernel"] == {"commit": commit, "dirty": False}
     assert (variant / "helpers" / "__init__.py").is_file()  # nested packages are kept
@@ -235,6 +236,10 @@ def test_toy_build_is_conformant_and_loads(toy_repo: Path):
         "x = torch.arange(5.0)\nassert torch.equal(m.scale(x, 2.5), x * 2.5)\n"
     )
     subprocess.run([sys.executable, "-c", code, str(toy_repo / "toy-kernel" / "build")], check=True)
+    # A rebuild that changes nothing does not load the variant again.
+    again = _build(toy_repo)
+    assert again.returncode == 0, again.stderr
+    assert "smoke-load: unchanged since it last loaded" in again.stdout, again.stdout
 
 
 def test_toy_rebuild_is_incremental(toy_repo: Path):
@@ -244,18 +249,96 @@ def test_toy_rebuild_is_incremental(toy_repo: Path):
     assert "compile" not in proc.stdout and "link" not in proc.stdout, proc.stdout
 
 
-def test_dirty_tree_gets_dirty_id(toy_repo: Path):
-    scale = toy_repo / "toy-kernel" / "kernel_src" / "scale.cpp"
+def test_change_outside_the_kernel_keeps_its_id(toy_repo: Path):
+    assert _build(toy_repo, "--no-smoke").returncode == 0
+    before = json.loads((_variant(toy_repo) / "metadata.json").read_text())
+    (toy_repo / "README.md").write_text("# toys\n\n")
+    proc = _build(toy_repo, "--no-smoke")  # uncommitted, outside the folder: still clean
+    assert proc.returncode == 0 and "compile" not in proc.stdout, proc.stdout
+    assert json.loads((_variant(toy_repo) / "metadata.json").read_text()) == before
+    _git(toy_repo, "add", "README.md")
+    _git(toy_repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "readme")
+    proc = _build(toy_repo, "--no-smoke")
+    assert proc.returncode == 0 and "compile" not in proc.stdout and "link" not in proc.stdout, (
+        proc.stdout
+    )
+    # Same id, same provenance (the last commit that changed the folder): nothing new to upload.
+    assert json.loads((_variant(toy_repo) / "metadata.json").read_text()) == before
+
+
+def _upload_dry_run(kernel_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "upload.py"), str(kernel_dir), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def test_untracked_or_modified_kernel_is_dirty_and_refused(toy_repo: Path):
+    kernel = toy_repo / "toy-kernel"
+    scale = kernel / "kernel_src" / "scale.cpp"
     original = scale.read_text()
+    extra = kernel / "kernel_src" / "notes.h"
     try:
-        scale.write_text(original + "// touched\n")
-        assert _build(toy_repo, "--no-smoke").returncode == 0
-        meta = json.loads((_variant(toy_repo) / "metadata.json").read_text())
-        assert meta["id"].endswith("_dirty") and meta["provenance"]["kernel"]["dirty"] is True
-        assert len(list(_variant(toy_repo).glob("*.so"))) == 1  # no stale .so of the clean id
+        for change in ("untracked", "modified"):
+            if change == "untracked":
+                extra.write_text("// never committed\n")
+            else:
+                extra.unlink()
+                scale.write_text(original + "// touched\n")
+            proc = _build(toy_repo, "--no-smoke")
+            assert proc.returncode == 0, proc.stderr
+            assert "note: uncommitted or untracked files in toy-kernel" in proc.stdout, proc.stdout
+            meta = json.loads((_variant(toy_repo) / "metadata.json").read_text())
+            assert (
+                meta["id"].endswith("_dirty") and meta["provenance"]["kernel"]["dirty"] is True
+            ), change
+            assert len(list(_variant(toy_repo).glob("*.so"))) == 1  # no stale .so of the clean id
+            refused = _upload_dry_run(kernel)
+            assert refused.returncode == 1 and "dirty build" in refused.stderr, refused.stderr
     finally:
         scale.write_text(original)
-    assert _build(toy_repo, "--no-smoke").returncode == 0
+        extra.unlink(missing_ok=True)
+
+
+def _scratch_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "k").mkdir(parents=True)
+    (repo / "k" / "a.txt").write_text("a\n")
+    (repo / ".gitignore").write_text("build/\n")
+    _git(repo.parent, "init", "-q", str(repo))
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "k")
+    return repo
+
+
+def test_identity_follows_the_kernel_folder(tmp_path: Path):
+    repo = _scratch_repo(tmp_path)
+    ident = build_script.git_identity(repo / "k")
+    assert ident == build_script.GitIdentity(
+        _git(repo, "rev-parse", "HEAD:k")[:7], _git(repo, "rev-parse", "HEAD"), False
+    )
+    (repo / "k" / "build").mkdir()
+    (repo / "k" / "build" / "out.so").write_text("ignored\n")
+    assert build_script.git_identity(repo / "k") == ident  # ignored files do not count
+    # A never-committed kernel folder next to it: dirty, whatever HEAD says.
+    (repo / "new").mkdir()
+    (repo / "new" / "build.toml").write_text("[general]\n")
+    fresh = build_script.git_identity(repo / "new")
+    assert fresh.dirty and fresh.unique_id.endswith("_dirty") and fresh.commit == ident.commit
+    assert build_script.git_identity(repo / "k") == ident  # the neighbour's files are not k's
+
+
+def test_jobs_cap_the_compilers_over_all_variants():
+    for variants in range(1, 9):
+        for jobs in range(1, 9):
+            workers, per_job = build_script.parallelism(variants, jobs)
+            assert 1 <= workers <= variants and workers * per_job <= jobs, (variants, jobs)
+    assert build_script.parallelism(8, 1) == (1, 1)
+    assert build_script.parallelism(2, 8) == (2, 4)
+    with pytest.raises(SystemExit):
+        build_script.main(["-j", "0"])
 
 
 @pytest.mark.parametrize(
@@ -308,3 +391,21 @@ def test_failures_name_kernel_and_file_and_keep_previous_build(toy_repo: Path, b
     finally:
         for rel, text in saved.items():
             (kernel / rel).write_text(text)
+
+
+def test_dev_sh_help_exits_0_and_prints_only_the_usage():
+    for arg in ("--help", "-h", "help"):
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "dev.sh"), arg], capture_output=True, text=True
+        )
+        assert proc.returncode == 0 and not proc.stderr, (arg, proc.stderr)
+        lines = proc.stdout.splitlines()
+        assert (
+            lines[0] == "One entry point on a fresh machine."
+            and "scripts/dev.sh build" in proc.stdout
+        )
+        assert not any(line.startswith(("set ", "cd ", "#")) for line in lines), proc.stdout
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "dev.sh"), "nonsense"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "unknown command: nonsense" in proc.stderr

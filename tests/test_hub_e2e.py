@@ -22,21 +22,16 @@ from localhub.client import client_env
 
 REPO = Path(__file__).resolve().parents[1]
 UPLOAD = REPO / "scripts" / "upload.py"
+sys.path.insert(0, str(REPO / "scripts"))
+import build as build_script  # noqa: E402
+
 TRUSTED, UNTRUSTED = "e2e-trusted", "e2e-untrusted"
+# fmt: off
 OPS = [
-    "silu_and_mul",
-    "mul_and_silu",
-    "gelu_and_mul",
-    "gelu_tanh_and_mul",
-    "fatrelu_and_mul",
-    "swigluoai_and_mul",
-    "gelu",
-    "gelu_tanh",
-    "silu",
-    "gelu_fast",
-    "gelu_new",
-    "gelu_quick",
+    "silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul", "swigluoai_and_mul",
+    "gelu", "gelu_tanh", "silu", "gelu_fast", "gelu_new", "gelu_quick",
 ]
+# fmt: on
 
 
 @dataclass
@@ -65,8 +60,10 @@ def run(cmd, env, cwd=None, timeout=300) -> subprocess.CompletedProcess:
     )
 
 
-def upload(ws: Workspace, *args) -> subprocess.CompletedProcess:
-    return run([sys.executable, UPLOAD, *args], ws.upload_env)
+def upload(ws: Workspace, *args, allow_abi: bool = True) -> subprocess.CompletedProcess:
+    # A local build links symbols newer than manylinux_2_28 allows (test_refusals_on_the_real_build).
+    flags = ["--allow-abi-violations"] if allow_abi else []
+    return run([sys.executable, UPLOAD, *args, *flags], ws.upload_env)
 
 
 def load(ws: Workspace, code: str, env: dict | None = None) -> dict:
@@ -234,8 +231,13 @@ def test_v1_every_op_matches_reference(v1):
     }
     assert {p: c for p, c in files.items() if p.startswith("benchmarks/")} == benches
     card = ws.build_v1 / "CARD.md"
-    if card.is_file():  # the rendered card becomes README.md on main
-        assert ws.hub.files(repo_id, "main")["README.md"] == card.read_bytes()
+    if card.is_file():  # the rendered card becomes README.md on main, naming the repo it is in
+        readme = ws.hub.files(repo_id, "main")["README.md"]
+        assert readme == card.read_bytes().replace(b"open-kernels/activation", repo_id.encode())
+        assert (
+            f'get_kernel("{repo_id}"'.encode() in readme
+            and b"open-kernels/activation" not in readme
+        )
     ws.hub.clear_requests()
     out = load(ws, f"REPO_ID = {repo_id!r}\nOPS = {OPS!r}\n" + CALL_EVERY_OP)
     meta = json.loads((ws.build_v1 / ws.variant / "metadata.json").read_text())
@@ -347,6 +349,13 @@ def test_refusals_on_the_real_build(v1, tmp_path):
     assert (
         r.returncode == 1 and "metadata version 1 differs from build.toml version 2" in r.stderr
     ), r.stderr
+    # The build's own ABI findings (this machine's glibc is newer than manylinux_2_28) refuse it.
+    so = next((ws.build_v1 / ws.variant).glob("*.abi3.so"))
+    if build_script.check_abi(so):
+        r = upload(ws, ws.kernel_v1, "--org", TRUSTED, allow_abi=False)
+        assert (
+            r.returncode == 1 and "ABI check failed: " in r.stderr and "manylinux_2_28" in r.stderr
+        ), r.stderr
     assert ws.hub.branches(repo_id) == heads and ws.hub.commit_count(repo_id) == commits
 
 

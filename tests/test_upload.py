@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,28 @@ def _version(vdir):
     edit_metadata(vdir, version=2)
 
 
+def _abi_violation(vdir):
+    """A shared object that links exp@GLIBC_2.29, newer than manylinux_2_28 allows (as local builds do)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    (vdir / "exp.c").write_text("#include <math.h>\ndouble f(double x) { return exp(x); }\n")
+    subprocess.run(
+        [
+            "cc",
+            "-O0",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(vdir / "_fakek_cpu_abc1234.abi3.so"),
+            str(vdir / "exp.c"),
+            "-lm",
+        ],
+        check=True,
+    )
+    (vdir / "exp.c").unlink()
+    rehash(vdir)
+
+
 @pytest.mark.parametrize(
     "spoil, expected, allow",
     [
@@ -135,6 +158,12 @@ def _version(vdir):
             "metadata version 2 differs from build.toml version 1",
             "--allow-version-mismatch",
         ),
+        (
+            _abi_violation,
+            "ABI check failed: _fakek_cpu_abc1234.abi3.so: manylinux_2_28: 1 symbol(s) newer than "
+            "the policy allows: exp@GLIBC_2.29",
+            "--allow-abi-violations",
+        ),
     ],
     ids=[
         "dirty-provenance",
@@ -143,6 +172,7 @@ def _version(vdir):
         "digest-extra-file",
         "no-digest",
         "version-mismatch",
+        "abi-violation",
     ],
 )
 def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
@@ -163,6 +193,11 @@ def test_refusals(local_hub, hub_env, tmp_path, spoil, expected, allow):
     r = upload(env, kdir, "--org", org, allow, "--branch", "v1")
     assert r.returncode == 0, r.stderr
     assert f"build/{VARIANT}/_ops.py" in local_hub.files(f"{org}/fakek", "v1")
+    if allow == "--allow-abi-violations":  # let through, not silently
+        assert (
+            "warning: fakek: variant torch-cpu: ABI check failed" in r.stderr
+            and "exp@GLIBC_2.29" in r.stderr
+        )
 
 
 def test_existing_branch_keeps_other_variants(local_hub, hub_env, tmp_path):
@@ -245,3 +280,109 @@ def test_branch_main(local_hub, hub_env, tmp_path):
     files = local_hub.files("up-main/fakek", "main")
     assert {"README.md", f"build/{VARIANT}/__init__.py", "benchmarks/benchmark.py"} <= set(files)
     assert local_hub.commit_count("up-main/fakek") == 2  # the repo's initial commit and the upload
+
+
+def test_card_names_the_repository_uploaded_to(local_hub, hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    (kdir / "build" / "CARD.md").write_text(
+        "---\nlibrary_name: kernels\n---\n"
+        'k = get_kernel("open-kernels/fakek", version=1)\n'
+        "kernels benchmark open-kernels/fakek@v1\n"
+        'LayerRepository(repo_id="open-kernels/fakek", layer_name="X")\n'
+        "Related, not this repository: open-kernels/fakek-extra\n"
+    )
+    r = upload(hub_env(), kdir, "--org", "card-org")
+    assert r.returncode == 0, r.stderr
+    for branch in ("main", "v1"):
+        card = local_hub.files("card-org/fakek", branch)["README.md"].decode()
+        assert 'get_kernel("card-org/fakek", version=1)' in card
+        assert "kernels benchmark card-org/fakek@v1" in card and 'repo_id="card-org/fakek"' in card
+        assert "open-kernels/fakek-extra" in card and "open-kernels/fakek\"" not in card
+
+
+def _state(hub: LocalHub, repo_id: str) -> dict:
+    return {b: hub.files(repo_id, b) for b in hub.branches(repo_id)} | {
+        "heads": hub.branches(repo_id)
+    }
+
+
+def test_failed_upload_leaves_the_repository_as_it_was(local_hub, hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    env, repo_id = hub_env(), "up-atomic/fakek"
+    assert upload(env, kdir, "--org", "up-atomic").returncode == 0
+    before = _state(local_hub, repo_id)
+    (kdir / "build" / "CARD.md").write_text("---\nlibrary_name: kernels\n---\nnew card\n")
+    (kdir / "build" / VARIANT / "__init__.py").write_text("CHANGED = True\n")
+    rehash(kdir / "build" / VARIANT)
+
+    # The existing branch's commit fails: nothing moved.
+    local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/v1")
+    r = upload(env, kdir, "--org", "up-atomic")
+    assert r.returncode == 1 and "no branch was changed" in r.stderr, r.stderr
+    assert _state(local_hub, repo_id) == before
+
+    # main's README is committed last: its failure puts the already committed v1 back.
+    local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/main")
+    r = upload(env, kdir, "--org", "up-atomic")
+    assert (
+        r.returncode == 1
+        and "500" in r.stderr
+        and "branch v1 of up-atomic/fakek was put back" in r.stderr
+    )
+    assert _state(local_hub, repo_id) == before
+
+    # A new branch whose commit fails is removed again.
+    local_hub.fail_next("POST", f"/api/kernels/{repo_id}/commit/v7")
+    r = upload(env, kdir, "--org", "up-atomic", "--branch", "v7")
+    assert r.returncode == 1 and "v7" not in local_hub.branches(repo_id), r.stderr
+    assert _state(local_hub, repo_id) == before
+
+    # Xet (which the local Hub lacks) fails while the large files are stored: before any ref moves.
+    (kdir / "build" / VARIANT / "weights.bin").write_bytes(b"\0\1\2" * 1000)
+    rehash(kdir / "build" / VARIANT)
+    xet_env = {k: v for k, v in env.items() if k != "HF_HUB_DISABLE_XET"}
+    r = upload(xet_env, kdir, "--org", "up-atomic")
+    assert r.returncode == 1 and "no branch was changed" in r.stderr, r.stderr
+    assert _state(local_hub, repo_id) == before
+    # A repository that the failed upload created is deleted again.
+    r = upload(xet_env, kdir, "--org", "up-atomic-new")
+    assert (
+        r.returncode == 1
+        and "up-atomic-new/fakek created by this upload was deleted again" in r.stderr
+    )
+    assert not repo_exists(local_hub, "up-atomic-new/fakek")
+    # The same upload with LFS goes through whole.
+    assert upload(env, kdir, "--org", "up-atomic").returncode == 0
+    assert b"CHANGED" in local_hub.files(repo_id, "v1")[f"build/{VARIANT}/__init__.py"]
+    assert local_hub.files(repo_id, "main")["README.md"].endswith(b"new card\n")
+
+
+def test_dry_run_offline_plans_and_says_what_it_could_not_check(hub_env, tmp_path):
+    kdir = make_fake_kernel(tmp_path)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for env in ({**hub_env(), "HF_ENDPOINT": endpoint}, {**hub_env(), "HF_HUB_OFFLINE": "1"}):
+        r = upload(
+            env, kdir, "--org", "offline", "--dry-run", "--output-json", tmp_path / "plan.json"
+        )
+        assert r.returncode == 0, r.stderr
+        assert (
+            "could not reach the Hub at " in r.stdout
+            and "planning from the local build alone" in r.stdout
+        )
+        assert (
+            f"send    build/{VARIANT}/__init__.py" in r.stdout and "send    README.md" in r.stdout
+        )
+        assert (
+            "not checked (the Hub at " in r.stdout
+            and "whether offline/fakek and its branches exist" in r.stdout
+        )
+        plan = json.loads((tmp_path / "plan.json").read_text())
+        assert plan["status"] == "dry_run" and plan["offline"] is True and plan["not_checked"]
+        assert f"build/{VARIANT}/metadata.json" in plan["branches"]["v1"]["add"]
+    # Without --dry-run it still fails, naming the Hub it could not reach.
+    r = upload({**hub_env(), "HF_ENDPOINT": endpoint}, kdir, "--org", "offline")
+    assert (
+        r.returncode == 1 and f"Hub at {endpoint}; check the network or HF_ENDPOINT" in r.stderr
+    ), r.stderr

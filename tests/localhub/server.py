@@ -1,6 +1,6 @@
 """A local Hugging Face Hub for tests (stdlib only).
 
-It answers the HTTP calls that `huggingface_hub` makes for repo creation,
+It answers the HTTP calls that `huggingface_hub` makes for repo creation and deletion,
 branches, the NDJSON commit API (regular files, legacy LFS files, deletions),
 tree listings and `resolve` downloads, and that the `kernels` loader makes for
 versions, variants, downloads and the publisher-trust check.
@@ -148,6 +148,8 @@ class HubState:
         self.repos: dict[tuple[str, str], Repo] = {}
         self._commits: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
+        # Injected failures: (method, path pattern, status), each answered once (see LocalHub.fail_next).
+        self.failures: list[tuple[str, re.Pattern, int]] = []
         self._load()
 
     # ---- persistence -------------------------------------------------
@@ -222,6 +224,12 @@ class HubState:
         if repo is None:
             raise HubError(404, f"Repository {repo_id!r} ({repo_type}) not found", "RepoNotFound")
         return repo
+
+    def delete_repo(self, repo_type: str, repo_id: str) -> None:
+        with self.lock:
+            repo = self.get_repo(repo_type, repo_id)
+            del self.repos[(repo_type, repo_id)]
+            shutil.rmtree(repo.path, ignore_errors=True)
 
     def create_repo(
         self, repo_type: str, repo_id: str, *, private: bool = False
@@ -567,7 +575,17 @@ class _Handler(BaseHTTPRequestHandler):
         segments = [unquote(s) for s in split.path.split("/")[1:]]
         with self.hub.state.lock:
             self.hub.state.requests.append((self.command, split.path))
+            failures = self.hub.state.failures
+            injected = next(
+                (f for f in failures if f[0] == self.command and f[1].fullmatch(split.path)), None
+            )
+            if injected is not None:
+                failures.remove(injected)
         body = self._read_body() if self.command in ("POST", "PUT", "DELETE") else b""
+        if injected is not None:
+            return self._error(
+                HubError(injected[2], f"Injected failure for {self.command} {split.path}")
+            )
         try:
             if self.role == "cdn":
                 self._route_cdn(segments, body)
@@ -626,6 +644,12 @@ class _Handler(BaseHTTPRequestHandler):
             api = seg[1:]
             if api == ["repos", "create"] and m == "POST":
                 return self._create_repo(body)
+            if api == ["repos", "delete"] and m == "DELETE":
+                self._require_write()
+                payload = json.loads(body or b"{}")
+                repo_id = f"{payload.get('organization') or state.user}/{payload.get('name')}"
+                state.delete_repo(payload.get("type") or "model", repo_id)
+                return self._json(200, {})
             if api == ["validate-yaml"] and m == "POST":
                 return self._validate_yaml(body)
             if api == ["whoami-v2"] and m == "GET":
@@ -1031,6 +1055,11 @@ class LocalHub:
             repo = self.state.get_repo(repo_type, repo_id)
             tree = self.state.commit(repo, self.state.resolve(repo, revision))["tree"]
             return {p for p, e in tree.items() if e["lfs"]}
+
+    def fail_next(self, method: str, path_pattern: str, status: int = 500) -> None:
+        """Answer the next `method` request whose path fully matches `path_pattern` with `status`."""
+        with self.state.lock:
+            self.state.failures.append((method, re.compile(path_pattern), status))
 
     def requests_log(self) -> list[tuple[str, str]]:
         with self.state.lock:
