@@ -184,6 +184,17 @@ def _fa_offsets(op: str, seqlen_offsets) -> Tuple[int, Optional[torch.Tensor]]:
     return int(seqlen_offsets), None
 
 
+def _flash_autograd(*tensors: torch.Tensor) -> bool:
+    """The in-place flash-attn forms go through `_custom_ops.FlashInplace` when autograd records
+    the call (eager only: under torch.compile they keep the functional form plus ``copy_``)."""
+    return _custom_ops._requires_grad(*tensors) and not torch.compiler.is_compiling()
+
+
+def _flash_inplace(x, split, rot_dims, offsets, cu, offset, interleaved, enable_pdl, *tables):
+    options = (tuple(rot_dims), offsets, cu, offset, bool(interleaved), enable_pdl)
+    return _custom_ops.FlashInplace.apply(x, split, options, *tables)
+
+
 def apply_rotary_emb(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -201,7 +212,8 @@ def apply_rotary_emb(
     (varlen); ``cos``, ``sin`` ``[seqlen_ro, rotary_dim / 2]`` (``rotary_dim <= D``); token
     ``s`` of sequence ``b`` uses row ``s + seqlen_offsets`` (an int, or a ``[B]`` tensor).
     ``interleaved``: GPT-J pairs, else NeoX. Returns a new tensor, or ``x`` rotated in place
-    (``inplace=True``). ``max_seqlen`` is accepted and not needed. Gradients flow to ``x`` (and
+    (``inplace=True``; under autograd, as in flash-attn, ``x`` may be a leaf that requires grad
+    or a view of one: the returned alias of ``x`` carries the rotation into the graph). ``max_seqlen`` is accepted and not needed. Gradients flow to ``x`` (and
     to cos / sin if they require grad, which flash-attn does not offer).
     """
     op = "apply_rotary_emb"
@@ -220,6 +232,11 @@ def apply_rotary_emb(
         cu = (
             cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
         ).contiguous()
+    if inplace and _flash_autograd(x, cos4, sin4):
+        split = (lambda t: [(t.unsqueeze(0), None)]) if varlen else (lambda t: [(t, None)])
+        return _flash_inplace(
+            x, split, (rot_dim,), offsets, cu, offset, interleaved, enable_pdl, cos4, sin4
+        )
     x4 = x.unsqueeze(0) if varlen else x
     out, _ = _custom_ops.rope(
         x4,
@@ -253,15 +270,19 @@ def apply_rotary_emb_qkv_(
     """flash-attn ``apply_rotary_emb_qkv_``: rotates Q and K of a packed qkv in place, returns qkv.
 
     ``qkv`` ``[B, S, 3, H, D]``, or ``[B, S, Hq + 2 * Hk, D]`` with ``num_heads_q = Hq``
-    (MQA / GQA). ``cos_k`` / ``sin_k``: K's own tables (default: Q's). Differentiable (qkv must
-    then be a non-leaf tensor, as for any in-place operation).
+    (MQA / GQA). ``cos_k`` / ``sin_k``: K's own tables (default: Q's). Differentiable as in
+    flash-attn: ``qkv`` may be a leaf that requires grad (or a view of one); the gradient of
+    qkv is the transposed rotation of Q's and K's gradients, V's passed through.
     """
     op = "apply_rotary_emb_qkv_"
     _check_activation(op, "qkv", qkv)
     if qkv.dim() == 5:
         if qkv.shape[2] != 3:
             raise ValueError(f"{op}: qkv must have shape [B, S, 3, H, D], got {list(qkv.shape)}")
-        q, k = qkv[:, :, 0], qkv[:, :, 1]
+
+        def q_and_k(t):
+            return t[:, :, 0], t[:, :, 1]
+
     elif qkv.dim() == 4:
         if num_heads_q is None:
             raise ValueError(
@@ -272,7 +293,10 @@ def apply_rotary_emb_qkv_(
             raise ValueError(
                 f"{op}: qkv.shape[2] = {qkv.shape[2]} must be num_heads_q + 2 * num_heads_k with num_heads_q = {num_heads_q}"
             )
-        q, k = qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q : num_heads_q + num_heads_k]
+
+        def q_and_k(t):
+            return t[:, :, :num_heads_q], t[:, :, num_heads_q : num_heads_q + num_heads_k]
+
     else:
         raise ValueError(
             f"{op}: qkv must have shape [B, S, 3, H, D] or [B, S, Hq + 2 * Hk, D], got {list(qkv.shape)}"
@@ -290,11 +314,41 @@ def apply_rotary_emb_qkv_(
         enable_pdl=enable_pdl,
     )
     if cos_k is None:
+        if _flash_autograd(qkv, cos4, sin4):
+            return _flash_inplace(
+                qkv,
+                lambda t: [q_and_k(t)],
+                (rot_dim,),
+                offsets,
+                None,
+                offset,
+                interleaved,
+                enable_pdl,
+                cos4,
+                sin4,
+            )
+        q, k = q_and_k(qkv)
         _custom_ops.rope(q, k, cos4, sin4, rot_dim=rot_dim, **options)
     else:
         cos4k, sin4k, rot_dim_k = _fa_tables(
             op, cos_k, sin_k, qkv.dtype, head_dim, names=("cos_k", "sin_k")
         )
+        if _flash_autograd(qkv, cos4, sin4, cos4k, sin4k):
+            return _flash_inplace(
+                qkv,
+                lambda t: [(q_and_k(t)[0], None), (q_and_k(t)[1], None)],
+                (rot_dim, rot_dim_k),
+                offsets,
+                None,
+                offset,
+                interleaved,
+                enable_pdl,
+                cos4,
+                sin4,
+                cos4k,
+                sin4k,
+            )
+        q, k = q_and_k(qkv)
         _custom_ops.rope(q, None, cos4, sin4, rot_dim=rot_dim, **options)
         _custom_ops.rope(k, None, cos4k, sin4k, rot_dim=rot_dim_k, **options)
     return qkv
@@ -308,13 +362,27 @@ def apply_rotary_emb_kv_(
     seqlen_offsets: Union[int, torch.Tensor] = 0,
     enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
-    """flash-attn ``apply_rotary_emb_kv_``: rotates K of ``kv [B, S, 2, H, D]`` in place, returns kv."""
+    """flash-attn ``apply_rotary_emb_kv_``: rotates K of ``kv [B, S, 2, H, D]`` in place, returns kv.
+    Differentiable as in flash-attn, also for a ``kv`` that is a leaf requiring grad."""
     op = "apply_rotary_emb_kv_"
     _check_activation(op, "kv", kv)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"{op}: kv must have shape [B, S, 2, H, D], got {list(kv.shape)}")
     cos4, sin4, rot_dim = _fa_tables(op, cos, sin, kv.dtype, kv.shape[-1])
     offset, offsets = _fa_offsets(op, seqlen_offsets)
+    if _flash_autograd(kv, cos4, sin4):
+        return _flash_inplace(
+            kv,
+            lambda t: [(t[:, :, 0], None)],
+            (rot_dim,),
+            offsets,
+            None,
+            offset,
+            interleaved,
+            enable_pdl,
+            cos4,
+            sin4,
+        )
     _custom_ops.rope(
         kv[:, :, 0],
         None,

@@ -817,6 +817,113 @@ def rope(
     return q, k
 
 
+def _leaf_like(t: torch.Tensor) -> bool:
+    """A leaf that requires grad, or a view of one: autograd refuses to mark it dirty."""
+    if t.is_leaf:
+        return t.requires_grad
+    base = t._base
+    return base is not None and base.is_leaf and base.requires_grad
+
+
+class FlashInplace(torch.autograd.Function):
+    """flash-attn's in-place forms under autograd (``apply_rotary_emb(..., inplace=True)``,
+    ``apply_rotary_emb_qkv_``, ``apply_rotary_emb_kv_``), with flash-attn's semantics.
+
+    ``forward(x, split, options, *tables)``: ``split(t)`` gives the ``(q, k or None)`` 4-D views
+    of ``t`` to rotate, one pair per ``(cos, sin)`` of ``tables``; ``options`` holds
+    ``(rot_dims, seqlen_offsets, cu_seqlens, seqlen_offset, interleaved, enable_pdl)``. The
+    kernel rotates the views of ``x`` in place and ``x`` is returned, as flash-attn's
+    autograd.Functions do. Like flash-attn this works on a leaf that requires grad (or a view
+    of one): ``x`` is then not marked dirty, and the returned tensor (an alias of ``x``)
+    carries the rotation into the graph. Any other ``x`` is marked dirty, so ``x`` itself
+    records the rotation and tensors saved from it before the call are protected by the
+    version check. Backward: the transposed rotation of the same views of the gradient
+    (flash-attn's ``conjugate=True``), everything else passed through; gradients w.r.t. the
+    tables, when they require grad, from ``table_grads`` on a copy of the unrotated views.
+    """
+
+    @staticmethod
+    def forward(ctx, x, split, options, *tables):
+        rot_dims, seqlen_offsets, cu_seqlens, seqlen_offset, interleaved, enable_pdl = options
+        need_table = any(ctx.needs_input_grad[3:])
+        groups = split(x)
+        originals = []
+        for (q, k), i, rot_dim in zip(groups, range(0, len(tables), 2), rot_dims):
+            if need_table:
+                originals.append((q.clone(), None if k is None else k.clone()))
+            ops.rope_inplace(
+                q,
+                k,
+                tables[i],
+                tables[i + 1],
+                None,
+                seqlen_offsets,
+                cu_seqlens,
+                seqlen_offset,
+                rot_dim,
+                interleaved,
+                False,
+                False,
+                enable_pdl,
+            )
+        ctx.split = split
+        ctx.options = options
+        ctx.originals = originals
+        ctx.save_for_backward(*tables)
+        if not _leaf_like(x):
+            ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        rot_dims, seqlen_offsets, cu_seqlens, seqlen_offset, interleaved, enable_pdl = ctx.options
+        tables = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.clone(memory_format=torch.contiguous_format)
+            for (gq, gk), i, rot_dim in zip(ctx.split(grad_x), range(0, len(tables), 2), rot_dims):
+                ops.rope_inplace(
+                    gq,
+                    gk,
+                    tables[i],
+                    tables[i + 1],
+                    None,
+                    seqlen_offsets,
+                    cu_seqlens,
+                    seqlen_offset,
+                    rot_dim,
+                    interleaved,
+                    False,
+                    True,
+                    enable_pdl,
+                )
+        grad_tables = [None] * len(tables)
+        if ctx.originals:
+            for j, ((gq, gk), (q, k)) in enumerate(zip(ctx.split(grad), ctx.originals)):
+                cos, sin = tables[2 * j], tables[2 * j + 1]
+                gc, gs = table_grads(
+                    q,
+                    k,
+                    gq,
+                    gk,
+                    cos,
+                    None,
+                    seqlen_offsets,
+                    cu_seqlens,
+                    seqlen_offset,
+                    rot_dims[j],
+                    interleaved,
+                    False,
+                    False,
+                )
+                if ctx.needs_input_grad[3 + 2 * j]:
+                    grad_tables[2 * j] = gc.to(cos.dtype)
+                if ctx.needs_input_grad[4 + 2 * j]:
+                    grad_tables[2 * j + 1] = gs.to(sin.dtype)
+        return (grad_x, None, None, *grad_tables)
+
+
 def table_dtype(
     cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
 ) -> Tuple[torch.Tensor, torch.Tensor]:
