@@ -138,3 +138,32 @@ def test_kernelize_training(kernel, device, layer_name, compile_):
         assert p.grad is not None and bool(p.grad.isfinite().all()), (
             f"{layer_name}: no gradient for {name}"
         )
+
+
+@pytest.mark.kernels_ci
+def test_fatrelu_and_mul_constructor(kernel, device):
+    # kernels-community's `FatreluAndMul(threshold: float = 0.0)`: a standalone module whose
+    # forward uses the threshold given to the constructor. The class keeps nn.Module's own
+    # constructor and no extra members, so kernels' layer validation still accepts it.
+    from kernels.layer.layer import _validate_layer
+
+    layer_cls = kernel.layers.FatreluAndMul
+    x = make_input((5, 2 * HIDDEN), torch.float32, device)
+    for module, threshold in (
+        (layer_cls(0.5), 0.5),
+        (layer_cls(threshold=0.25), 0.25),
+        (layer_cls(), 0.0),
+    ):
+        assert isinstance(module, nn.Module) and module.threshold == threshold
+        torch.testing.assert_close(
+            module(x), kernel.fatrelu_and_mul(x, threshold=threshold), rtol=0, atol=0
+        )
+    assert layer_cls.__init__ is nn.Module.__init__
+
+    class Host(nn.Module):
+        def forward(self, x):
+            return x
+
+    _validate_layer(check_cls=Host, cls=layer_cls, repo="FatreluAndMul")
+    with pytest.raises(TypeError):
+        layer_cls(0.5, 1.0)

