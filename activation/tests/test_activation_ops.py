@@ -14,6 +14,7 @@ from activation_cases import (
     DEFAULT_CASE_IDS,
     DEFAULT_CASES,
     DTYPES,
+    GATED_NAMES,
     assert_within_bound,
     magnitude,
     make_input,
@@ -383,6 +384,57 @@ def test_calling_conventions(kernel, device):
     kernel.silu_and_mul(out, xg)
     assert out.grad_fn is None
     assert kernel.silu_and_mul(xg).grad_fn is not None
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_keyword_out_convention(kernel, device, name):
+    # sgl-kernel / FlashInfer: `silu_and_mul(input, out=None)`, the output by keyword (also
+    # `input=`), next to kernels-community's positional `(out, x)` and `(out, x=x)`.
+    fn = getattr(kernel, name)
+    gated = name in GATED_NAMES
+    x = make_input((4, 12), torch.float32, device, scale=2.0)
+    shape = (4, 6) if gated else (4, 12)
+    expected = fn(x)
+    for call in (
+        lambda o: fn(x, out=o),
+        lambda o: fn(input=x, out=o),
+        lambda o: fn(x=x, out=o),
+        lambda o: fn(o, x=x),
+        lambda o: fn(o, x),
+    ):
+        o = torch.full(shape, float("nan"), device=device)
+        assert call(o) is o
+        torch.testing.assert_close(o, expected, rtol=0, atol=0)
+    assert fn(x, out=None).shape == shape  # out=None: the functional form
+    torch.testing.assert_close(fn(input=x), expected, rtol=0, atol=0)
+
+    o = torch.empty(shape, device=device)
+    with pytest.raises(TypeError, match="two positional tensors"):
+        fn(o, x, out=o)
+    with pytest.raises(TypeError, match="input twice"):
+        fn(x=x, input=x)
+    with pytest.raises(TypeError, match="out twice"):
+        fn(o, x=x, out=o)
+    with pytest.raises(TypeError, match="needs an input tensor"):
+        fn(out=o)
+    if gated:
+        # sgl / FlashInfer's positional (input, out) reads as (out, x): refused, the keyword
+        # form named, and nothing written.
+        o = torch.full(shape, float("nan"), device=device)
+        with pytest.raises(ValueError, match=rf"{name}\(x, out=out\)"):
+            fn(x, o)
+        assert torch.isnan(o).all()
+
+
+@pytest.mark.kernels_ci
+def test_keyword_out_scalars(kernel, device):
+    x = make_input((3, 10), torch.float32, device, scale=2.0)
+    o = torch.empty(3, 5, device=device)
+    assert kernel.fatrelu_and_mul(x, out=o, threshold=0.5) is o
+    torch.testing.assert_close(o, kernel.fatrelu_and_mul(x, threshold=0.5), rtol=0, atol=0)
+    kernel.swigluoai_and_mul(x, out=o, alpha=1.0, limit=1.5)
+    torch.testing.assert_close(o, kernel.swigluoai_and_mul(x, alpha=1.0, limit=1.5), rtol=0, atol=0)
 
 
 def _raises(match):
