@@ -471,6 +471,93 @@ def test_low_level_ops(kernel, device):
     assert bool((lse[:, sum(lens) :] == float("-inf")).all())
 
 
+# flash-attn 2.8.4's private forwards, parameter for parameter (flash_attn_interface.py).
+FA_FORWARD_PARAMS = [
+    "q",
+    "k",
+    "v",
+    "dropout_p",
+    "softmax_scale",
+    "causal",
+    "window_size_left",
+    "window_size_right",
+    "softcap",
+    "alibi_slopes",
+    "return_softmax",
+]
+FA_VARLEN_FORWARD_PARAMS = [
+    "q",
+    "k",
+    "v",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "dropout_p",
+    "softmax_scale",
+    "causal",
+    "window_size_left",
+    "window_size_right",
+    "softcap",
+    "alibi_slopes",
+    "return_softmax",
+    "block_table",
+    "leftpad_k",
+    "seqused_k",
+    "zero_tensors",
+    "num_splits",
+]
+
+
+def test_private_forwards_flash_attn_28_signatures(kernel, device):
+    """`_flash_attn_forward` / `_flash_attn_varlen_forward` called as flash-attn 2.8.x's callers
+    call them: every parameter positionally in flash-attn's order, and `num_splits=` (2.8.4's
+    last parameter of the varlen forward) by keyword."""
+    import inspect
+
+    fai = kernel.flash_attn_interface
+    for fn, names in (
+        (fai._flash_attn_forward, FA_FORWARD_PARAMS),
+        (fai._flash_attn_varlen_forward, FA_VARLEN_FORWARD_PARAMS),
+    ):
+        assert list(inspect.signature(fn).parameters) == names, fn.__name__
+    assert fai._wrapped_flash_attn_varlen_forward is fai._flash_attn_varlen_forward
+
+    dtype = dtypes_for(device)[-1]
+    h, d = 2, 64
+    lens = [7, 12]
+    cu = cu_seqlens(lens, device)
+    q, k, v = (randn((sum(lens), h, d), dtype, device, seed=i) for i in range(3))
+    want, want_lse, _ = kernel.flash_attn_varlen_func(
+        q, k, v, cu, cu, max(lens), max(lens), causal=True, return_attn_probs=True
+    )
+    for num_splits in (0, 1, 3):
+        positional = fai._flash_attn_varlen_forward(
+            q, k, v, cu, cu, max(lens), max(lens), 0.0, d**-0.5, True,
+            -1, -1, 0.0, None, False, None, None, None, False, num_splits,
+        )  # fmt: skip
+        keyword = fai._flash_attn_varlen_forward(
+            q, k, v, cu, cu, max(lens), max(lens), 0.0, d**-0.5, True, num_splits=num_splits
+        )
+        for out, lse, s_dmask, rng_state in (positional, keyword):
+            assert s_dmask is None and rng_state is None
+            if device == "cpu" or num_splits == 0:  # the CPU ignores num_splits
+                assert torch.equal(out, want) and torch.equal(lse, want_lse), num_splits
+            else:  # CUDA combines the splits: a schedule, not semantics
+                torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+                torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="num_splits must be >= 0"):
+        fai._flash_attn_varlen_forward(
+            q, k, v, cu, cu, max(lens), max(lens), 0.0, d**-0.5, True, num_splits=-1
+        )
+
+    b, s = 2, 9
+    q, k, v = (randn((b, s, h, d), dtype, device, seed=3 + i) for i in range(3))
+    want, want_lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out, lse, _, _ = fai._flash_attn_forward(q, k, v, 0.0, d**-0.5, True, -1, -1, 0.0, None, False)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 def test_num_splits_do_not_change_the_result(kernel, device):
     """num_splits (split-KV) is a schedule, not semantics: the CPU ignores it (bit-identical
     results); CUDA combines the splits, each result within the bound."""

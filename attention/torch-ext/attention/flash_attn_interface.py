@@ -408,9 +408,14 @@ def _flash_attn_varlen_forward(
     leftpad_k: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
     zero_tensors: bool = False,
+    num_splits: int = 0,
 ):
     """flash-attn ``_flash_attn_varlen_forward`` -> ``(out, softmax_lse [H, total_q], S_dmask,
-    rng_state)``; S_dmask and rng_state are None (no dropout)."""
+    rng_state)``; S_dmask and rng_state are None (no dropout).
+
+    The parameter list is flash-attn 2.8.4's, ``num_splits`` (its last parameter, added there)
+    included: the split-KV count, 0 the kernel's choice, >= 0 (the CPU ignores it);
+    ``zero_tensors`` (an older flash-attn parameter) is accepted and has no effect."""
     op = "_flash_attn_varlen_forward"
     if return_softmax:
         raise NotImplementedError(
@@ -434,6 +439,7 @@ def _flash_attn_varlen_forward(
         softcap=softcap,
         causal=causal,
         window_size=(window_size_left, window_size_right),
+        num_splits=num_splits,
         dropout_p=dropout_p,
     )
     return out, lse, None, None
