@@ -79,6 +79,24 @@ def _misfit(sig: inspect.Signature, args, kwargs) -> Optional[Tuple[str, object,
     return None
 
 
+def _hint(sig: inspect.Signature, name: str, param: str, value) -> str:
+    """For a number given to an optional tensor parameter followed by scalar ones (the functional
+    form of activation's fatrelu_and_mul(out=None, x=None, threshold=0.0) called as
+    fatrelu_and_mul(x, 0.5)): how to pass the scalar."""
+    params = list(sig.parameters.values())
+    index = [p.name for p in params].index(param)
+    if sig.parameters[param].default is not None or not isinstance(value, (int, float)):
+        return ""
+    scalars = [
+        p.name
+        for p in params[index + 1 :]
+        if p.kind == p.POSITIONAL_OR_KEYWORD and not _is_tensor_annotation(p.annotation)
+    ]
+    if not scalars:
+        return ""
+    return f"; pass scalars by keyword, e.g. {name}({param}, {scalars[0]}={value!r})"
+
+
 class _Scope:
     """The names an error prefix may carry in one package: its ops and its public functions."""
 
@@ -111,7 +129,7 @@ def _wrap(fn: Callable, name: str, scope: _Scope) -> Callable:
                 kind = "a tensor or None" if optional else "a tensor"
                 raise TypeError(
                     f"{name}: {param} must be {kind}, got {type(value).__name__} "
-                    f"(signature: {name}{_plain_signature(sig)})"
+                    f"(signature: {name}{_plain_signature(sig)}){_hint(sig, name, param, value)}"
                 ) from exc
             if (
                 not isinstance(exc, RuntimeError)
