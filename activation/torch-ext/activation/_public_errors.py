@@ -47,11 +47,13 @@ def _op_names(namespace: str) -> FrozenSet[str]:
 
 
 def _is_tensor_annotation(annotation) -> bool:
+    """Tensor or Optional[Tensor] (not a union with other types: Union[int, Tensor])."""
     if annotation is torch.Tensor:
         return True
-    return typing.get_origin(annotation) is typing.Union and torch.Tensor in typing.get_args(
-        annotation
-    )
+    return typing.get_origin(annotation) is typing.Union and set(typing.get_args(annotation)) == {
+        torch.Tensor,
+        type(None),
+    }
 
 
 def _plain_signature(sig: inspect.Signature) -> str:
