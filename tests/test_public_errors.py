@@ -3,6 +3,8 @@ that errors name the function called: its rules, on a toy op library (the kernel
 each public function of the built kernels)."""
 
 import importlib.util
+import inspect
+import types
 from pathlib import Path
 from typing import Optional, Union
 
@@ -112,3 +114,38 @@ def test_torch_compile_traces_through_the_wrapper_without_a_graph_break():
     torch.testing.assert_close(compiled(x), x)
     with pytest.raises(Exception, match="general_op: x must have width 4"):
         compiled(torch.randn(3, 5))  # trace time: the fake's message, with the op's name
+
+
+def test_a_value_error_of_a_python_check_is_renamed_too():
+    def check(x: torch.Tensor) -> None:
+        raise ValueError("plain: x must be 2-D")
+
+    scope = {"outer": check}
+    public_errors.wrap_public([scope], ["outer"], _prefix)
+    public_errors.wrap_public([{"plain": lambda: None}], ["plain"], _prefix)  # a public name
+    with pytest.raises(ValueError, match="^outer: x must be 2-D$"):
+        scope["outer"](torch.ones(1))
+
+
+def test_layers_name_themselves_and_gain_no_member():
+
+    class Base(torch.nn.Module):
+        has_backward = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.public_errors_test.general_op(x, 4)
+
+    class Sub(Base):
+        pass
+
+    module = types.ModuleType("toy_layers")
+    Base.__module__ = Sub.__module__ = module.__name__
+    module.Base, module.Sub = Base, Sub
+    members = {n for n, _ in inspect.getmembers(Sub)}
+    public_errors.wrap_layers(module, _prefix)
+    public_errors.wrap_layers(module, _prefix)  # idempotent
+    assert {n for n, _ in inspect.getmembers(Sub)} == members
+    assert list(inspect.signature(Sub.forward).parameters) == ["self", "x"]
+    for cls in (Base, Sub):
+        with pytest.raises(RuntimeError, match=rf"^{cls.__name__}\.forward: x must have width 4"):
+            cls()(torch.ones(2, 3))

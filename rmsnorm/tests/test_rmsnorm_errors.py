@@ -105,3 +105,19 @@ def test_an_argument_of_the_wrong_type_names_the_function_and_its_signature(kern
         kernel.rms_norm(x, w, EPS, EPS)
     with pytest.raises(TypeError, match=r"^rmsnorm: input must be a tensor, got float"):
         kernel.rmsnorm(1.0, w)
+
+
+@pytest.mark.kernels_ci
+def test_errors_through_a_layer_name_the_layer(kernel, device):
+    class Host(torch.nn.Module):  # the state a kernelized transformers / diffusers module holds
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(make_weight("same", HIDDEN - 1, F32, device))
+            self.variance_epsilon = self.eps = EPS
+            self.bias = None
+
+    x = make_input((3, HIDDEN), F32, device)
+    for layer in ("RMSNorm", "LlamaRMSNorm", "GemmaRMSNorm", "DiffusersRMSNorm"):
+        forward = getattr(kernel.layers, layer).forward
+        with pytest.raises(RuntimeError, match=rf"^{layer}\.forward: weight must have shape"):
+            forward(Host(), x)

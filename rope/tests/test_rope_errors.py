@@ -862,3 +862,15 @@ def test_an_argument_of_the_wrong_type_names_the_function_and_its_signature(kern
     q, _, cos, sin, _ = _general(device, F32)
     with pytest.raises(TypeError, match=r"^apply_rotary_emb: cos must be a tensor, got float"):
         kernel.apply_rotary_emb(q, 1.0, sin[0, :, 0])
+
+
+@pytest.mark.kernels_ci
+def test_errors_through_a_layer_name_the_layer(kernel, device):
+    q, key, _, _, _ = _general(device, F32)
+    hf_q, hf_k = q.transpose(1, 2), key.transpose(1, 2)
+    cos = make_input((2, 5, D), F32, device)
+    layer = kernel.layers.apply_rotary_transformers
+    with pytest.raises(
+        (RuntimeError, ValueError), match=r"^apply_rotary_transformers\.forward: cos and sin"
+    ):
+        layer.forward(layer(), hf_q, hf_k, cos[..., :5], cos)

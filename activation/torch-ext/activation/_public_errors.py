@@ -7,12 +7,14 @@ tests/test_common_sync.py fails when a copy drifts. Edit common/, then run the s
 The checks of the C++ ops and of their fake kernels start their messages with the op's name
 ("rms_norm_fwd: weight must ...", "rope_out: cos must ..."), and one op serves several public
 functions, so only the Python function the user called knows which name to show. `wrap_public`
-replaces the public functions of a module by wrappers that, when the call raises:
+replaces the public functions of a module (`wrap_layers`: the forwards of its `kernelize` layers,
+named "<Layer>.forward") by wrappers that, when the call raises:
 
-* RuntimeError (what TORCH_CHECK and torch._check raise) whose message starts with "<name>: ",
-  <name> an op of the kernel's library (C++ op or custom op) or another public function: the
-  prefix becomes the wrapped function's name. The exception is the same object (same type and
-  traceback), only its message changes. Nested public calls end up naming the outermost one.
+* RuntimeError (what TORCH_CHECK and torch._check raise) or ValueError (the packages' Python
+  checks) whose message starts with "<name>: ", <name> an op of the kernel's library (C++ op or
+  custom op) or another public function: the prefix becomes the wrapped function's name. The
+  exception is the same object (same type and traceback), only its message changes. Nested
+  public calls end up naming the outermost one.
 * any error from a call whose arguments do not fit the function's signature, a tensor
   parameter (annotated Tensor or Optional[Tensor]) given something else: TypeError
   "<function>: <parameter> must be a tensor ..., got <type>" with the signature, instead of the
@@ -57,7 +59,7 @@ def _is_tensor_annotation(annotation) -> bool:
 
 
 def _plain_signature(sig: inspect.Signature) -> str:
-    """The signature without annotations: "(out=None, x=None, threshold=0.0, *, enable_pdl=None)"."""
+    """The signature without annotations: "(out=None, x=None, threshold=0.0)"."""
     params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
     return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
 
@@ -134,7 +136,7 @@ def _wrap(fn: Callable, name: str, scope: _Scope) -> Callable:
                     f"(signature: {name}{_plain_signature(sig)}){_hint(sig, name, param, value)}"
                 ) from exc
             if (
-                not isinstance(exc, RuntimeError)
+                not isinstance(exc, (RuntimeError, ValueError))
                 or not exc.args
                 or not isinstance(exc.args[0], str)
             ):
@@ -150,6 +152,11 @@ def _wrap(fn: Callable, name: str, scope: _Scope) -> Callable:
 _SCOPES: Dict[str, _Scope] = {}
 
 
+def _scope(add_op_namespace_prefix: Callable[[str], str]) -> _Scope:
+    namespace = add_op_namespace_prefix("x").rsplit("::", 1)[0]
+    return _SCOPES.setdefault(namespace, _Scope(namespace))
+
+
 def wrap_public(
     namespaces: Iterable[dict],
     names: Iterable[str],
@@ -160,8 +167,7 @@ def wrap_public(
 
     `add_op_namespace_prefix` is the package's (from _ops.py): it gives the ops' namespace. Names
     that are not functions (modules, classes) are skipped."""
-    namespace = add_op_namespace_prefix("x").rsplit("::", 1)[0]
-    scope = _SCOPES.setdefault(namespace, _Scope(namespace))
+    scope = _scope(add_op_namespace_prefix)
     dicts = list(namespaces)
     for name in names:
         holders = [d for d in dicts if inspect.isfunction(d.get(name))]
@@ -176,3 +182,28 @@ def wrap_public(
         for d in holders:
             if d[name] is fn:
                 d[name] = wrapper
+
+
+def wrap_layers(module, add_op_namespace_prefix: Callable[[str], str]) -> None:
+    """Wrap the forward of every nn.Module class defined in the `kernelize` layers module
+    `module`, in place: its errors name "<Layer>.forward" (the layer a model's module became).
+    A subclass that inherits its forward gets its own wrapper, with its own name. The classes
+    gain no member (kernels' layer rules) and inspect.signature sees the original forward."""
+    scope = _scope(add_op_namespace_prefix)
+    for cls in list(vars(module).values()):
+        if not (
+            inspect.isclass(cls)
+            and issubclass(cls, torch.nn.Module)
+            and cls.__module__ == module.__name__
+        ):
+            continue
+        own = cls.__dict__.get("forward")
+        if getattr(own, "_names_public_errors", False):
+            continue
+        fn = cls.forward
+        fn = getattr(fn, "__wrapped__", fn) if getattr(fn, "_names_public_errors", False) else fn
+        shown = f"{cls.__name__}.forward"
+        scope.public.add(shown)
+        wrapper = _wrap(fn, shown, scope)
+        wrapper._names_public_errors = True
+        cls.forward = wrapper
