@@ -45,6 +45,11 @@ USERS: dict[str, Users] = {
     "torch_checks.h": Users(
         "torch-ext/torch_checks.h", ("activation", "attention", "rmsnorm", "rope")
     ),
+    # the Python package: error messages name the public function called (Nix sees the package's
+    # Python files without a listing)
+    "public_errors.py": Users(
+        "torch-ext/{kernel}/_public_errors.py", ("activation", "attention", "rmsnorm", "rope")
+    ),
     # pytest helpers (Nix sees the Python files of tests/ without a listing)
     "kernel_fixture.py": Users(
         "tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")

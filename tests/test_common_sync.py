@@ -14,7 +14,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import sync_common  # noqa: E402
 
 COPIES = sync_common.copies()
-# Sources and headers are built from build.toml's lists; Python helpers of tests/ need no listing.
+# Sources and headers are built from build.toml's lists; Python helpers (tests/, the package) need
+# no listing.
 BUILT_COPIES = [(src, dst) for src, dst in COPIES if dst.suffix != ".py"]
 
 

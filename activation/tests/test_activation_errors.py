@@ -48,3 +48,38 @@ def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
     kernel.silu_and_mul(out, x)
     torch.testing.assert_close(out, torch.nn.functional.silu(x0[:, :8]) * x0[:, 8:])
     assert torch.equal(x, x0)
+
+
+# ---- errors name the public function called ----
+
+
+@pytest.mark.kernels_ci
+def test_errors_name_the_public_function_called(kernel, device):
+    public = [n for n in kernel.__all__ if callable(getattr(kernel, n))]
+    assert len(public) == 12
+    x = make_input((3, 8), torch.float32, device)
+    for name in public:
+        fn = getattr(kernel, name)
+        with pytest.raises(RuntimeError, match=rf"^{name}: input must be float32, float16"):
+            fn(x.to(torch.int32))  # functional form: through the {name}_functional custom op
+        with pytest.raises(RuntimeError, match=rf"^{name}: out must have the dtype of input"):
+            fn(torch.empty(3, 8, dtype=torch.float16, device=device), x)
+
+
+@pytest.mark.kernels_ci
+def test_a_scalar_passed_by_position_names_the_function_and_its_signature(kernel, device):
+    x = make_input((3, 8), torch.float32, device)
+    # kernels-community's fatrelu_and_mul(out, input, threshold) called functionally: 0.5 lands on
+    # x, not threshold. Without the check, the op's schema error named neither.
+    with pytest.raises(
+        TypeError,
+        match=r"^fatrelu_and_mul: x must be a tensor or None, got float \(signature: "
+        r"fatrelu_and_mul\(out=None, x=None, threshold=0\.0, \*, enable_pdl=None\)\); "
+        r"pass scalars by keyword, e\.g\. fatrelu_and_mul\(x, threshold=0\.5\)",
+    ):
+        kernel.fatrelu_and_mul(x, 0.5)
+    torch.testing.assert_close(
+        kernel.fatrelu_and_mul(x, threshold=0.5), kernel.fatrelu_and_mul(None, x, 0.5)
+    )
+    with pytest.raises(TypeError, match=r"^silu: out must be a tensor or None, got float"):
+        kernel.silu(2.0)

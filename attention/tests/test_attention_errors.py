@@ -356,3 +356,118 @@ def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
     assert got.data_ptr() == out.data_ptr()
     assert torch.equal(buf[..., : 3 * h * d], qkv0)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+# ---- errors name the public function called, not the op it reached ----
+
+
+def _public_calls(kernel, device):
+    """(entry point, call) with 4 query heads and 3 kv heads (not a divisor), or alibi_slopes of
+    3 heads where q, k and v come packed. The flash-attn functions reach the ops attn_fwd and
+    fwd_kvcache, whose C++ checks name those ops."""
+    dtype = dtypes_for(device)[-1]
+    d = 32
+    q = randn((2, 5, 4, d), dtype, device)
+    k = randn((2, 5, 3, d), dtype, device, seed=1)
+    qv, kv = q.flatten(0, 1), k.flatten(0, 1)
+    cu = cu_seqlens([5, 5], device)
+    qkv = randn((2, 5, 3, 4, d), dtype, device, seed=2)
+    kvp = randn((2, 5, 2, 3, d), dtype, device, seed=3)
+    cache = randn((2, 8, 3, d), dtype, device, seed=4)
+    slopes = torch.ones(3, device=device)
+    fi = kernel.flash_attn_interface
+    heads = "the number of heads of q"
+    alibi = "alibi_slopes must have shape"
+    scale = d**-0.5
+    hf = (q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2))
+    return [
+        ("flash_attn_func", heads, lambda: kernel.flash_attn_func(q, k, k)),
+        ("flash_attn_func", heads, lambda: fi.flash_attn_func(q, k, k)),
+        (
+            "flash_attn_varlen_func",
+            heads,
+            lambda: kernel.flash_attn_varlen_func(qv, kv, kv, cu, cu, 5, 5),
+        ),
+        (
+            "flash_attn_qkvpacked_func",
+            alibi,
+            lambda: kernel.flash_attn_qkvpacked_func(qkv, alibi_slopes=slopes),
+        ),
+        ("flash_attn_kvpacked_func", heads, lambda: kernel.flash_attn_kvpacked_func(q, kvp)),
+        (
+            "flash_attn_varlen_qkvpacked_func",
+            alibi,
+            lambda: kernel.flash_attn_varlen_qkvpacked_func(
+                qkv.flatten(0, 1), cu, 5, alibi_slopes=slopes
+            ),
+        ),
+        (
+            "flash_attn_varlen_kvpacked_func",
+            heads,
+            lambda: kernel.flash_attn_varlen_kvpacked_func(qv, kvp.flatten(0, 1), cu, cu, 5, 5),
+        ),
+        (
+            "flash_attn_with_kvcache",
+            heads,
+            lambda: kernel.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=2),
+        ),
+        ("_flash_attn_forward", heads, lambda: fi._flash_attn_forward(q, k, k, 0.0, scale, False)),
+        (
+            "_wrapped_flash_attn_forward",
+            heads,
+            lambda: fi._wrapped_flash_attn_forward(q, k, k, 0.0, scale, False),
+        ),
+        (
+            "_flash_attn_varlen_forward",
+            heads,
+            lambda: fi._flash_attn_varlen_forward(qv, kv, kv, cu, cu, 5, 5, 0.0, scale, False),
+        ),
+        (
+            "_wrapped_flash_attn_varlen_forward",
+            heads,
+            lambda: fi._wrapped_flash_attn_varlen_forward(
+                qv, kv, kv, cu, cu, 5, 5, 0.0, scale, False
+            ),
+        ),
+        (
+            "transformers_attention_forward",
+            heads,
+            lambda: kernel.transformers_attention_forward(None, *hf, None),
+        ),
+        (
+            "reshape_and_cache",
+            "key_cache must have shape",
+            lambda: kernel.reshape_and_cache(
+                kv, kv, cache, cache.clone(), torch.arange(10, device=device)
+            ),
+        ),
+        (
+            "reshape_and_cache_flash",
+            "key_cache must not share memory with value_cache",
+            lambda: kernel.reshape_and_cache_flash(
+                kv, kv, cache, cache, torch.arange(10, device=device)
+            ),
+        ),
+    ]
+
+
+@pytest.mark.kernels_ci
+def test_errors_name_the_public_function_called(kernel, device):
+    calls = _public_calls(kernel, device)
+    public = {n for n in kernel.__all__ if callable(getattr(kernel, n))}
+    assert public <= {name for name, _, _ in calls}, "one bad call per public function"
+    for name, message, call in calls:
+        with pytest.raises(RuntimeError, match=rf"^{name}: {message}"):
+            call()
+    # the C++ entry points keep their own names
+    q = randn((2, 5, 4, 32), dtypes_for(device)[-1], device)
+    k = randn((2, 5, 3, 32), dtypes_for(device)[-1], device, seed=1)
+    with pytest.raises(RuntimeError, match="^fwd: the number of heads of q"):
+        kernel.ops.fwd(q, k, k, None, None, 0.0, 1.0, False, -1, -1, 0.0, False, None, None)
+
+
+@pytest.mark.kernels_ci
+def test_an_argument_of_the_wrong_type_names_the_function_and_its_signature(kernel, device):
+    q, k, v = _qkv(device)
+    with pytest.raises(TypeError, match=r"^flash_attn_func: v must be a tensor, got float"):
+        kernel.flash_attn_func(q, k, 0.5)

@@ -48,3 +48,76 @@ def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
     expected_r = x0 + r0
     torch.testing.assert_close(ri, expected_r)
     check_forward(kernel, xi, expected_r, w, EPS, norm_dtype=F32, what="even and odd rows")
+
+
+# ---- errors name the public function called, not the op it reached ----
+
+
+def _public_calls(kernel, device):
+    """(public function, call with a weight of the wrong hidden size) for every entry point."""
+    x = make_input((3, HIDDEN), F32, device)
+    res = make_input((3, HIDDEN), F32, device, seed=1)
+    out = torch.empty_like(x)
+    mod = make_input((3, HIDDEN), F32, device, seed=2)
+    w = make_weight("same", HIDDEN - 1, F32, device)
+    k = kernel
+    return [
+        ("rms_norm", lambda: k.rms_norm(out, x, w, EPS)),
+        ("fused_add_rms_norm", lambda: k.fused_add_rms_norm(x, res, w, EPS)),
+        ("gemma_rms_norm", lambda: k.gemma_rms_norm(out, x, w, EPS)),
+        ("gemma_fused_add_rms_norm", lambda: k.gemma_fused_add_rms_norm(x, res, w, EPS)),
+        ("rmsnorm", lambda: k.rmsnorm(x, w)),
+        ("rmsnorm", lambda: k.rmsnorm(x, w, out=out)),  # the general op rms_norm_fwd
+        ("fused_add_rmsnorm", lambda: k.fused_add_rmsnorm(x, res, w)),
+        ("gemma_rmsnorm", lambda: k.gemma_rmsnorm(x, w)),
+        ("gemma_rmsnorm", lambda: k.gemma_rmsnorm(x, w, out=out)),
+        ("gemma_fused_add_rmsnorm", lambda: k.gemma_fused_add_rmsnorm(x, res, w)),
+        ("rms_norm_func", lambda: k.rms_norm_func(x, w)),
+        ("rms_norm_func", lambda: k.rms_norm_func(x, w, gemma=True)),
+        ("add_rms_norm", lambda: k.add_rms_norm(x, res, w)),
+        ("add_rms_norm", lambda: k.add_rms_norm(x, res, w, gemma=True)),
+        ("rms_norm_modulate", lambda: k.rms_norm_modulate(x, w, mod, mod)),
+        ("apply_rms_norm", lambda: k.apply_rms_norm(x, w, EPS)),
+        ("apply_rms_norm_backward", lambda: k.apply_rms_norm_backward(x, x, w, None, None, EPS)),
+    ]
+
+
+@pytest.mark.kernels_ci
+def test_errors_name_the_public_function_called(kernel, device):
+    calls = _public_calls(kernel, device)
+    public = {n for n in kernel.__all__ if callable(getattr(kernel, n))}
+    assert {name for name, _ in calls} == public, "one bad call per public function"
+    for name, call in calls:
+        with pytest.raises(RuntimeError, match=rf"^{name}: weight must have shape \[{HIDDEN}\]"):
+            call()
+
+
+@pytest.mark.kernels_ci
+def test_an_argument_of_the_wrong_type_names_the_function_and_its_signature(kernel, device):
+    x = make_input((3, HIDDEN), F32, device)
+    w = make_weight("same", HIDDEN, F32, device)
+    # vLLM's rms_norm(out, input, weight, epsilon) called as flashinfer's rmsnorm(input, weight, eps)
+    with pytest.raises(
+        TypeError,
+        match=r"^rms_norm: weight must be a tensor or None, got float "
+        r"\(signature: rms_norm\(out, input, weight, epsilon, enable_pdl=None\)\)",
+    ):
+        kernel.rms_norm(x, w, EPS, EPS)
+    with pytest.raises(TypeError, match=r"^rmsnorm: input must be a tensor, got float"):
+        kernel.rmsnorm(1.0, w)
+
+
+@pytest.mark.kernels_ci
+def test_errors_through_a_layer_name_the_layer(kernel, device):
+    class Host(torch.nn.Module):  # the state a kernelized transformers / diffusers module holds
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(make_weight("same", HIDDEN - 1, F32, device))
+            self.variance_epsilon = self.eps = EPS
+            self.bias = None
+
+    x = make_input((3, HIDDEN), F32, device)
+    for layer in ("RMSNorm", "LlamaRMSNorm", "GemmaRMSNorm", "DiffusersRMSNorm"):
+        forward = getattr(kernel.layers, layer).forward
+        with pytest.raises(RuntimeError, match=rf"^{layer}\.forward: weight must have shape"):
+            forward(Host(), x)

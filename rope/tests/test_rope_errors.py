@@ -764,3 +764,113 @@ def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
     kernel.ops.rope_out(q_out, q, None, None, cos, sin, *flags)
     assert torch.equal(q, q0)
     torch.testing.assert_close(q_out, expected, rtol=0, atol=0)
+
+
+# ---- errors name the public function called, not the op it reached ----
+
+
+def _public_calls(kernel, device):
+    """(public function, message, bad call) for every entry point. The flash-attn forms reach
+    the general ops rope_out / rope_inplace, whose C++ checks name those ops."""
+    k, i32 = kernel, torch.int32
+    q, key, cos, sin, rot = _general(device, F32)  # q [2, 5, HQ, D], cos [1, 24, 1, rot / 2]
+    fa_cos, fa_sin = cos[0, :, 0], sin[0, :, 0]  # flash-attn's [seqlen_ro, rot / 2]
+    offsets3 = torch.zeros(3, dtype=i32, device=device)  # batch is 2
+    offsets_msg = r"seqlen_offsets must have shape \[2\]"
+    qkv = make_input((2, 5, 3, HQ, D), F32, device)
+    kv = make_input((2, 5, 2, HK, D), F32, device)
+    pos, vq, vk, cache = _vllm(device, F32)
+    bad_cache = cache[:, :7]
+    cache_msg = "cos_sin_cache must"
+    x1 = q[..., : rot // 2]
+    hf_q, hf_k = q.transpose(1, 2), key.transpose(1, 2)  # [B, H, S, D]
+    hf_cos = make_input((2, 5, D), F32, device)
+    hf_msg = "cos and sin must have one shape"
+    return [
+        (
+            "rotary_embedding",
+            cache_msg,
+            lambda: k.rotary_embedding(pos, vq, vk, D, bad_cache, True),
+        ),
+        (
+            "batched_rotary_embedding",
+            cache_msg,
+            lambda: k.batched_rotary_embedding(
+                pos, vq, vk, D, bad_cache, True, D, torch.zeros_like(pos)
+            ),
+        ),
+        (
+            "apply_rope_with_cos_sin_cache_inplace",
+            cache_msg,
+            lambda: k.apply_rope_with_cos_sin_cache_inplace(pos, vq, vk, D, bad_cache),
+        ),
+        (
+            "apply_rotary_emb",
+            offsets_msg,
+            lambda: k.apply_rotary_emb(q, fa_cos, fa_sin, seqlen_offsets=offsets3),
+        ),
+        (
+            "apply_rotary_emb",
+            offsets_msg,
+            lambda: k.apply_rotary_emb(q, fa_cos, fa_sin, inplace=True, seqlen_offsets=offsets3),
+        ),
+        (
+            "apply_rotary_emb_qkv_",
+            offsets_msg,
+            lambda: k.apply_rotary_emb_qkv_(qkv, fa_cos, fa_sin, seqlen_offsets=offsets3),
+        ),
+        (
+            "apply_rotary_emb_kv_",
+            offsets_msg,
+            lambda: k.apply_rotary_emb_kv_(kv, fa_cos, fa_sin, seqlen_offsets=offsets3),
+        ),
+        (
+            "apply_rotary",
+            "cos must broadcast",
+            lambda: k.apply_rotary(x1, x1.clone(), fa_cos, fa_sin, x1.clone(), x1.clone(), False),
+        ),
+        (
+            "apply_rotary_transformers",
+            hf_msg,
+            lambda: k.apply_rotary_transformers(hf_q, hf_k, hf_cos[..., :5], hf_cos),
+        ),
+        (
+            "apply_rotary_pos_emb",
+            hf_msg,
+            lambda: k.apply_rotary_pos_emb(hf_q, hf_k, hf_cos[..., :5], hf_cos),
+        ),
+        (
+            "apply_rotary_emb_ltx",
+            "freqs must be",
+            lambda: k.apply_rotary_emb_ltx(q.flatten(2), (hf_cos[..., :5], hf_cos)),
+        ),
+    ]
+
+
+@pytest.mark.kernels_ci
+def test_errors_name_the_public_function_called(kernel, device):
+    calls = _public_calls(kernel, device)
+    public = {n for n in kernel.__all__ if callable(getattr(kernel, n))}
+    assert {name for name, _, _ in calls} == public, "one bad call per public function"
+    for name, message, call in calls:
+        with pytest.raises((RuntimeError, ValueError), match=rf"^{name}: {message}"):
+            call()
+
+
+@pytest.mark.kernels_ci
+def test_an_argument_of_the_wrong_type_names_the_function_and_its_signature(kernel, device):
+    q, _, cos, sin, _ = _general(device, F32)
+    with pytest.raises(TypeError, match=r"^apply_rotary_emb: cos must be a tensor, got float"):
+        kernel.apply_rotary_emb(q, 1.0, sin[0, :, 0])
+
+
+@pytest.mark.kernels_ci
+def test_errors_through_a_layer_name_the_layer(kernel, device):
+    q, key, _, _, _ = _general(device, F32)
+    hf_q, hf_k = q.transpose(1, 2), key.transpose(1, 2)
+    cos = make_input((2, 5, D), F32, device)
+    layer = kernel.layers.apply_rotary_transformers
+    with pytest.raises(
+        (RuntimeError, ValueError), match=r"^apply_rotary_transformers\.forward: cos and sin"
+    ):
+        layer.forward(layer(), hf_q, hf_k, cos[..., :5], cos)

@@ -323,3 +323,10 @@ def gelu_quick(
 ) -> torch.Tensor:
     """Quick GELU, ``x * sigmoid(1.702 * x)`` (transformers QuickGELU)."""
     return _apply("gelu_quick", first, second, out, x, input, enable_pdl=enable_pdl)
+
+
+# An error raised through a public function names it, not the op it reached (_public_errors.py).
+from . import _public_errors  # noqa: E402
+
+_public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)
+_public_errors.wrap_layers(layers, add_op_namespace_prefix)

@@ -240,3 +240,22 @@ def transformers_attention_forward(
     else:
         out = flash_attn_func(q, k, v, **options)
     return out.to(dtype), None
+
+
+# An error raised through a public function names it, not the op it reached (_public_errors.py):
+# the flash-attn functions wherever users reach them (this package, flash_attn_interface).
+from . import _public_errors  # noqa: E402
+from ._ops import add_op_namespace_prefix  # noqa: E402
+
+_public_errors.wrap_public(
+    [vars(flash_attn_interface), globals()],
+    [
+        *flash_attn_interface.__all__,
+        "_flash_attn_forward",
+        "_flash_attn_varlen_forward",
+        "_wrapped_flash_attn_forward",
+        "_wrapped_flash_attn_varlen_forward",
+    ],
+    add_op_namespace_prefix,
+)
+_public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)

@@ -336,3 +336,11 @@ def apply_rms_norm_backward(
     if grad_weight is not None and grad_weight.dtype != weight.dtype:
         grad_weight = grad_weight.to(weight.dtype)
     return [grad_input if input_requires_grad else None, grad_weight]
+
+
+# An error raised through a public function or a layer names it, not the op it reached
+# (_public_errors.py).
+from . import _public_errors  # noqa: E402
+
+_public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)
+_public_errors.wrap_layers(layers, add_op_namespace_prefix)

@@ -481,3 +481,11 @@ def apply_rotary_emb_ltx(
         raise ValueError("apply_rotary_emb_ltx: freqs must be a pair (cos, sin)")
     cos, sin = freqs
     return _custom_ops.ltx_rope(x, cos, sin, enable_pdl=enable_pdl)
+
+
+# An error raised through a public function or a layer names it, not the op it reached
+# (_public_errors.py).
+from . import _public_errors  # noqa: E402
+
+_public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)
+_public_errors.wrap_layers(layers, add_op_namespace_prefix)
