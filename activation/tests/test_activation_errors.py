@@ -73,13 +73,14 @@ def test_a_scalar_passed_by_position_names_the_function_and_its_signature(kernel
     # x, not threshold. Without the check, the op's schema error named neither.
     with pytest.raises(
         TypeError,
-        match=r"^fatrelu_and_mul: x must be a tensor or None, got float \(signature: "
-        r"fatrelu_and_mul\(out=None, x=None, threshold=0\.0, \*, enable_pdl=None\)\); "
-        r"pass scalars by keyword, e\.g\. fatrelu_and_mul\(x, threshold=0\.5\)",
+        match=r"^fatrelu_and_mul: second must be a tensor or None, got float \(signature: "
+        r"fatrelu_and_mul\(first=None, second=None, /, threshold=0\.0, \*, out=None, x=None, "
+        r"input=None, enable_pdl=None\)\); pass scalars by keyword, e\.g\. "
+        r"fatrelu_and_mul\(\.\.\., threshold=0\.5\)",
     ):
         kernel.fatrelu_and_mul(x, 0.5)
     torch.testing.assert_close(
         kernel.fatrelu_and_mul(x, threshold=0.5), kernel.fatrelu_and_mul(None, x, 0.5)
     )
-    with pytest.raises(TypeError, match=r"^silu: out must be a tensor or None, got float"):
+    with pytest.raises(TypeError, match=r"^silu: first must be a tensor or None, got float"):
         kernel.silu(2.0)

@@ -98,7 +98,7 @@ def _hint(sig: inspect.Signature, name: str, param: str, value) -> str:
     ]
     if not scalars:
         return ""
-    return f"; pass scalars by keyword, e.g. {name}({param}, {scalars[0]}={value!r})"
+    return f"; pass scalars by keyword, e.g. {name}(..., {scalars[0]}={value!r})"
 
 
 class _Scope:
