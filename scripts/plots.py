@@ -12,18 +12,21 @@ Inputs
   compute ceiling, drawn only when present), and `results`, one row per case with `op`, the shape
   keys, `bytes`, optionally `flops`, and per contender `us` (GPU time), `gbs` and, for attention,
   `tflops`. A contender whose time is null rejected the shape and is left out.
-- `results/e2e/*.json`, end-to-end model runs, one file per device:
+- `results/e2e/*.json`, end-to-end model runs of scripts/e2e.py (schema "e2e/1", one file per
+  model and device; only these keys are read):
 
-      {"environment": {"device": "NVIDIA H100 80GB HBM3", ...},
-       "results": [{"model": "qwen3", "shape": "prefill B1 × S2048",
-                    "ms": {"eager": 41.0, "eager+kit": 35.2,
-                           "compile": 30.1, "compile+kit": 27.9}}, ...]}
+      {"model": "qwen3", "size": "full", "complete": true,
+       "environment": {"device": "NVIDIA H100 80GB HBM3", ...},
+       "measurements": [{"phase": "prefill", "shape": "1x2048",
+                         "config": "eager" | "eager+kit" | "compile" | "compile+kit",
+                         "median_ms": 41.0}, ...],
+       "profile": {"config": "eager+kit", "phase": "prefill", "shape": "1x2048",
+                   "families": {"attention": {"share": 0.31}, ...}}}     (optional)
 
-  `shape` is a label, or an object whose items are joined into one ("batch=1, seqlen=2048");
-  `ms` is the time of one forward (or step) in milliseconds per configuration: eager PyTorch,
-  eager with this repository's kernels, torch.compile, torch.compile with the kernels. A missing
-  or null configuration gets no bar; a row without eager is left out (the bars are speed-ups
-  over eager). No such file yet: no e2e plot, and a printed note.
+  Bars: per phase and shape, each configuration's speed-up over eager (a phase and shape
+  without an eager time is left out, with a printed note), labelled with its median time;
+  `profile`, when present, adds the GPU time share per op family. No such file yet: no e2e
+  plot, and a printed note.
 
 Outputs, in docs/plots/: `<kernel>-scaling.png` (time and throughput against size, ours and
 every baseline, both axes logarithmic, one line style per device), `<kernel>-roofline.png`
@@ -142,7 +145,7 @@ def problems(root: Path = REPO_ROOT, readme: Path | None = None) -> list[str]:
 _CAPTIONS = {
     "scaling": "{subject}: GPU time and throughput against size, ours and the baselines",
     "roofline": "{subject}: roofline",
-    "e2e": "end to end, {subject}: speed-up over eager PyTorch",
+    "e2e": "end to end, {subject}: speed-up of each configuration over eager PyTorch",
 }
 
 
@@ -613,23 +616,35 @@ def draw_roofline(kernel: str, payloads: list[dict], path: Path) -> None:
         print(f"note: {kernel} {op}: no FLOP count, left out of the roofline")
 
 
-def _shape_label(shape) -> str:
-    if isinstance(shape, dict):
-        return ", ".join(f"{k}={v}" for k, v in shape.items())
-    return str(shape)
+def e2e_groups(payload: dict) -> list[tuple[str, dict]]:
+    """[(label, {config: median ms})] per phase and shape, in the order first measured."""
+    groups: dict[tuple, dict] = {}
+    for m in payload.get("measurements", []):
+        if m.get("median_ms") and m.get("config") in E2E_CONFIGS:
+            groups.setdefault((m["phase"], m["shape"]), {})[m["config"]] = m["median_ms"]
+    kept = []
+    for (phase, shape), ms in groups.items():
+        if "eager" not in ms:
+            print(f"note: e2e {payload.get('model')} {phase} {shape}: no eager time, left out")
+            continue
+        kept.append((f"{phase}\n{shape}", ms))
+    return kept
 
 
 def draw_e2e(payload: dict, path: Path) -> None:
     plt = _matplotlib()
-    groups = []
-    for r in payload["results"]:
-        ms = {c: r["ms"][c] for c in E2E_CONFIGS if r["ms"].get(c)}
-        label = f"{r['model']}\n{_shape_label(r.get('shape', ''))}"
-        if "eager" not in ms:
-            print(f"note: e2e {label!r}: no eager time, left out")
-            continue
-        groups.append((label, ms))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.9 * len(groups) + 2.5), 4.4))
+    groups = e2e_groups(payload)
+    profile = payload.get("profile") or {}
+    families = {k: v.get("share", 0.0) for k, v in (profile.get("families") or {}).items()}
+    fig, axes = plt.subplots(
+        1,
+        2 if families else 1,
+        figsize=(max(6.0, 1.6 * len(groups) + 2.5) + (3.2 if families else 0), 4.6),
+        squeeze=False,
+        layout="constrained",
+        width_ratios=[max(6.0, 1.6 * len(groups) + 2.5), 3.2] if families else None,
+    )
+    ax = axes[0][0]
     width = 0.8 / len(E2E_CONFIGS)
     for i, config in enumerate(E2E_CONFIGS):
         xs, speedups, times = [], [], []
@@ -653,13 +668,24 @@ def draw_e2e(payload: dict, path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.6)
     ax.set_xticks(range(len(groups)), [label for label, _ in groups])
     ax.set_ylabel("speed-up over eager (higher is better)")
-    ax.set_ylim(0, max([1.0] + [p.get_height() for p in ax.patches]) * 1.3)
+    ax.set_ylim(0, max([1.0] + [p.get_height() for p in ax.patches]) * 1.35)
     ax.legend(frameon=False, ncols=len(E2E_CONFIGS), loc="upper left")
-    ax.set_title(
-        f"end to end, {device_label(payload['environment'])}: bars = eager time / time, "
-        "labels = time per forward"
+    ax.set_title("bars: eager time / time; labels: median time per call (decode: per token)")
+    if families:
+        fam_ax = axes[0][1]
+        names = sorted(families, key=lambda k: -families[k])
+        fam_ax.barh(names, [100 * families[n] for n in names], color="#7f7f7f")
+        fam_ax.invert_yaxis()
+        fam_ax.set_xlabel("share of GPU time (%)")
+        fam_ax.set_title(
+            f"{profile.get('config', '?')}, {profile.get('phase', '?')} {profile.get('shape', '')}"
+        )
+    incomplete = "" if payload.get("complete", True) else " (incomplete run)"
+    fig.suptitle(
+        f"end to end: {payload.get('model')} ({payload.get('size', '?')} size), "
+        f"{device_label(payload['environment'])}{incomplete}",
+        fontsize=10,
     )
-    fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
 

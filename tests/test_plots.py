@@ -56,21 +56,33 @@ def _payload(device, copy_gbs, scale):
     return {"environment": {"device": device}, "copy_gbs": copy_gbs, "results": rows}
 
 
+def _measure(phase, shape, config, ms):
+    return {"phase": phase, "shape": shape, "config": config, "median_ms": ms}
+
+
+# The keys of scripts/e2e.py's "e2e/1" documents that the plot reads.
 E2E_FIXTURE = {
+    "schema": "e2e/1",
+    "complete": False,
+    "model": "qwen3",
+    "size": "full",
     "environment": {"device": "NVIDIA H100 80GB HBM3"},
-    "results": [
-        {
-            "model": "qwen3",
-            "shape": "prefill B1 × S2048",
-            "ms": {"eager": 40.0, "eager+kit": 34.0, "compile": 30.0, "compile+kit": 27.5},
-        },
-        {
-            "model": "qwen3",
-            "shape": {"phase": "decode", "batch": 8},
-            "ms": {"eager": 12.0, "eager+kit": 10.0, "compile": 8.0, "compile+kit": None},
-        },
-        {"model": "llama", "shape": "no eager", "ms": {"compile": 5.0}},
+    "measurements": [
+        _measure("prefill", "1x2048", "eager", 40.0),
+        _measure("prefill", "1x2048", "eager+kit", 34.0),
+        _measure("prefill", "1x2048", "compile", 30.0),
+        _measure("prefill", "1x2048", "compile+kit", 27.5),
+        _measure("decode", "8x2048", "eager", 12.0),
+        _measure("decode", "8x2048", "eager+kit", 10.0),
+        _measure("decode", "8x2048", "compile", 8.0),
+        _measure("decode", "1x2048", "compile", 5.0),  # no eager time: left out
     ],
+    "profile": {
+        "config": "eager+kit",
+        "phase": "prefill",
+        "shape": "1x2048",
+        "families": {"attention": {"share": 0.3}, "gemm": {"share": 0.6}, "other": {"share": 0.1}},
+    },
 }
 
 
@@ -139,17 +151,20 @@ def test_generated_plots_are_fresh_and_staleness_is_caught(tree):
 def test_e2e_plot_from_a_fixture(tree, capsys):
     e2e = tree / plots.E2E_DIR
     e2e.mkdir(parents=True)
-    (e2e / "nvidia-h100.json").write_text(json.dumps(E2E_FIXTURE))
+    (e2e / "qwen3.json").write_text(json.dumps(E2E_FIXTURE))
     made = plots.generate(tree)
-    assert [p.name for p in made if p.kind == "e2e"] == ["e2e-nvidia-h100.png"]
-    assert (tree / plots.PLOTS_DIR / "e2e-nvidia-h100.png").stat().st_size > 1000
-    assert "no eager time, left out" in capsys.readouterr().out
+    assert [p.name for p in made if p.kind == "e2e"] == ["e2e-qwen3.png"]
+    assert (tree / plots.PLOTS_DIR / "e2e-qwen3.png").stat().st_size > 1000
+    assert "qwen3 decode 1x2048: no eager time, left out" in capsys.readouterr().out
+    groups = plots.e2e_groups(E2E_FIXTURE)
+    assert [label for label, _ in groups] == ["prefill\n1x2048", "decode\n8x2048"]
+    assert groups[1][1] == {"eager": 12.0, "eager+kit": 10.0, "compile": 8.0}
     readme = (tree / "README.md").read_text()
-    assert "](docs/plots/e2e-nvidia-h100.png)" in readme and "No end-to-end" not in readme
+    assert "](docs/plots/e2e-qwen3.png)" in readme and "No end-to-end" not in readme
     assert plots.problems(tree) == []
-    (e2e / "nvidia-h100.json").unlink()
+    (e2e / "qwen3.json").unlink()
     assert plots.problems(tree) == [
-        "docs/plots/e2e-nvidia-h100.png has no inputs any more",
+        "docs/plots/e2e-qwen3.png has no inputs any more",
         "the plots block of README.md differs from the plots",
     ]
     (tree / plots.PLOTS_DIR / "stray.png").write_bytes(b"")
@@ -166,6 +181,10 @@ def test_drawing_is_deterministic(tree):
     assert b"matplotlib" not in first.read_bytes().lower()
     plots.draw_e2e(E2E_FIXTURE, first)
     plots.draw_e2e(E2E_FIXTURE, second)
+    assert first.read_bytes() == second.read_bytes()
+    no_profile = dict(E2E_FIXTURE, profile=None)
+    plots.draw_e2e(no_profile, first)
+    plots.draw_e2e(no_profile, second)
     assert first.read_bytes() == second.read_bytes()
 
 
