@@ -205,11 +205,12 @@ OPS = {
 DEFAULT_HIDDEN = {"rmsnorm": 4096, "activation": 14336}
 
 
-def make_call(mod, kernel: str, op: str, a: argparse.Namespace):
-    """A no-argument callable running `op` of the loaded kernel `mod` on fresh inputs."""
+def make_call(mod, kernel: str, op: str, a: argparse.Namespace, dev: str = "cuda"):
+    """A no-argument callable running `op` of the loaded kernel `mod` on fresh inputs (`dev`:
+    the tests call every op of a CPU build with it)."""
     import torch
 
-    dev, dtype = "cuda", getattr(torch, a.dtype)
+    dtype = getattr(torch, a.dtype)
 
     def rand(*shape, scale=1.0):
         return scale * torch.randn(*shape, device=dev, dtype=dtype)

@@ -114,6 +114,27 @@ def test_driver_ops_exist_in_the_package(kernel):
         assert {"silu", "gelu_quick"} <= set(profile_tools.OPS[kernel])
 
 
+@pytest.mark.parametrize("kernel", sorted(profile_tools.OPS))
+def test_driver_calls_every_op_of_a_cpu_build(kernel):
+    """The driver's inputs and call forms, on the CPU variant (the CUDA one takes the same
+    arguments): a wrong signature or shape fails here rather than under ncu."""
+    build = REPO / kernel / "build"
+    if not any(build.glob("*-cpu-*")):
+        pytest.skip(f"{kernel}/build has no CPU variant (scripts/build.py {kernel})")
+    import kernels
+    import torch
+
+    mod = kernels.get_local_kernel(build, backend="cpu")
+    for op in profile_tools.OPS[kernel]:
+        sizes = ["--tokens", "8", "--hidden", "64", "--heads", "4", "--kv-heads", "2"]
+        sizes += ["--head-dim", "64", "--batch", "2", "--seqlen", "32", "--dtype", "float32"]
+        for extra in ([], ["--block-size", "16"]) if op == "flash_attn_with_kvcache" else ([],):
+            args, _ = profile_tools.parse(["run-op", kernel, op, *sizes, *extra])
+            out = profile_tools.make_call(mod, kernel, op, args, dev="cpu")()
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                assert t is None or not isinstance(t, torch.Tensor) or bool(t.isfinite().all())
+
+
 def test_family_table_from_a_chrome_trace(tmp_path):
     trace = tmp_path / "t.json"
     events = [
