@@ -68,16 +68,14 @@ def _mode_flags(fn: str, mode) -> Tuple[bool, bool]:
     return Mode.TRAINING in mode, Mode.TORCH_COMPILE in mode
 
 
-def _device_type(fn: str, model: torch.nn.Module, device) -> str:
-    """The device type the model runs on: `device`'s, else that of its first parameter or buffer
-    (ROCm tensors are "cuda" tensors; kernels' "rocm" is accepted as well)."""
+def _device_type(fn: str, model: torch.nn.Module, device) -> Optional[str]:
+    """The device type the model runs on: `device`'s, else that of its first parameter or buffer,
+    None for a model with neither (ROCm tensors are "cuda" tensors; kernels' "rocm" is accepted
+    as well)."""
     if device is None:
         for t in list(model.parameters()) + list(model.buffers()):
             return t.device.type
-        raise ValueError(
-            f"{fn}: device is None and the model has no parameters or buffers to infer it "
-            "from; pass device='cuda' or 'cpu'"
-        )
+        return None
     if isinstance(device, torch.device):
         return device.type
     if isinstance(device, str):
@@ -171,7 +169,10 @@ def attach(
             )
 
     plan = []
+    taken = []  # names of the modules replaced: their submodules no longer run (SwiGLU's SiLU)
     for name, module in model.named_modules():
+        if any(name.startswith(t + ".") for t in taken):
+            continue
         for key, entry in chosen.items():
             layer, cond = _split(entry)
             if matches(key, type(module)) and (cond is None or cond(module)):
@@ -182,6 +183,7 @@ def attach(
                         "enable_sequential_cpu_offload / device_map dispatch"
                     )
                 plan.append((module, key, layer))
+                taken.append(name)
                 break
     if not plan:
         present = sorted({f"{type(m).__module__}.{type(m).__name__}" for m in model.modules()})
@@ -192,7 +194,9 @@ def attach(
             f"{fn}: no module of the model matched; looked for {', '.join(chosen) or '(nothing)'}; "
             f"the model's module classes are: {shown}"
         )
-    _check_device(fn, namespace, _device_type(fn, model, device))
+    device_type = _device_type(fn, model, device)
+    if device_type is not None:  # a model without tensors (bare activations) runs anywhere
+        _check_device(fn, namespace, device_type)
 
     counts: Dict[str, int] = {}
     for module, key, layer in plan:
@@ -214,7 +218,8 @@ _SHARED_DOC = """
 
     ``mode``: a kernels ``Mode`` (None: inference); TRAINING needs the layers' ``has_backward``,
     TORCH_COMPILE their ``can_torch_compile`` (all of ours have both). ``device``: the device
-    type the model runs on (None: its first parameter's); this build must have kernels for it.
+    type the model runs on (None: its first parameter's, if any); this build must have kernels
+    for it.
     Raises ValueError, leaving the model untouched, when no module matched (naming the classes
     looked for and those the model contains), or when a matched module already carries an
     accelerate hook: attach before ``enable_model_cpu_offload()`` and the like. Instance forwards
