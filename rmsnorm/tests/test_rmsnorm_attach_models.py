@@ -168,7 +168,7 @@ def test_argument_errors(kernel):
     with pytest.raises(ValueError, match="device 'mps' has no kernels in this build"):
         kernel.attach_layers(model, device="mps")
     model.model.norm._hf_hook = object()  # what accelerate's add_hook_to_module leaves
-    with pytest.raises(ValueError, match="model.norm .*carries an accelerate hook"):
+    with pytest.raises(ValueError, match="model.norm .*carries an accelerate or diffusers hook"):
         kernel.attach_layers(model)
     assert not any("forward" in vars(m) for m in model.modules())
     # a layer name resolves to the package's layer

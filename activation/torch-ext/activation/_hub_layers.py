@@ -19,10 +19,12 @@ with kernels >= 0.18.2, where transformers' decorators are live, the modules its
 name get their class forward back, which would undo what another package's `attach_layers` had
 attached. Matching and replacing the selected instances touches nothing else.
 
-accelerate's hooks (diffusers' `enable_model_cpu_offload`, `enable_sequential_cpu_offload`) keep
-the `module.forward` they find when they are added and call it from their wrapper, so a forward
-attached before them stays in use. A module that already carries a hook (`_hf_hook`) is refused:
-replacing its forward afterwards would drop the hook (no weight movement to the device).
+accelerate's hooks (diffusers' `enable_model_cpu_offload`, `enable_sequential_cpu_offload`, a
+`device_map` dispatch) and diffusers' own (group offloading) keep the `module.forward` they find
+when they are added, as `module._old_forward`, and call it from their wrapper, so a forward
+attached before them stays in use. A module that already carries one (`_hf_hook`,
+`_diffusers_hook`) is refused: replacing its forward afterwards would drop the hook (no weight
+movement to the device).
 """
 
 import inspect
@@ -150,8 +152,8 @@ def attach(
     `fn` is the public name errors start with, `namespace` the package's op namespace, `layers`
     its layers module and `defaults` its map host key -> layer or (layer, condition). Raises
     ValueError before touching the model when a layer does not support `mode`, when the build
-    has no kernels for the device, when a module carries an accelerate hook, or when no module
-    matched (naming the classes looked for and those the model has)."""
+    has no kernels for the device, when a module carries an accelerate or diffusers hook, or
+    when no module matched (naming the classes looked for and those the model has)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
     training, compile_ = _mode_flags(fn, mode)
@@ -176,11 +178,12 @@ def attach(
         for key, entry in chosen.items():
             layer, cond = _split(entry)
             if matches(key, type(module)) and (cond is None or cond(module)):
-                if hasattr(module, "_hf_hook"):
+                if hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook"):
                     raise ValueError(
                         f"{fn}: module {name or '(the model)'} ({type(module).__name__}) carries an "
-                        "accelerate hook; call attach_layers before enable_model_cpu_offload / "
-                        "enable_sequential_cpu_offload / device_map dispatch"
+                        "accelerate or diffusers hook; call attach_layers before "
+                        "enable_model_cpu_offload / enable_sequential_cpu_offload / "
+                        "enable_group_offload / device_map dispatch"
                     )
                 plan.append((module, key, layer))
                 taken.append(name)
@@ -219,11 +222,10 @@ _SHARED_DOC = """
     ``mode``: a kernels ``Mode`` (None: inference); TRAINING needs the layers' ``has_backward``,
     TORCH_COMPILE their ``can_torch_compile`` (all of ours have both). ``device``: the device
     type the model runs on (None: its first parameter's, if any); this build must have kernels
-    for it.
-    Raises ValueError, leaving the model untouched, when no module matched (naming the classes
-    looked for and those the model contains), or when a matched module already carries an
-    accelerate hook: attach before ``enable_model_cpu_offload()`` and the like. Instance forwards
-    are replaced, as ``kernelize`` does; the model is not copied.
+    for it. Raises ValueError, leaving the model untouched, when no module matched (naming the
+    classes looked for and those the model contains), or when a matched module already carries
+    an accelerate or diffusers hook: attach before ``enable_model_cpu_offload()`` and the like.
+    Instance forwards are replaced, as ``kernelize`` does; the model is not copied.
     """
 
 
