@@ -170,9 +170,13 @@ def test_argument_errors(kernel):
     model.model.norm._hf_hook = object()  # what accelerate's add_hook_to_module leaves
     with pytest.raises(ValueError, match="model.norm .*carries an accelerate or diffusers hook"):
         kernel.attach_layers(model)
+    del model.model.norm._hf_hook
+    model.model.layers[1].input_layernorm._diffusers_hook = object()  # diffusers' group offload
+    with pytest.raises(ValueError, match="input_layernorm .*carries an accelerate or diffusers"):
+        kernel.attach_layers(model)
     assert not any("forward" in vars(m) for m in model.modules())
     # a layer name resolves to the package's layer
-    del model.model.norm._hf_hook
+    del model.model.layers[1].input_layernorm._diffusers_hook
     assert kernel.attach_layers(model, classes={"LlamaRMSNorm": "LlamaRMSNorm"}) == {
         "LlamaRMSNorm": 5
     }
