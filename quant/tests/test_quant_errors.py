@@ -67,6 +67,8 @@ def test_group_size(kernel, x):
         kernel.fp8_act_quant(x, 128)
     with raises(ValueError, r"^per_token_group_quant_fp8: group_size must be a positive int"):
         kernel.per_token_group_quant_fp8(x, 0)
+    with raises(ValueError, r"^per_token_group_quant_fp8: dtype must be None or torch.float8_e4"):
+        kernel.per_token_group_quant_fp8(x, 32, 1e-10, torch.int8)
 
 
 @pytest.mark.kernels_ci

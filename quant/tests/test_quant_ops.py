@@ -178,8 +178,7 @@ def test_int8_corner_rows(kernel, device, dtype):
         assert scale[0].item() == 0.0
 
 
-@pytest.mark.parametrize("device_nan", ["nan"])
-def test_nan_handling(kernel, fp8_device, device_nan):
+def test_nan_handling(kernel, fp8_device):
     """Static quantization: NaN stays NaN in fp8, becomes 0 (or azp) in int8."""
     x = torch.tensor([[1.0, float("nan"), -2.0, 1e6]], device=fp8_device)
     one = torch.ones(1, device=fp8_device)
@@ -209,6 +208,8 @@ def test_group_fp8(kernel, fp8_device, dtype, shape_group, column_major):
     assert_bitwise(scales.contiguous(), scales_ref)
     if column_major and x.dim() == 2 and x.shape[0] > 1:
         assert scales.stride() == (1, x.shape[0])
+    q1, s1 = kernel.per_token_group_quant_fp8(x, group, 1e-10, torch.float8_e4m3fn)  # vLLM's order
+    assert_bitwise(q1, q_ref)
     q2, s2 = kernel.fp8_act_quant(x, group)
     assert_bitwise(q2, q_ref)
     assert_bitwise(s2, scales_ref)
@@ -258,3 +259,26 @@ def test_wide_rows(kernel, fp8_device, hidden):
     q_ref, scale_ref = ref.per_token_int8_sym(x.cpu().float())
     assert_bitwise(q, q_ref)
     assert_bitwise(scale, scale_ref)
+
+
+def test_nan_is_skipped_by_dynamic_scales(kernel, fp8_device):
+    """A NaN does not poison its row's (or tensor's) scale: amax, min and max skip it."""
+    x = make_input((3, 64), torch.float32, fp8_device, seed=7)
+    x[1, 5] = float("nan")
+    xc = x.cpu()
+    q, scale = kernel.scaled_fp8_quant(x, use_per_token_if_dynamic=True)
+    q_ref, scale_ref = ref.per_token_fp8(xc)
+    assert_bitwise(scale, scale_ref)
+    assert_bitwise(q, q_ref)
+    assert scale.isfinite().all() and q[1, 5].float().isnan()
+    q, scale = kernel.scaled_fp8_quant(x)
+    assert_bitwise(scale, ref.dynamic_fp8(xc)[1])
+    q, scale, _ = kernel.scaled_int8_quant(x)
+    assert_bitwise(q, ref.per_token_int8_sym(xc)[0])
+    q, scale, azp = kernel.scaled_int8_quant(x, symmetric=False)
+    q_ref, scale_ref, azp_ref = ref.per_token_int8_asym(xc)
+    assert_bitwise(q, q_ref)
+    assert_bitwise(azp, azp_ref)
+    assert q[1, 5].item() == azp[1, 0].item()
+    q, scales = kernel.per_token_group_quant_fp8(x, 32)
+    assert_bitwise(scales, ref.group_fp8(xc, 32)[1])

@@ -158,17 +158,22 @@ def per_token_group_quant_fp8(
     x: torch.Tensor,
     group_size: int = 128,
     eps: float = 1e-10,
+    dtype: Optional[torch.dtype] = None,
     column_major_scales: bool = False,
+    *,
     use_ue8m0: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantize each group of ``group_size`` consecutive elements of every row to float8_e4m3fn
     with its own scale ``max(amax, eps) / 448`` (a power of two with ``use_ue8m0``); returns
     ``(q, scales)`` with scales of shape ``[..., hidden // group_size]`` (vLLM's
     ``per_token_group_quant_fp8``). ``column_major_scales`` stores the scales with the token
-    dimension(s) contiguous, the layout DeepGEMM-style GEMMs read.
+    dimension(s) contiguous, the layout DeepGEMM-style GEMMs read. The positional order is
+    vLLM's; ``dtype`` (vLLM's fp8 dtype argument) may only be None or float8_e4m3fn.
     """
     name = "per_token_group_quant_fp8"
     _check_input(name, x)
+    if dtype is not None and dtype != _custom_ops.FP8:
+        raise ValueError(f"{name}: dtype must be None or torch.float8_e4m3fn, got {dtype}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
         raise ValueError(f"{name}: group_size must be a positive int, got {group_size!r}")
     hidden = x.shape[-1]
