@@ -77,12 +77,17 @@ QUANT_HD float group_fp8_scale(float amax, float eps, float fp8_max, bool ue8m0)
 
 // Asymmetric int8 parameters of a row with minimum mn and maximum mx. vLLM's rule,
 // s = (mx - mn) / 255 and azp = rn(-128 - mn / s); a constant row (mx == mn) widens its range
-// to include 0, and an all-zero row gets s = 0 with azp = -128 (its values are all azp).
+// to include 0, and an all-zero row (or one without a number) gets s = 0 with azp = -128 (its
+// values are all azp).
 struct AzpParams {
   float scale;
   int32_t azp;
 };
 QUANT_HD AzpParams int8_azp_params(float mn, float mx) {
+  if (!(mn <= mx)) {  // a row without a number (empty, or all NaN) quantizes like a zero row
+    mn = 0.0f;
+    mx = 0.0f;
+  }
   if (mx == mn) {
     mn = fminf(mn, 0.0f);
     mx = fmaxf(mx, 0.0f);

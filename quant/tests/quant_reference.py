@@ -87,6 +87,9 @@ def per_token_int8_asym(x):
     else:
         mn = torch.where(xr.isnan(), float("inf"), xr).amin(dim=-1, keepdim=True)
         mx = torch.where(xr.isnan(), float("-inf"), xr).amax(dim=-1, keepdim=True)
+    empty = ~(mn <= mx)  # no number in the row (empty or all NaN): a zero row
+    mn = torch.where(empty, torch.zeros_like(mn), mn)
+    mx = torch.where(empty, torch.zeros_like(mx), mx)
     constant = mn == mx
     mn = torch.where(constant, torch.clamp(mn, max=0.0), mn)
     mx = torch.where(constant, torch.clamp(mx, min=0.0), mx)

@@ -161,9 +161,17 @@ def test_dynamic_int8(kernel, device, dtype, shape, symmetric):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_int8_corner_rows(kernel, device, dtype):
-    """All-zero, constant, all-positive and single-element rows."""
+    """All-zero, constant, all-positive, single-element and all-NaN rows."""
+    nan = float("nan")
     x = torch.tensor(
-        [[0.0] * 6, [2.0] * 6, [-3.0] * 6, [5.0, 6.0, 7.0, 8.0, 9.0, 10.0], [1.0, 0, 0, 0, 0, 0]]
+        [
+            [0.0] * 6,
+            [2.0] * 6,
+            [-3.0] * 6,
+            [5.0, 6.0, 7.0, 8.0, 9.0, 10.0],
+            [1.0, 0, 0, 0, 0, 0],
+            [nan] * 6,
+        ]
     ).to(dtype)
     for symmetric in (True, False):
         q, scale, azp = kernel.scaled_int8_quant(x.to(device), symmetric=symmetric)
@@ -175,7 +183,7 @@ def test_int8_corner_rows(kernel, device, dtype):
             assert azp[0].item() == -128 and (q[0] == -128).all()
         assert_bitwise(scale, scale_ref)
         assert_bitwise(q, q_ref)
-        assert scale[0].item() == 0.0
+        assert scale[0].item() == 0.0 and scale[5].item() == 0.0
 
 
 def test_nan_handling(kernel, fp8_device):

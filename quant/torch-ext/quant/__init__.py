@@ -3,7 +3,7 @@ finegrained-fp8 `fp8_act_quant`, on CPU and CUDA.
 
 Inputs are float32, float16 or bfloat16 of shape ``[..., hidden]`` (any leading dimensions; rows
 with any stride between them are read in place, other layouts through a contiguous copy).
-M below is the number of rows, ``input.numel() // hidden``. Outputs are float8_e4m3fn or int8
+M below is the number of rows, the product of the leading dimensions. Outputs are float8_e4m3fn or int8
 with the input's shape; scales are float32 and zero points int32.
 
 Rounding (vLLM's, the same on CPU and CUDA, bit for bit):
@@ -18,7 +18,8 @@ Rounding (vLLM's, the same on CPU and CUDA, bit for bit):
   the zero point). Dynamic symmetric: ``scale = amax / 127``, ``q = round(x * (127 / amax))``
   (an all-zero row has scale 0 and quantizes to 0). Dynamic asymmetric: ``scale = (max - min) /
   255``, ``azp = round(-128 - min / scale)``, ``q = round(x / scale) + azp``; a constant row
-  widens its range to include 0, an all-zero row gets scale 0 and azp -128.
+  widens its range to include 0, an all-zero row (or one without a number: empty, all NaN)
+  gets scale 0 and azp -128.
 * ``amax``, ``min`` and ``max`` skip NaN.
 
 fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell). Every CUDA call
