@@ -99,6 +99,7 @@ class Component:
     cxx_flags: list[str] = field(default_factory=list)
     cuda_flags: list[str] = field(default_factory=list)
     cuda_capabilities: list[str] | None = None
+    depends: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -174,6 +175,7 @@ def load_project(kernel_dir: Path) -> KernelProject:
             cxx_flags=list(comp.get("cxx-flags", [])),
             cuda_flags=list(comp.get("cuda-flags", [])),
             cuda_capabilities=comp.get("cuda-capabilities"),
+            depends=list(comp.get("depends", [])),
         )
         for name, comp in cfg.get("kernel", {}).items()
     ]
@@ -203,6 +205,95 @@ def load_project(kernel_dir: Path) -> KernelProject:
     if not package_init.is_file():
         raise BuildError(f"{label}: missing {_rel(package_init)}")
     return project
+
+
+# --------------------------------------------------------------------------------------------
+# CUTLASS: the headers a `cutlass_<major>_<minor>` dependency stands for, without Nix
+# --------------------------------------------------------------------------------------------
+
+# The CUTLASS release each build.toml tag stands for in kernel-builder (HF-K
+# kernel-builder/src/pyproject/deps.rs; cutlass_4_4 has no CMake pin there, Nix supplies 4.4).
+CUTLASS_TAGS = {
+    "cutlass_2_10": "2.10.0",
+    "cutlass_3_5": "3.5.1",
+    "cutlass_3_6": "3.6.0",
+    "cutlass_3_8": "3.8.0",
+    "cutlass_3_9": "3.9.2",
+    "cutlass_4_0": "4.0.0",
+    "cutlass_4_4": "4.4",
+    "cutlass_4_5": "4.5.2",
+}
+# Where the headers come from offline: the pinned PyPI wheel (requirements-dev.txt) ships the C++
+# tree inside its `cutlass_library` package; $CUTLASS_SRC_DIR (a CUTLASS checkout, the variable
+# kernel-builder's CMake reads) overrides it.
+CUTLASS_PIP = "nvidia-cutlass (requirements-dev.txt)"
+
+
+def cutlass_tags(project: KernelProject, backend: str) -> list[str]:
+    """The cutlass_* tags the project's `backend` components depend on."""
+    return sorted(
+        {
+            dep
+            for comp in project.components
+            if comp.backend == backend
+            for dep in comp.depends
+            if dep.startswith("cutlass_")
+        }
+    )
+
+
+def cutlass_root() -> tuple[Path | None, str]:
+    """(CUTLASS source root holding include/, where it came from); root None when absent."""
+    env = os.environ.get("CUTLASS_SRC_DIR")
+    if env:
+        return Path(env), "$CUTLASS_SRC_DIR"
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")  # located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        return None, CUTLASS_PIP
+    return Path(list(spec.submodule_search_locations)[0]) / "source", CUTLASS_PIP
+
+
+def cutlass_version(include_dir: Path) -> str:
+    """ "major.minor.patch" from cutlass/version.h."""
+    text = (include_dir / "cutlass" / "version.h").read_text()
+    parts = [
+        re.search(rf"#define CUTLASS_{k}\s+(\d+)", text).group(1)
+        for k in ("MAJOR", "MINOR", "PATCH")
+    ]
+    return ".".join(parts)
+
+
+def cutlass_includes(project: KernelProject, backend: str) -> list[Path]:
+    """Include folders for a project whose `backend` components depend on a cutlass_* tag (none
+    otherwise): CUTLASS's include/ and, when present, tools/util/include/. Raises BuildError,
+    naming the tag and the fix, when the headers are not installed."""
+    tags = cutlass_tags(project, backend)
+    if not tags:
+        return []
+    root, origin = cutlass_root()
+    include = root / "include" if root is not None else None
+    if include is None or not (include / "cutlass" / "numeric_types.h").is_file():
+        where = f" (looked in {include})" if include is not None else ""
+        raise BuildError(
+            f"{project.name}: build.toml depends on {', '.join(tags)} but no CUTLASS headers were "
+            f"found{where}: pip install -r requirements-dev.txt (nvidia-cutlass), or set "
+            "CUTLASS_SRC_DIR to a CUTLASS checkout"
+        )
+    util = root / "tools" / "util" / "include"
+    return [include] + ([util] if util.is_dir() else [])
+
+
+def describe_cutlass(project: KernelProject, backend: str) -> str | None:
+    """One line for the build log: the headers used against the version the tag stands for."""
+    includes = cutlass_includes(project, backend)
+    if not includes:
+        return None
+    _, origin = cutlass_root()
+    tags = cutlass_tags(project, backend)
+    pinned = ", ".join(f"{t} = {CUTLASS_TAGS.get(t, '?')} under Nix" for t in tags)
+    return f"CUTLASS {cutlass_version(includes[0])} from {origin} ({pinned})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,6 +623,7 @@ def write_ninja(
     system_includes = [*tc.torch_includes, tc.python_include]
     if backend == "cuda":
         system_includes.append(str(Path(tc.nvcc).resolve().parent.parent / "include"))
+    system_includes += [str(p) for p in cutlass_includes(project, backend)]
     include_flags = [f"-I{p}" for p in [gen_dir, *includes]]
     for path in system_includes:
         include_flags += ["-isystem", str(path)]  # separate arguments: nvcc rejects "-isystem<dir>"
@@ -708,6 +800,9 @@ def build_variant(
     archs = cuda_archs(project, tc, all_archs, archs_override) if backend == "cuda" else None
     if archs:
         log(prefix, "CUDA capabilities: " + ", ".join(archs))
+    cutlass_line = describe_cutlass(project, backend)
+    if cutlass_line:
+        log(prefix, cutlass_line)
     scratch = project.path / "_build" / variant
     scratch.mkdir(parents=True, exist_ok=True)
     # Every commit changes the ops name: drop libraries of earlier ids from the scratch dir.

@@ -34,10 +34,17 @@ CXX_STD = "c++17"
 def cuda_sources(project: build.KernelProject) -> list[tuple[str, list[str]]]:
     """(source, nvcc flags particular to it) for every .cu of the project's CUDA components."""
     jobs = []
+    # The CUTLASS headers scripts/build.py uses (the pinned pip wheel or $CUTLASS_SRC_DIR), for the
+    # components that depend on a cutlass_* tag.
+    cutlass = [
+        flag for inc in build.cutlass_includes(project, "cuda") for flag in ("-isystem", str(inc))
+    ]
     for comp in project.components:
         if comp.backend != "cuda":
             continue
         includes = [f"-I{project.path / inc}" for inc in comp.include]
+        if any(dep.startswith("cutlass_") for dep in comp.depends):
+            includes += cutlass
         for rel in comp.src:
             if rel.endswith(".cu"):
                 jobs.append((rel, includes + list(comp.cuda_flags)))
@@ -88,7 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     work = []
     for kernel_dir in dirs:
         project = build.load_project(kernel_dir)
-        work += [(project, rel, extra) for rel, extra in cuda_sources(project)]
+        try:
+            work += [(project, rel, extra) for rel, extra in cuda_sources(project)]
+        except build.BuildError as exc:
+            print(f"compile_check: {exc}")
+            return 1
+        cutlass_line = build.describe_cutlass(project, "cuda")
+        if cutlass_line:
+            print(f"compile_check: {project.name}: {cutlass_line}")
     # Longest first: the biggest translation units set the wall time.
     work.sort(key=lambda item: -(item[0].path / item[1]).stat().st_size)
 

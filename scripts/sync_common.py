@@ -37,25 +37,26 @@ USERS: dict[str, Users] = {
         "kernel_src/pdl_request.h", ("activation", "attention", "rmsnorm", "rope")
     ),
     "dispatch.cuh": Users(
-        "kernel_src/dispatch.cuh", ("activation", "attention", "rmsnorm", "rope")
+        "kernel_src/dispatch.cuh", ("activation", "attention", "quant", "rmsnorm", "rope")
     ),
     "cuda_chunk.cuh": Users("kernel_src/cuda_chunk.cuh", ("rmsnorm", "rope")),
     "cpu_convert.h": Users("kernel_src/cpu_convert.h", ("rmsnorm", "rope")),
     # the Torch-facing layer: listed in [torch] src
     "torch_checks.h": Users(
-        "torch-ext/torch_checks.h", ("activation", "attention", "rmsnorm", "rope")
+        "torch-ext/torch_checks.h", ("activation", "attention", "quant", "rmsnorm", "rope")
     ),
     # the Python package: error messages name the public function called (Nix sees the package's
     # Python files without a listing)
     "public_errors.py": Users(
-        "torch-ext/{kernel}/_public_errors.py", ("activation", "attention", "rmsnorm", "rope")
+        "torch-ext/{kernel}/_public_errors.py",
+        ("activation", "attention", "quant", "rmsnorm", "rope"),
     ),
     # the Python package: attach_layers, the kernelize layers attached by host class (rope has
     # no host module class to attach to; attention plugs in through AttentionInterface)
     "hub_layers.py": Users("torch-ext/{kernel}/_hub_layers.py", ("activation", "rmsnorm")),
     # pytest helpers (Nix sees the Python files of tests/ without a listing)
     "kernel_fixture.py": Users(
-        "tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")
+        "tests/{kernel}_fixture.py", ("activation", "attention", "quant", "rmsnorm", "rope")
     ),
     "tiny_models.py": Users(
         "tests/{kernel}_tiny_models.py", ("activation", "attention", "rmsnorm")

@@ -1,0 +1,403 @@
+// quant_cuda.cu: CUDA kernels and launchers of the quantize ops (fp16 / bf16 / fp32 input,
+// fp8 e4m3fn or int8 output, float32 scales). Memory-bound: every kernel moves the input once
+// from DRAM with 16-byte vector loads when the rows allow it (else element by element).
+//
+//   static fp8 / int8        elementwise, grid-stride over the matrix, scale read on the device
+//   dynamic fp8 per tensor   memset + amax reduction (one atomic max per block on the float's
+//                            bits, exact: non-negative floats order like their bit patterns),
+//                            then the static pass; two kernels, no host synchronization
+//   dynamic per token        one block per row; each thread keeps up to kRowCache vectors of the
+//                            row in registers between the reduction and the quantize pass
+//   group fp8                a power-of-two team of lanes per group, shuffle reduction
+//
+// The rounding rules are quant_math.h's, shared with the CPU build; fp8 is written through
+// cutlass::float_e4m3_t (cvt.rn.satfinite on sm_89+), the CUTLASS dependency of this kernel.
+#include "quant_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
+
+#include <cstdint>
+
+#include "dispatch.cuh"
+#include "quant_math.h"
+
+namespace quant {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;  // elementwise and group kernels
+constexpr int kRowCache = 4;   // vectors per thread kept in registers by the per-token kernel
+constexpr int kMaxRowThreads = 1024;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+// V output bytes (fp8 or int8), stored in one access.
+template <int V>
+struct alignas(V) Bytes {
+  uint8_t b[V];
+};
+
+// Vector j (elements j*V .. j*V+V-1) of input row r.
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const Rows& m, int64_t r, int64_t j) {
+  const T* row = static_cast<const T*>(m.input) + r * m.input_row_stride;
+  return reinterpret_cast<const Vec<T, V>*>(row)[j];
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(const Rows& m, int64_t r, int64_t j, const Bytes<V>& b) {
+  uint8_t* row = static_cast<uint8_t*>(m.out) + r * m.out_row_stride;
+  reinterpret_cast<Bytes<V>*>(row)[j] = b;
+}
+
+__device__ __forceinline__ uint8_t fp8_bits(float x) { return cutlass::float_e4m3_t(x).storage; }
+
+// ---- element quantizers (float in, output byte out) ----
+
+struct Fp8Mul {  // static and dynamic per tensor: x * (1 / scale)
+  float inv;
+  __device__ uint8_t operator()(float x) const {
+    return fp8_bits(math::clamp_keep_nan(x * inv, -math::kFp8Max, math::kFp8Max));
+  }
+};
+struct Fp8Div {  // per token and per group: x / scale, clamped to [lo, hi]
+  float s, lo, hi;
+  __device__ uint8_t operator()(float x) const {
+    return fp8_bits(math::clamp_keep_nan(x / s, lo, hi));
+  }
+};
+struct Int8Div {  // static: x / scale [+ azp]
+  float s;
+  int32_t azp;
+  bool has_azp;
+  __device__ uint8_t operator()(float x) const {
+    return static_cast<uint8_t>(has_azp ? math::int8_rn_azp_sat(x / s, azp)
+                                        : math::int8_rn_sat(x / s));
+  }
+};
+struct Int8Mul {  // dynamic symmetric: x * (127 / amax)
+  float mul;
+  __device__ uint8_t operator()(float x) const {
+    return static_cast<uint8_t>(math::int8_rn_sat(x * mul));
+  }
+};
+struct Int8Azp {  // dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp
+  float s;
+  int32_t azp;
+  __device__ uint8_t operator()(float x) const {
+    return static_cast<uint8_t>(s == 0.0f ? static_cast<int8_t>(azp)
+                                          : math::int8_rn_azp_sat(x / s, azp));
+  }
+};
+
+template <typename T, int V, typename Q>
+__device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
+  Bytes<V> out;
+#pragma unroll
+  for (int i = 0; i < V; ++i) out.b[i] = q(to_float(v.v[i]));
+  return out;
+}
+
+// ---- reductions ----
+
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Min {
+  __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+
+// The reduction of `v` over the block (blockDim.x a multiple of 32), returned to every thread.
+template <typename Op>
+__device__ float block_reduce(float v, Op op, float identity) {
+  __shared__ float warp_vals[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // a previous call may still read warp_vals
+  if (lane == 0) warp_vals[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? warp_vals[lane] : identity;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---- kernels ----
+
+// Reads the scale on the device (it may have been written by the previous kernel).
+struct StaticFp8 {
+  const float* scale;
+  __device__ Fp8Mul operator()() const { return {1.0f / *scale}; }
+};
+struct StaticInt8 {
+  const float* scale;
+  const int32_t* azp;
+  __device__ Int8Div operator()() const {
+    return {*scale, azp != nullptr ? *azp : 0, azp != nullptr};
+  }
+};
+
+template <typename T, int V, typename MakeQ>
+__global__ void __launch_bounds__(kThreads) static_quant_kernel(const Rows m, const MakeQ make) {
+  const auto q = make();
+  const int64_t nvec = m.hidden / V;
+  const int64_t total = m.rows * nvec;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / nvec, j = idx - r * nvec;
+    store_vec<V>(m, r, j, quantize(load_vec<T, V>(m, r, j), q));
+  }
+}
+
+// scale[0] = max over blocks of max(block amax / 448, min scale); scale[0] is zeroed before.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const Rows m, float* scale) {
+  const int64_t nvec = m.hidden / V;
+  const int64_t total = m.rows * nvec;
+  float a = 0.0f;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / nvec;
+    const Vec<T, V> v = load_vec<T, V>(m, r, idx - r * nvec);
+#pragma unroll
+    for (int i = 0; i < V; ++i) a = fmaxf(a, fabsf(to_float(v.v[i])));
+  }
+  a = block_reduce(a, Max{}, 0.0f);
+  if (threadIdx.x == 0) {
+    const float s = fmaxf(a / math::kFp8Max, math::kFp8MinScale);
+    atomicMax(reinterpret_cast<int*>(scale), __float_as_int(s));
+  }
+}
+
+enum class RowMode { kFp8PerToken, kInt8Sym, kInt8Asym };
+
+// One block per row: statistics, block reduction, scale, quantize. Vectors j = tid + k * blockDim
+// for k < kRowCache stay in registers; longer rows are read again for the quantize pass.
+template <typename T, int V, RowMode kMode>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    row_quant_kernel(const Rows m, float* scale, int32_t* azp, const float* scale_ub) {
+  const int64_t r = blockIdx.x;
+  const int64_t nvec = m.hidden / V;
+  Vec<T, V> cache[kRowCache];
+  float a = 0.0f, lo = INFINITY, hi = -INFINITY;
+  const auto stats = [&](const Vec<T, V>& v) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float x = to_float(v.v[i]);
+      if constexpr (kMode == RowMode::kInt8Asym) {
+        lo = fminf(lo, x);
+        hi = fmaxf(hi, x);
+      } else {
+        a = fmaxf(a, fabsf(x));
+      }
+    }
+  };
+#pragma unroll
+  for (int k = 0; k < kRowCache; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      cache[k] = load_vec<T, V>(m, r, j);
+      stats(cache[k]);
+    }
+  }
+  for (int64_t j = threadIdx.x + static_cast<int64_t>(kRowCache) * blockDim.x; j < nvec;
+       j += blockDim.x) {
+    stats(load_vec<T, V>(m, r, j));
+  }
+  const auto emit = [&](const auto& q) {
+#pragma unroll
+    for (int k = 0; k < kRowCache; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (j < nvec) store_vec<V>(m, r, j, quantize(cache[k], q));
+    }
+    for (int64_t j = threadIdx.x + static_cast<int64_t>(kRowCache) * blockDim.x; j < nvec;
+         j += blockDim.x) {
+      store_vec<V>(m, r, j, quantize(load_vec<T, V>(m, r, j), q));
+    }
+  };
+  if constexpr (kMode == RowMode::kFp8PerToken) {
+    a = block_reduce(a, Max{}, 0.0f);
+    const float s = math::per_token_fp8_scale(a, scale_ub);
+    if (threadIdx.x == 0) scale[r] = s;
+    emit(Fp8Div{s, -math::kFp8Max, math::kFp8Max});
+  } else if constexpr (kMode == RowMode::kInt8Sym) {
+    a = block_reduce(a, Max{}, 0.0f);
+    if (threadIdx.x == 0) scale[r] = a / 127.0f;
+    emit(Int8Mul{a == 0.0f ? 0.0f : 127.0f / a});
+  } else {
+    lo = block_reduce(lo, Min{}, INFINITY);
+    hi = block_reduce(hi, Max{}, -INFINITY);
+    const math::AzpParams p = math::int8_azp_params(lo, hi);
+    if (threadIdx.x == 0) {
+      scale[r] = p.scale;
+      azp[r] = p.azp;
+    }
+    emit(Int8Azp{p.scale, p.azp});
+  }
+}
+
+// A team of `lanes` threads (a power of two <= 32, so teams never straddle a warp) per group.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    group_quant_kernel(const Rows m, const GroupFp8Params p, int lanes, int64_t total_groups) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t g = t / lanes;
+  const int lane = static_cast<int>(t % lanes);
+  const bool active = g < total_groups;
+  const int64_t groups_per_row = m.hidden / p.group_size;
+  const int64_t r = active ? g / groups_per_row : 0;
+  const int64_t gi = g - r * groups_per_row;
+  const int64_t nvec = p.group_size / V, base = gi * nvec;
+  float a = 0.0f;
+  if (active) {
+    for (int64_t j = lane; j < nvec; j += lanes) {
+      const Vec<T, V> v = load_vec<T, V>(m, r, base + j);
+#pragma unroll
+      for (int i = 0; i < V; ++i) a = fmaxf(a, fabsf(to_float(v.v[i])));
+    }
+  }
+  for (int o = lanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  if (!active) return;
+  const float s = math::group_fp8_scale(a, p.eps, p.fp8_max, p.scale_ue8m0);
+  if (lane == 0) p.scale[r * p.scale_row_stride + gi * p.scale_group_stride] = s;
+  const Fp8Div q{s, p.fp8_min, p.fp8_max};
+  for (int64_t j = lane; j < nvec; j += lanes) {
+    store_vec<V>(m, r, base + j, quantize(load_vec<T, V>(m, r, base + j), q));
+  }
+}
+
+// ---- launch helpers ----
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks of a grid-stride kernel: enough to fill the device, no more than the work.
+int grid_blocks(int64_t work_items) {
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t want = ceil_div(work_items, kThreads);
+  const int64_t cap = static_cast<int64_t>(sms) * 8;
+  return static_cast<int>(want < cap ? (want < 1 ? 1 : want) : cap);
+}
+
+// 16-byte vectors (16 / sizeof(T) elements) when every row start of input and output is
+// aligned to them and `divisor` (hidden, or the group size) is a multiple; else 1.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+bool vectorizable(const Rows& m, int64_t divisor) {
+  constexpr int v = kVec<T>;
+  return divisor % v == 0 && m.input_row_stride % v == 0 && m.out_row_stride % v == 0 &&
+         reinterpret_cast<uintptr_t>(m.input) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(m.out) % v == 0;
+}
+
+// f(TypeTag<T>, std::integral_constant<int, V>) with the input type and vector width.
+template <typename F>
+cudaError_t dispatch_vec(DType dtype, const Rows& m, int64_t divisor, F&& f) {
+  return dispatch::floats(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    if (vectorizable<T>(m, divisor)) return f(tag, std::integral_constant<int, kVec<T>>{});
+    return f(tag, std::integral_constant<int, 1>{});
+  });
+}
+
+template <typename MakeQ>
+cudaError_t launch_static(DType dtype, const Rows& m, const MakeQ& make, cudaStream_t stream) {
+  return dispatch_vec(dtype, m, m.hidden, [&](auto tag, auto vec) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    constexpr int V = decltype(vec)::value;
+    static_quant_kernel<T, V, MakeQ>
+        <<<grid_blocks(m.rows * (m.hidden / V)), kThreads, 0, stream>>>(m, make);
+    return cudaGetLastError();
+  });
+}
+
+template <RowMode kMode>
+cudaError_t launch_rows(DType dtype, const Rows& m, float* scale, int32_t* azp,
+                        const float* scale_ub, cudaStream_t stream) {
+  return dispatch_vec(dtype, m, m.hidden, [&](auto tag, auto vec) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    constexpr int V = decltype(vec)::value;
+    // Enough threads that the row fits the register cache, in whole warps, at most 1024.
+    const int64_t want = ceil_div(ceil_div(m.hidden / V, kRowCache), 32) * 32;
+    const int threads =
+        static_cast<int>(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
+    row_quant_kernel<T, V, kMode>
+        <<<static_cast<unsigned>(m.rows), threads, 0, stream>>>(m, scale, azp, scale_ub);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace
+
+cudaError_t static_scaled_fp8_quant(DType dtype, const StaticFp8Params& p, cudaStream_t stream) {
+  if (p.m.rows == 0 || p.m.hidden == 0) return cudaSuccess;
+  return launch_static(dtype, p.m, StaticFp8{p.scale}, stream);
+}
+
+cudaError_t dynamic_scaled_fp8_quant(DType dtype, const DynamicFp8Params& p, cudaStream_t stream) {
+  // An empty input still gets its scale (the floor), as on the CPU.
+  cudaError_t err = cudaMemsetAsync(p.scale, 0, sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  err = dispatch_vec(dtype, p.m, p.m.hidden, [&](auto tag, auto vec) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    constexpr int V = decltype(vec)::value;
+    tensor_amax_kernel<T, V>
+        <<<grid_blocks(p.m.rows * (p.m.hidden / V)), kThreads, 0, stream>>>(p.m, p.scale);
+    return cudaGetLastError();
+  });
+  if (err != cudaSuccess || p.m.rows == 0 || p.m.hidden == 0) return err;
+  return launch_static(dtype, p.m, StaticFp8{p.scale}, stream);
+}
+
+cudaError_t dynamic_per_token_scaled_fp8_quant(DType dtype, const PerTokenFp8Params& p,
+                                               cudaStream_t stream) {
+  if (p.m.rows == 0) return cudaSuccess;
+  return launch_rows<RowMode::kFp8PerToken>(dtype, p.m, p.scale, nullptr, p.scale_ub, stream);
+}
+
+cudaError_t static_scaled_int8_quant(DType dtype, const StaticInt8Params& p, cudaStream_t stream) {
+  if (p.m.rows == 0 || p.m.hidden == 0) return cudaSuccess;
+  return launch_static(dtype, p.m, StaticInt8{p.scale, p.azp}, stream);
+}
+
+cudaError_t dynamic_scaled_int8_quant(DType dtype, const DynamicInt8Params& p,
+                                      cudaStream_t stream) {
+  if (p.m.rows == 0) return cudaSuccess;
+  if (p.azp != nullptr) {
+    return launch_rows<RowMode::kInt8Asym>(dtype, p.m, p.scale, p.azp, nullptr, stream);
+  }
+  return launch_rows<RowMode::kInt8Sym>(dtype, p.m, p.scale, nullptr, nullptr, stream);
+}
+
+cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cudaStream_t stream) {
+  if (p.m.rows == 0 || p.m.hidden == 0) return cudaSuccess;
+  const int64_t total_groups = p.m.rows * (p.m.hidden / p.group_size);
+  return dispatch_vec(dtype, p.m, p.group_size, [&](auto tag, auto vec) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    constexpr int V = decltype(vec)::value;
+    const int64_t nvec = p.group_size / V;
+    int lanes = 1;
+    while (lanes < 32 && lanes < nvec) lanes *= 2;
+    const int64_t blocks = ceil_div(total_groups * lanes, kThreads);
+    group_quant_kernel<T, V>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lanes, total_groups);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace cuda
+}  // namespace quant

@@ -1,0 +1,107 @@
+// quant_math.h: the rounding rules of the quantize ops, shared by the CPU and CUDA
+// implementations (host and device; no Torch or CUDA headers needed), so both round alike.
+//
+// The rules are vLLM's (csrc/quantization/{fp8,compressed_tensors}): fp8 e4m3fn saturates, i.e.
+// the value is clamped to [-448, 448] before the round-to-nearest-even conversion (NaN stays
+// NaN); int8 rounds half to even (PTX cvt.rni, torch.round) and saturates to [-128, 127], NaN
+// becoming 0 as cvt.rni.sat does. Only the fp8 conversion itself differs by backend (c10 on
+// the CPU, cutlass::float_e4m3_t on the GPU; both round to nearest even).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define QUANT_HD __host__ __device__ __forceinline__
+#else
+#define QUANT_HD inline
+#endif
+
+namespace quant {
+namespace math {
+
+// Largest finite float8_e4m3fn.
+constexpr float kFp8Max = 448.0f;
+// vLLM's floor of dynamic fp8 scales, 1 / (448 * 512): an all-zero row or tensor gets a finite
+// scale (its quantized values are 0) instead of a division by zero.
+constexpr float kFp8MinScale = 1.0f / (448.0f * 512.0f);
+
+// x clamped to [lo, hi]; NaN passes through (both comparisons are false).
+QUANT_HD float clamp_keep_nan(float x, float lo, float hi) {
+  return x > hi ? hi : (x < lo ? lo : x);
+}
+
+// round-half-even(v) saturated to [-128, 127]; NaN -> 0 (cvt.rni.sat.s8.f32).
+QUANT_HD int8_t int8_rn_sat(float v) {
+  if (!(v == v)) return 0;
+  const float r = rintf(v);
+  return static_cast<int8_t>(r >= 127.0f ? 127.0f : (r <= -128.0f ? -128.0f : r));
+}
+
+// sat8(sat32(round-half-even(v)) + azp); NaN -> azp (cvt.rni.sat.s32.f32 gives 0).
+QUANT_HD int8_t int8_rn_azp_sat(float v, int32_t azp) {
+  int64_t r = 0;
+  if (v == v) {
+    const float f = rintf(v);
+    r = f >= 2147483648.0f ? INT64_C(2147483647)
+                           : (f < -2147483648.0f ? INT64_C(-2147483648) : static_cast<int64_t>(f));
+  }
+  const int64_t q = r + azp;
+  return static_cast<int8_t>(q > 127 ? 127 : (q < -128 ? -128 : q));
+}
+
+// The smallest power of two >= max(s, 1e-10): vLLM's exp2(ceil(log2(s))) for UE8M0 scales,
+// exact through the float's bits (s > 0 and finite).
+QUANT_HD float pow2_ceil(float s) {
+  s = s > 1e-10f ? s : 1e-10f;
+  uint32_t bits;
+  memcpy(&bits, &s, sizeof(bits));
+  if (bits & 0x007fffffu) bits = (bits & 0x7f800000u) + 0x00800000u;
+  float r;
+  memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+// Scale of dynamic per-token fp8: max(min(amax, *scale_ub) / 448, kFp8MinScale).
+QUANT_HD float per_token_fp8_scale(float amax, const float* scale_ub) {
+  const float a = scale_ub != nullptr ? fminf(amax, *scale_ub) : amax;
+  return fmaxf(a / kFp8Max, kFp8MinScale);
+}
+
+// Scale of one fp8 group: max(amax, eps) / fp8_max, a power of two with ue8m0.
+QUANT_HD float group_fp8_scale(float amax, float eps, float fp8_max, bool ue8m0) {
+  const float s = fmaxf(amax, eps) / fp8_max;
+  return ue8m0 ? pow2_ceil(s) : s;
+}
+
+// Asymmetric int8 parameters of a row with minimum mn and maximum mx. vLLM's rule,
+// s = (mx - mn) / 255 and azp = rn(-128 - mn / s); a constant row (mx == mn) widens its range
+// to include 0, and an all-zero row (or one without a number) gets s = 0 with azp = -128 (its
+// values are all azp).
+struct AzpParams {
+  float scale;
+  int32_t azp;
+};
+QUANT_HD AzpParams int8_azp_params(float mn, float mx) {
+  if (!(mn <= mx)) {  // a row without a number (empty, or all NaN) quantizes like a zero row
+    mn = 0.0f;
+    mx = 0.0f;
+  }
+  if (mx == mn) {
+    mn = fminf(mn, 0.0f);
+    mx = fmaxf(mx, 0.0f);
+  }
+  const float s = (mx - mn) / 255.0f;
+  if (s == 0.0f) return {0.0f, -128};
+  const float z = rintf(-128.0f - mn / s);
+  // A row far from 0 has a zero point outside int32: saturate it (NaN, from infinities, -> 0).
+  const int64_t zi = !(z == z)            ? 0
+                     : z >= 2147483648.0f ? INT64_C(2147483647)
+                     : z < -2147483648.0f ? INT64_C(-2147483648)
+                                          : static_cast<int64_t>(z);
+  return {s, static_cast<int32_t>(zi)};
+}
+
+}  // namespace math
+}  // namespace quant

@@ -1,0 +1,20 @@
+"""pytest configuration of the quant tests: load the built kernel, pick the device.
+
+Tests never import the source package: `kernel` is `kernels.get_kernel("open-kernels/quant",
+version=1)`, which `LOCAL_KERNELS` redirects to this folder's `build/` (run
+`python scripts/build.py quant` first). Set LOCAL_KERNELS yourself to test another build.
+The fixtures come from quant_fixture.py, a copy of common/kernel_fixture.py (scripts/sync_common.py).
+"""
+
+from pathlib import Path
+
+from quant_fixture import KERNELS_CI_MARKER, kernel_fixtures
+
+REPO_ID = "open-kernels/quant"
+BUILD_DIR = Path(__file__).resolve().parent.parent / "build"
+
+kernel, device = kernel_fixtures(REPO_ID, version=1, build_dir=BUILD_DIR)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", KERNELS_CI_MARKER)

@@ -1,0 +1,211 @@
+"""Activation quantization for fp8 / int8 GEMMs: vLLM's quantize ops and transformers'
+finegrained-fp8 `fp8_act_quant`, on CPU and CUDA.
+
+Inputs are float32, float16 or bfloat16 of shape ``[..., hidden]`` (any leading dimensions; rows
+with any stride between them are read in place, other layouts through a contiguous copy).
+M below is the number of rows, the product of the leading dimensions. Outputs are float8_e4m3fn or int8
+with the input's shape; scales are float32 and zero points int32.
+
+Rounding (vLLM's, the same on CPU and CUDA, bit for bit):
+
+* fp8: the scaled value is clamped to [-448, 448] (saturating; NaN stays NaN), then rounded to
+  the nearest float8_e4m3fn, ties to even. Static and dynamic per-tensor scaling multiply by
+  ``1 / scale``; per-token and per-group scaling divide by the scale (as vLLM does).
+* Dynamic fp8 scales are ``amax / 448`` floored at ``1 / (448 * 512)`` (an all-zero row or tensor
+  quantizes to zeros instead of dividing by zero); per token, ``amax`` is first clamped to
+  ``scale_ub``. Group scales are ``max(amax, eps) / 448``.
+* int8: round half to even (``torch.round``) and saturate to [-128, 127]; NaN becomes 0 (plus
+  the zero point). Dynamic symmetric: ``scale = amax / 127``, ``q = round(x * (127 / amax))``
+  (an all-zero row has scale 0 and quantizes to 0). Dynamic asymmetric: ``scale = (max - min) /
+  255``, ``azp = round(-128 - min / scale)``, ``q = round(x / scale) + azp``; a constant row
+  widens its range to include 0, an all-zero row (or one without a number: empty, all NaN)
+  gets scale 0 and azp -128.
+* ``amax``, ``min`` and ``max`` skip NaN.
+
+fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell). Every CUDA call
+runs on the current stream of the input's device, synchronizes nothing and allocates only its
+outputs, so it can be captured in a CUDA graph; torch.compile(fullgraph=True) traces them.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _custom_ops, _reference
+from ._ops import add_op_namespace_prefix, ops
+
+__all__ = [
+    "scaled_fp8_quant",
+    "scaled_int8_quant",
+    "per_token_group_quant_fp8",
+    "fp8_act_quant",
+]
+
+FP8_MAX = 448.0
+
+
+def _check_input(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: input must be a tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(
+            f"{name}: input must have at least one dimension [..., hidden], got a 0-d tensor"
+        )
+    if x.dtype not in _custom_ops.INPUT_DTYPES:
+        raise ValueError(
+            f"{name}: input must be float32, float16 or bfloat16, got "
+            f"{_custom_ops.dtype_name(x.dtype)}"
+        )
+
+
+def scaled_fp8_quant(
+    input: torch.Tensor,
+    scale: Optional[torch.Tensor] = None,
+    num_token_padding: Optional[int] = None,
+    scale_ub: Optional[torch.Tensor] = None,
+    use_per_token_if_dynamic: bool = False,
+    output: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``input`` to float8_e4m3fn; returns ``(q, scale)`` (vLLM's ``scaled_fp8_quant``).
+
+    * ``scale`` given (one float32 element): static per-tensor quantization with it.
+    * ``scale`` None: dynamic, per tensor (scale of shape [1]) or, with
+      ``use_per_token_if_dynamic``, per token (scale of shape [M, 1]); ``scale_ub`` (one float32
+      element) bounds each token's amax.
+    * ``num_token_padding``: q gets ``max(num_token_padding, input.shape[0])`` rows along its
+      first dimension; the padding rows are left unwritten.
+    * ``output``: write q there (float8_e4m3fn, the padded shape, unit stride along rows).
+    """
+    name = "scaled_fp8_quant"
+    _check_input(name, input)
+    shape = tuple(input.shape)
+    if num_token_padding is not None:
+        shape = (max(int(num_token_padding), shape[0]),) + shape[1:]
+    if output is None:
+        output = torch.empty(shape, dtype=_custom_ops.FP8, device=input.device)
+    elif tuple(output.shape) != shape or output.dtype != _custom_ops.FP8:
+        raise ValueError(
+            f"{name}: output must be float8_e4m3fn of shape {list(shape)}, got "
+            f"{_custom_ops.dtype_name(output.dtype)} of shape {list(output.shape)}"
+        )
+    q = output if shape[0] == input.shape[0] else output.narrow(0, 0, input.shape[0])
+    if scale is not None:
+        if scale.numel() != 1:
+            raise ValueError(
+                f"{name}: a static scale must have one element (per-tensor), got shape "
+                f"{list(scale.shape)}; pass scale=None for dynamic per-token scales"
+            )
+        if scale_ub is not None:
+            raise ValueError(f"{name}: scale_ub applies to dynamic per-token scales only")
+        ops.static_scaled_fp8_quant(q, input, scale)
+        return output, scale
+    if use_per_token_if_dynamic:
+        scale = torch.empty(
+            (_custom_ops.rows_of(input), 1), dtype=torch.float32, device=input.device
+        )
+        ops.dynamic_per_token_scaled_fp8_quant(q, input, scale, scale_ub)
+        return output, scale
+    if scale_ub is not None:
+        raise ValueError(
+            f"{name}: scale_ub applies to dynamic per-token scales only "
+            "(use_per_token_if_dynamic=True)"
+        )
+    scale = torch.empty(1, dtype=torch.float32, device=input.device)
+    ops.dynamic_scaled_fp8_quant(q, input, scale)
+    return output, scale
+
+
+def scaled_int8_quant(
+    input: torch.Tensor,
+    scale: Optional[torch.Tensor] = None,
+    azp: Optional[torch.Tensor] = None,
+    symmetric: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Quantize ``input`` to int8; returns ``(q, scale, azp)`` (vLLM's ``scaled_int8_quant``).
+
+    * ``scale`` given (one float32 element): static per-tensor quantization, symmetric without
+      ``azp``, asymmetric with ``azp`` (one int32 element; needs ``symmetric=False``).
+    * ``scale`` None: dynamic per token; scale of shape [M, 1] and, when not ``symmetric``, azp
+      of shape [M, 1] (int32), else None.
+    """
+    name = "scaled_int8_quant"
+    _check_input(name, input)
+    output = torch.empty(input.shape, dtype=torch.int8, device=input.device)
+    if scale is not None:
+        if scale.numel() != 1:
+            raise ValueError(
+                f"{name}: a static scale must have one element (per-tensor), got shape "
+                f"{list(scale.shape)}; pass scale=None for dynamic per-token scales"
+            )
+        if symmetric != (azp is None):
+            raise ValueError(
+                f"{name}: azp must be given exactly when symmetric=False (got symmetric="
+                f"{symmetric} and azp {'None' if azp is None else 'given'})"
+            )
+        ops.static_scaled_int8_quant(output, input, scale, azp)
+        return output, scale, azp
+    if azp is not None:
+        raise ValueError(f"{name}: azp is only an input of static quantization (scale given)")
+    rows = _custom_ops.rows_of(input)
+    scales = torch.empty((rows, 1), dtype=torch.float32, device=input.device)
+    zero_points = (
+        None if symmetric else torch.empty((rows, 1), dtype=torch.int32, device=input.device)
+    )
+    ops.dynamic_scaled_int8_quant(output, input, scales, zero_points)
+    return output, scales, zero_points
+
+
+def per_token_group_quant_fp8(
+    x: torch.Tensor,
+    group_size: int = 128,
+    eps: float = 1e-10,
+    dtype: Optional[torch.dtype] = None,
+    column_major_scales: bool = False,
+    *,
+    use_ue8m0: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantize each group of ``group_size`` consecutive elements of every row to float8_e4m3fn
+    with its own scale ``max(amax, eps) / 448`` (a power of two with ``use_ue8m0``); returns
+    ``(q, scales)`` with scales of shape ``[..., hidden // group_size]`` (vLLM's
+    ``per_token_group_quant_fp8``). ``column_major_scales`` stores the scales with the token
+    dimension(s) contiguous, the layout DeepGEMM-style GEMMs read. The positional order is
+    vLLM's; ``dtype`` (vLLM's fp8 dtype argument) may only be None or float8_e4m3fn.
+    """
+    name = "per_token_group_quant_fp8"
+    _check_input(name, x)
+    if dtype is not None and dtype != _custom_ops.FP8:
+        raise ValueError(f"{name}: dtype must be None or torch.float8_e4m3fn, got {dtype}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"{name}: group_size must be a positive int, got {group_size!r}")
+    hidden = x.shape[-1]
+    if hidden % group_size != 0:
+        raise ValueError(
+            f"{name}: group_size must divide the last dimension of x ({hidden}), got {group_size}"
+        )
+    groups = hidden // group_size
+    q = torch.empty(x.shape, dtype=_custom_ops.FP8, device=x.device)
+    if column_major_scales:
+        scales = torch.empty((groups, *x.shape[:-1]), dtype=torch.float32, device=x.device).movedim(
+            0, -1
+        )
+    else:
+        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+    ops.per_token_group_fp8_quant(
+        x, q, scales, group_size, float(eps), -FP8_MAX, FP8_MAX, bool(use_ue8m0)
+    )
+    return q, scales
+
+
+def fp8_act_quant(x: torch.Tensor, block_size: int = 128) -> Tuple[torch.Tensor, torch.Tensor]:
+    """transformers' finegrained-fp8 activation quantization: ``(q, scales)`` with one float32
+    scale ``amax / 448`` per block of ``block_size`` elements of the last dimension, scales of
+    shape ``[..., hidden // block_size]``. The same op as ``per_token_group_quant_fp8``: an
+    all-zero block gets the scale 1e-10 / 448 instead of 0 (and zeros instead of NaN).
+    """
+    return per_token_group_quant_fp8(x, group_size=block_size)
+
+
+# An error raised through a public function names it, not the op it reached (_public_errors.py).
+from . import _public_errors  # noqa: E402
+
+_public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)

@@ -1,0 +1,41 @@
+// torch_binding.cpp: op schemas and device implementations of the quant kernel.
+//
+// The schemas are vLLM's (`torch.ops._C` of vllm-project/vllm csrc/torch_bindings.cpp): out-param
+// ops that mutate `result` / `output_q` and the dynamic scales, and return nothing. Launchers:
+// torch_binding.h.
+#include <torch/library.h>
+
+#include "registration.h"
+#include "torch_binding.h"
+
+#if defined(CUDA_KERNEL)
+#define QUANT_IMPL(name) ops.impl(#name, c10::kCUDA, &name)
+#elif defined(CPU_KERNEL)
+#define QUANT_IMPL(name) ops.impl(#name, c10::kCPU, &name)
+#else
+#error "quant: compile with -DCPU_KERNEL or -DCUDA_KERNEL"
+#endif
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+  ops.def("static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale) -> ()");
+  QUANT_IMPL(static_scaled_fp8_quant);
+  ops.def("dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()");
+  QUANT_IMPL(dynamic_scaled_fp8_quant);
+  ops.def(
+      "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, "
+      "Tensor? scale_ub) -> ()");
+  QUANT_IMPL(dynamic_per_token_scaled_fp8_quant);
+  ops.def(
+      "static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, Tensor? azp) -> ()");
+  QUANT_IMPL(static_scaled_int8_quant);
+  ops.def(
+      "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) "
+      "-> ()");
+  QUANT_IMPL(dynamic_scaled_int8_quant);
+  ops.def(
+      "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, int "
+      "group_size, float eps, float fp8_min, float fp8_max, bool scale_ue8m0) -> ()");
+  QUANT_IMPL(per_token_group_fp8_quant);
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
