@@ -50,6 +50,9 @@ USERS: dict[str, Users] = {
     "public_errors.py": Users(
         "torch-ext/{kernel}/_public_errors.py", ("activation", "attention", "rmsnorm", "rope")
     ),
+    # the Python package: attach_layers, the kernelize layers attached by host class (rope has
+    # no host module class to attach to; attention plugs in through AttentionInterface)
+    "hub_layers.py": Users("torch-ext/{kernel}/_hub_layers.py", ("activation", "rmsnorm")),
     # pytest helpers (Nix sees the Python files of tests/ without a listing)
     "kernel_fixture.py": Users(
         "tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")

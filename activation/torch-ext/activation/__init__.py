@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _custom_ops, _reference, layers
+from . import _custom_ops, _hub_layers, _reference, layers
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "gelu_new",
     "gelu_quick",
     "layers",
+    "attach_layers",
 ]
 
 
@@ -323,6 +324,28 @@ def gelu_quick(
 ) -> torch.Tensor:
     """Quick GELU, ``x * sigmoid(1.702 * x)`` (transformers QuickGELU)."""
     return _apply("gelu_quick", first, second, out, x, input, enable_pdl=enable_pdl)
+
+
+# ---- attaching the kernelize layers to a model ----
+
+
+attach_layers = _hub_layers.entry_point(
+    __name__,
+    layers,
+    add_op_namespace_prefix,
+    """Give the activation modules of a transformers / diffusers / PyTorch model our layers'
+    forwards, by host class; returns ``{host class: modules replaced}``.
+
+    Default host classes (``classes=None``; the map is ``layers.HOST_CLASSES``): transformers'
+    ``SiLUActivation`` (Llama, Qwen, Mistral MLPs) -> ``Silu``, ``GELUActivation`` -> ``Gelu``,
+    ``GELUTanh`` -> ``GeluTanh``, ``NewGELUActivation``, ``FastGELUActivation``,
+    ``QuickGELUActivation`` -> ``NewGELU``, ``FastGELU``, ``QuickGELU``; ``torch.nn.SiLU`` (not
+    in place) -> ``Silu``; diffusers' ``GELU`` (both ``approximate``), ``SwiGLU`` and
+    ``ApproximateGELU`` -> ``DiffusersGELU``, ``DiffusersSwiGLU``, ``DiffusersApproximateGELU``
+    (their projection, then our kernel). diffusers' ``GEGLU`` (``h * gelu(gate)``) has no
+    kernel here and is not covered.
+    """,
+)
 
 
 # An error raised through a public function names it, not the op it reached (_public_errors.py).

@@ -9,6 +9,8 @@ constructor) through a metaclass, which leaves the class itself as the rules wan
 TRAINING mode and under torch.compile; the flags say so.
 """
 
+from typing import Dict
+
 import torch
 import torch.nn as nn
 
@@ -151,3 +153,63 @@ class QuickGELU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return FORWARD["gelu_quick"](x)
+
+
+class DiffusersGELU(nn.Module):
+    """diffusers ``models.activations.GELU``: its ``proj`` (a Linear), then exact GELU, or the
+    tanh approximation with ``approximate="tanh"``. Reads ``proj`` and ``approximate``."""
+
+    proj: nn.Module
+    approximate: str
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        op = "gelu_tanh" if self.approximate == "tanh" else "gelu"
+        return FORWARD[op](self.proj(hidden_states))
+
+
+class DiffusersSwiGLU(nn.Module):
+    """diffusers ``models.activations.SwiGLU``: ``h, gate = proj(x).chunk(2)``, ``h * silu(gate)``,
+    i.e. ``mul_and_silu`` of the projection (one rounding instead of two). Reads ``proj``."""
+
+    proj: nn.Module
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return FORWARD["mul_and_silu"](self.proj(hidden_states))
+
+
+class DiffusersApproximateGELU(nn.Module):
+    """diffusers ``models.activations.ApproximateGELU``: ``proj``, then ``x * sigmoid(1.702 x)``
+    (``gelu_quick``). Reads ``proj``."""
+
+    proj: nn.Module
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return FORWARD["gelu_quick"](self.proj(x))
+
+
+def _not_inplace(module: nn.Module) -> bool:
+    return not module.inplace
+
+
+# attach_layers' default map: host class -> layer (or (layer, condition on the instance)). A bare
+# name matches any class so named, "pkg.Name" only one defined under pkg. transformers' MLPs
+# multiply by the up projection themselves, so only their activation is replaced there. diffusers'
+# GEGLU (``h * gelu(gate)``, the gated half second) has no kernel of ours and is not listed.
+HOST_CLASSES: Dict[str, object] = {
+    "transformers.SiLUActivation": Silu,
+    "transformers.GELUActivation": Gelu,
+    "transformers.GELUTanh": GeluTanh,
+    "transformers.NewGELUActivation": NewGELU,
+    "transformers.FastGELUActivation": FastGELU,
+    "transformers.QuickGELUActivation": QuickGELU,
+    "torch.nn.SiLU": (Silu, _not_inplace),
+    "diffusers.GELU": DiffusersGELU,
+    "diffusers.SwiGLU": DiffusersSwiGLU,
+    "diffusers.ApproximateGELU": DiffusersApproximateGELU,
+}

@@ -15,7 +15,10 @@ With ``n = x / sqrt(mean(x**2, -1) + eps)`` over the last dimension (``hidden``)
 * training (differentiable, torch.compile-able, no recompilation across token counts):
   ``rms_norm_func``, ``add_rms_norm``, ``rms_norm_modulate``.
 * kernels-community/rmsnorm v1: ``apply_rms_norm``, ``apply_rms_norm_backward``.
-* ``layers``: ``RMSNorm`` / ``LlamaRMSNorm``, ``GemmaRMSNorm``, ``DiffusersRMSNorm`` for ``kernelize``.
+* ``layers``: ``RMSNorm`` / ``LlamaRMSNorm``, ``GemmaRMSNorm``, ``DiffusersRMSNorm``,
+  ``TorchRMSNorm`` for ``kernelize``; ``attach_layers(model)`` puts them on a transformers or
+  diffusers model by host class (what works with kernels < 0.18.2, where ``kernelize`` finds
+  nothing to replace in transformers models).
 
 Inputs are ``[..., hidden]`` tensors of float32, float16 or bfloat16 (any leading dimensions,
 none included; rows may be strided views). ``weight`` is ``[hidden]`` in the input dtype or
@@ -32,7 +35,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import _custom_ops, _reference, layers
+from . import _custom_ops, _hub_layers, _reference, layers
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "apply_rms_norm",
     "apply_rms_norm_backward",
     "layers",
+    "attach_layers",
 ]
 
 
@@ -336,6 +340,26 @@ def apply_rms_norm_backward(
     if grad_weight is not None and grad_weight.dtype != weight.dtype:
         grad_weight = grad_weight.to(weight.dtype)
     return [grad_input if input_requires_grad else None, grad_weight]
+
+
+# ---- attaching the kernelize layers to a model ----
+
+
+attach_layers = _hub_layers.entry_point(
+    __name__,
+    layers,
+    add_op_namespace_prefix,
+    """Give the RMSNorm modules of a transformers / diffusers / PyTorch model our layers' forwards,
+    by host class; returns ``{host class: modules replaced}``.
+
+    Default host classes (``classes=None``): transformers' ``LlamaRMSNorm``, ``MistralRMSNorm``,
+    ``MixtralRMSNorm``, ``Qwen2RMSNorm``, ``Qwen3RMSNorm`` (per-head ``q_norm`` / ``k_norm``
+    included), ``Qwen3MoeRMSNorm``, ``Phi3RMSNorm`` -> ``layers.RMSNorm``; ``GemmaRMSNorm`` ->
+    ``layers.GemmaRMSNorm`` (``1 + weight``); ``diffusers.RMSNorm`` (any ``elementwise_affine``,
+    ``bias``) -> ``layers.DiffusersRMSNorm``; ``torch.nn.RMSNorm`` over one dimension ->
+    ``layers.TorchRMSNorm`` (the full map: ``layers.HOST_CLASSES``).
+    """,
+)
 
 
 # An error raised through a public function or a layer names it, not the op it reached

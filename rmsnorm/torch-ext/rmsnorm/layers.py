@@ -8,7 +8,7 @@ the differentiable custom ops, so the layers work in TRAINING mode and under tor
 (fullgraph, no recompilation across token counts); the flags say so.
 """
 
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -75,3 +75,46 @@ class DiffusersRMSNorm(nn.Module):
         return _custom_ops.diffusers_norm(
             hidden_states, self.weight, getattr(self, "bias", None), self.eps
         )
+
+
+class TorchRMSNorm(nn.Module):
+    """``torch.nn.RMSNorm`` over the last dimension (``F.rms_norm``): ``round_x(n * weight)``,
+    fp32 throughout, one rounding, the dtype of ``x`` whatever the weight's. Reads ``weight``
+    (None without elementwise_affine) and ``eps`` (None: float32's machine epsilon, as
+    ``F.rms_norm`` takes for float32 and half inputs)."""
+
+    weight: Optional[torch.Tensor]
+    eps: Optional[float]
+    has_backward: bool = True
+    can_torch_compile: bool = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(torch.float32).eps
+        return _custom_ops.norm(x, _custom_ops.kernel_weight(x, self.weight), eps)
+
+
+def _last_dim_only(module: nn.Module) -> bool:
+    return len(module.normalized_shape) == 1
+
+
+# attach_layers' default map: host class -> layer (or (layer, condition on the instance)). A bare
+# name matches any class so named (transformers' copies of one norm carry their model's prefix;
+# their forwards are the same code, which the tests check); "pkg.Name" only one defined under
+# pkg. Gemma 2 / 3 norms compute differently from GemmaRMSNorm and are not listed.
+HOST_CLASSES: Dict[str, object] = {
+    **{
+        name: RMSNorm
+        for name in (
+            "LlamaRMSNorm",
+            "MistralRMSNorm",
+            "MixtralRMSNorm",
+            "Qwen2RMSNorm",
+            "Qwen3RMSNorm",
+            "Qwen3MoeRMSNorm",
+            "Phi3RMSNorm",
+        )
+    },
+    "GemmaRMSNorm": GemmaRMSNorm,
+    "diffusers.RMSNorm": DiffusersRMSNorm,
+    "torch.nn.RMSNorm": (TorchRMSNorm, _last_dim_only),
+}
