@@ -48,11 +48,16 @@ prefill shape (``agreement``), so a compiled model that computes something else 
 Measurements (four configurations, same process, same weights): ``eager``, ``eager+kit``,
 ``compile`` and ``compile+kit``. Prefill: a forward without cache, ``logits_to_keep=1`` (what
 generate does), tokens per second at batch x length 1x2048, 8x2048, 1x16384. Decode: ms per
-token with a StaticCache filled to the context (1x2048, 8x2048), CUDA graphs through
+token with a StaticCache filled to the context (1x2048; ``--decode 1x2048,8x2048`` adds batch 8
+at the cost of two more whole-model compiles), CUDA graphs through
 ``torch.compile(mode="reduce-overhead")`` in the compile configurations, eager steps otherwise.
 LTX: one denoising step (one transformer forward) at batch 2 (classifier-free guidance).
-Compiled prefill uses ``dynamic=True`` (one compile for every length); the first call of each
-compiled shape is timed separately as ``first_call_s`` (compile + one run). Each median comes
+Compiled prefill and denoise use ``dynamic=True`` (one compile for every length; batch 1 and
+batch 8 are two, as dynamo specializes size 1) on each repeated block (``--compile-scope
+blocks``, regional compilation: one block compiles for all layers, seconds instead of minutes at
+full size) or on the whole model (``--compile-scope model``); compiled decode is always the
+whole model. The first call of each shape is timed separately as ``first_call_s`` (compile +
+one run). Each median comes
 from CUDA events around single calls after warm-up. The JSON is rewritten after every
 measurement, so a run that is killed still leaves what it measured. One profile (``--profile``,
 default eager+kit prefill at the first shape) gives the GPU time share per op family.
@@ -78,7 +83,8 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
            "config": "eager"|"eager+kit"|"compile"|"compile+kit",
            "median_ms", "min_ms", "times_ms": [...], "first_call_s",
            "tokens_per_s" (prefill, denoise: tokens processed per second),
-           "cudagraph_skips" (compile configs: inductor's count, 0 = graphs used),
+           "graphs" (compile configs: dynamo's unique graphs so far in this configuration),
+           "cudagraph_skips" (compiled decode: inductor's count, 0 = CUDA graphs used),
            "agreement": {"vs_fp32": {"max", "mean"}, "tolerance": {...}, "passed"}  # first shape
           }],
       "speedups": [{"phase", "shape", "kit_vs_eager": eager / eager+kit,
@@ -164,6 +170,7 @@ class Spec:
     cls: str
     rope_attr: str  # the function in `module` that applies rotary
     rope_kit: str  # the rope package's drop-in for it
+    blocks: str  # attribute path of the repeated blocks (regional compilation)
 
 
 SPECS = {
@@ -174,6 +181,7 @@ SPECS = {
         "LlamaForCausalLM",
         "apply_rotary_pos_emb",
         "apply_rotary_pos_emb",
+        "model.layers",
     ),
     "qwen3": Spec(
         "qwen3",
@@ -182,6 +190,7 @@ SPECS = {
         "Qwen3ForCausalLM",
         "apply_rotary_pos_emb",
         "apply_rotary_pos_emb",
+        "model.layers",
     ),
     "ltx": Spec(
         "ltx",
@@ -190,6 +199,7 @@ SPECS = {
         "LTXVideoTransformer3DModel",
         "apply_rotary_emb",
         "apply_rotary_emb_ltx",
+        "transformer_blocks",
     ),
 }
 
@@ -318,6 +328,30 @@ def twin(model):
     return copy.deepcopy(model, memo)
 
 
+@contextlib.contextmanager
+def compiled(model, spec: Spec, scope: str):
+    """`model` for prefill / denoise under torch.compile(dynamic=True): the whole model, or
+    (scope "blocks", regional compilation) each repeated block wrapped in place, which dynamo
+    compiles once for all of them (the blocks share their code) and which compiles in seconds
+    rather than minutes at full size. The blocks are put back on exit."""
+    if scope == "model":
+        yield torch.compile(model, dynamic=True)
+        return
+    parent = model
+    *path, last = spec.blocks.split(".")
+    for attr in path:
+        parent = getattr(parent, attr)
+    blocks = getattr(parent, last)
+    originals = list(blocks)
+    for i, block in enumerate(originals):
+        blocks[i] = torch.compile(block, dynamic=True)
+    try:
+        yield model
+    finally:
+        for i, block in enumerate(originals):
+            blocks[i] = block
+
+
 # ---- inputs and forwards ----
 
 
@@ -373,6 +407,16 @@ def prefill(model, ids, logits_to_keep=1):
     return model(input_ids=ids, use_cache=False, logits_to_keep=logits_to_keep).logits
 
 
+def cache_kw(model) -> str:
+    """The forward's name for the cache: transformers 5.24 renamed `past_key_values` to `cache`
+    (the old name still works, with a warning); an unknown keyword would be swallowed by
+    **kwargs and silently run without a cache."""
+    import inspect
+
+    params = inspect.signature(type(getattr(model, "_orig_mod", model)).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def static_cache(model, batch: int, max_len: int):
     from transformers import StaticCache
 
@@ -385,12 +429,13 @@ def decode_steps(model, ids, steps: int, cache=None):
     batch, length = ids.shape
     cache = cache or static_cache(model, batch, length + steps)
     pos = torch.arange(length, device=ids.device)[None].expand(batch, -1)
-    model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    kw = {cache_kw(model): cache, "use_cache": True}
+    model(input_ids=ids, position_ids=pos, logits_to_keep=1, **kw)
     out = []
     for i in range(steps):
         tok = ids[:, i : i + 1]
         pos = torch.full((batch, 1), length + i, device=ids.device)
-        out.append(model(input_ids=tok, position_ids=pos, cache=cache, use_cache=True).logits)
+        out.append(model(input_ids=tok, position_ids=pos, **kw).logits)
     return torch.cat(out, dim=1)
 
 
@@ -414,7 +459,8 @@ class Kit:
         the kit's attention has no backward."""
         from kernels import Mode
 
-        mode = Mode.TRAINING if training else Mode.INFERENCE
+        # The twin serves the eager and the compiled kit configurations: ask for both.
+        mode = (Mode.TRAINING if training else Mode.INFERENCE) | Mode.TORCH_COMPILE
         for name in ("rmsnorm", "activation"):
             if name in self.kit:
                 pkg = self.kit[name]
@@ -819,7 +865,7 @@ def config_dict(model) -> dict:
 
 DEFAULTS = {
     # (prefill shapes, decode shapes (batch x context), check shape)
-    ("lm", "full"): ("1x2048,8x2048,1x16384", "1x2048,8x2048", "1x2048"),
+    ("lm", "full"): ("1x2048,8x2048,1x16384", "1x2048", "1x2048"),
     ("lm", "tiny"): ("1x32,4x32", "1x32", "1x32"),
     # batch x frames x height x width (pixels)
     ("dit", "full"): ("2x49x512x768", "", "2x49x512x768"),
@@ -847,6 +893,12 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=3, help="timed calls per prefill / denoise shape")
     p.add_argument("--decode-iters", type=int, default=16, help="timed decode steps per shape")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument(
+        "--compile-scope",
+        choices=["blocks", "model"],
+        default="blocks",
+        help="prefill / denoise compilation: each repeated block (default) or the whole model",
+    )
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     return p.parse_args(argv)
 
@@ -971,6 +1023,10 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
             dtype, device, doc, results):  # fmt: skip
     from torch._dynamo.utils import counters
 
+    # Regional compilation reuses one compiled block for every layer; should guards still tell
+    # the layers apart, each compiles rather than silently falling back to eager after the
+    # default limit of 8 ("graphs" in the JSON shows it).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     ref_first = first_shape_reference(spec, ref32, shapes[0]) if shapes else None
     spread = None
     if ref_first is not None and doc["check"]:
@@ -979,12 +1035,16 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
     for config in configs:
         use_kit = config.endswith("+kit")
         base = kit_model if use_kit else model
-        compiled = config.startswith("compile")
+        is_compiled = config.startswith("compile")
         torch._dynamo.reset()
         counters.clear()
-        ctx = kit.rope() if use_kit else contextlib.nullcontext()
-        with ctx, torch.no_grad():
-            fwd = torch.compile(base, dynamic=True) if compiled else base
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            if use_kit:
+                stack.enter_context(kit.rope())
+            fwd = base
+            if is_compiled:
+                fwd = stack.enter_context(compiled(base, spec, args.compile_scope))
             for i, shape in enumerate(shapes):
                 label = "x".join(map(str, shape))
                 try:
@@ -1008,8 +1068,8 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                     row.update(phase=phase, shape=label, batch=shape[0], config=config)
                     row["length"] = shape[1] if spec.kind == "lm" else tokens // shape[0]
                     row["tokens_per_s"] = tokens / (row["median_ms"] / 1000)
-                    if compiled:
-                        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
+                    if is_compiled:
+                        row["graphs"] = counters["stats"]["unique_graphs"]
                     if i == 0 and ref_first is not None and spread is not None:
                         row["agreement"] = agreement(out["y"], ref_first, spread, spec)
                     record(doc, results, row)
@@ -1024,18 +1084,22 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                         results.save()
                 except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
                     fail(doc, results, f"{config} {phase} {label}", e)
+        # Decode: the whole model under reduce-overhead (CUDA graphs over a full step), or eager.
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            if use_kit:
+                stack.enter_context(kit.rope())
             for shape in decodes:
                 label = "x".join(map(str, shape))
                 try:
-                    step = (
-                        torch.compile(base, mode="reduce-overhead", dynamic=False)
-                        if compiled
-                        else base
-                    )
+                    step = base
+                    if is_compiled:
+                        step = torch.compile(base, mode="reduce-overhead", dynamic=False)
                     row = time_decode(step, model, shape, args, device)
                     row.update(phase="decode", shape=label, batch=shape[0], length=shape[1])
                     row["config"] = config
-                    if compiled:
+                    if is_compiled:
+                        row["graphs"] = counters["stats"]["unique_graphs"]
                         row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
                     record(doc, results, row)
                 except Exception as e:  # noqa: BLE001
@@ -1063,7 +1127,8 @@ def time_decode(step, prefill_model, shape, args, device) -> dict:
     cache = static_cache(prefill_model, batch, context + steps + 1)
     ids = lm_ids(prefill_model.config, batch, context, device, seed=3)
     pos0 = torch.arange(context, device=device)[None].expand(batch, -1)
-    prefill_model(input_ids=ids, position_ids=pos0, cache=cache, use_cache=True, logits_to_keep=1)
+    kw = {cache_kw(prefill_model): cache, "use_cache": True}
+    prefill_model(input_ids=ids, position_ids=pos0, logits_to_keep=1, **kw)
     tok = ids[:, -1:].clone()
     pos = torch.full((batch, 1), context - 1, device=device)
 
@@ -1071,7 +1136,7 @@ def time_decode(step, prefill_model, shape, args, device) -> dict:
         pos.add_(1)
 
     def call():
-        step(input_ids=tok, position_ids=pos, cache=cache, use_cache=True)
+        step(input_ids=tok, position_ids=pos, **kw)
 
     return time_calls(call, device, args.warmup + 2, args.decode_iters, between=advance)
 
