@@ -52,15 +52,18 @@ token with a StaticCache filled to the context (1x2048; ``--decode 1x2048,8x2048
 at the cost of two more whole-model compiles), CUDA graphs through
 ``torch.compile(mode="reduce-overhead")`` in the compile configurations, eager steps otherwise.
 LTX: one denoising step (one transformer forward) at batch 2 (classifier-free guidance).
-Compiled prefill and denoise use ``dynamic=True`` (one compile for every length; batch 1 and
-batch 8 are two, as dynamo specializes size 1) on each repeated block (``--compile-scope
+Compiled prefill and denoise use ``dynamic=True`` (dynamo still compiles the first shape
+statically, then once with dynamic sizes; batch 1 is specialized: at most three compiles) on
+each repeated block (``--compile-scope
 blocks``, regional compilation: one block compiles for all layers, seconds instead of minutes at
 full size) or on the whole model (``--compile-scope model``); compiled decode is always the
 whole model. The first call of each shape is timed separately as ``first_call_s`` (compile +
 one run). Each median comes
 from CUDA events around single calls after warm-up. The JSON is rewritten after every
-measurement, so a run that is killed still leaves what it measured. One profile (``--profile``,
-default eager+kit prefill at the first shape) gives the GPU time share per op family.
+measurement, so a run that is killed still leaves what it measured, and no measurement starts
+after ``--budget-s`` (540 s: a GPU call may last 600 s). One torch-profiler run (eager+kit,
+the first prefill / denoise shape, CUDA only; ``--no-profile`` skips it) gives the GPU time
+share per op family.
 
 JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
 
@@ -761,22 +764,21 @@ def family(kernel_name: str) -> str:
     return "other"
 
 
-def profile_families(fn, device: str) -> dict:
-    """GPU time per op family of one call of `fn` (after the caller's warm-up)."""
+def profile_families(fn) -> dict:
+    """GPU time per op family of one call of `fn` (after the caller's warm-up; CUDA only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    activity = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
-        sync(device)
+        torch.cuda.synchronize()
     kernels = {}
     for event in prof.events():
-        if device == "cuda" and event.device_type != torch.autograd.DeviceType.CUDA:
+        if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        if device != "cuda" and not event.name.startswith("aten::"):
-            continue
-        us = event.device_time if device == "cuda" else event.self_cpu_time_total
-        kernels[event.name] = kernels.get(event.name, 0.0) + us / 1000
+        # A kernel's own interval (device_time_total is 0 unless the profiler was told the
+        # device through use_device; the interval does not depend on that).
+        ms = event.time_range.elapsed_us() / 1000
+        kernels[event.name] = kernels.get(event.name, 0.0) + ms
     total = sum(kernels.values()) or 1.0
     families = {
         name: {"ms": 0.0, "share": 0.0, "kernels": 0} for name, _ in FAMILIES + (("other", 0),)
@@ -892,6 +894,13 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3, help="timed calls per prefill / denoise shape")
     p.add_argument("--decode-iters", type=int, default=16, help="timed decode steps per shape")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="start no new measurement after this many seconds (the GPU lease allows 600 per "
+        "call); what is left is recorded in errors and the document stays incomplete",
+    )
     p.add_argument("--no-profile", action="store_true")
     p.add_argument(
         "--compile-scope",
@@ -920,6 +929,7 @@ class Results:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.start = time.perf_counter()
     spec = SPECS[args.model]
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -1047,6 +1057,8 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                 fwd = stack.enter_context(compiled(base, spec, args.compile_scope))
             for i, shape in enumerate(shapes):
                 label = "x".join(map(str, shape))
+                if over_budget(args, doc, results, f"{config} {phase} {label}"):
+                    continue
                 try:
                     if spec.kind == "lm":
                         ids = lm_ids(model.config, shape[0], shape[1], device)
@@ -1080,7 +1092,7 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                         and not args.no_profile
                     ):
                         doc["profile"] = {"config": config, "phase": phase, "shape": label}
-                        doc["profile"].update(profile_families(call, device))
+                        doc["profile"].update(profile_families(call))
                         results.save()
                 except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
                     fail(doc, results, f"{config} {phase} {label}", e)
@@ -1091,6 +1103,8 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                 stack.enter_context(kit.rope())
             for shape in decodes:
                 label = "x".join(map(str, shape))
+                if over_budget(args, doc, results, f"{config} decode {label}"):
+                    continue
                 try:
                     step = base
                     if is_compiled:
@@ -1106,6 +1120,16 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                     fail(doc, results, f"{config} decode {label}", e)
     doc["speedups"] = speedups(doc["measurements"])
     results.save()
+
+
+def over_budget(args, doc, results, what: str) -> bool:
+    elapsed = time.perf_counter() - args.start
+    if elapsed <= args.budget_s:
+        return False
+    doc["errors"].append(f"{what}: not measured, {elapsed:.0f} s > --budget-s {args.budget_s:g}")
+    results.save()
+    print(f"[e2e] {what}: skipped (time budget)")
+    return True
 
 
 def agreement(y, ref, spread, spec) -> dict:
