@@ -93,10 +93,9 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
       "speedups": [{"phase", "shape", "kit_vs_eager": eager / eager+kit,
                     "compile_kit_vs_compile": compile / compile+kit,
                     "compile_kit_vs_eager": eager / compile+kit}],   # >1: faster with the kit
-      "profile": {"config", "phase", "shape", "total_ms",
-                  "families": {"rmsnorm"|"rope"|"activation"|"attention"|"gemm"|"other":
-                               {"ms", "share", "kernels"}},
-                  "top": [{"name", "family", "ms"}]},
+      "profile": {"config", "phase", "shape", "total_us",    # profile_tools.family_table
+                  "families": {"attention"|"gemm"|"rmsnorm"|"rope"|"activation"|"other":
+                               {"us", "share", "launches", "top": [{"name", "us", "launches"}]}}},
       "errors": ["<config> <phase> <shape>: <exception>"]
     }
 """
@@ -112,7 +111,6 @@ import importlib
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -745,56 +743,25 @@ def time_calls(fn, device: str, warmup: int, iters: int, between=None) -> dict:
 
 # ---- profile ----
 
-# Kernel name -> op family, first match wins (attention before GEMM: some attention kernels
-# are CUTLASS-based). Our kernels: rms_norm_*_kernel, rope_kernel, *_act_*_kernel,
-# attn_fwd_*; PyTorch's and inductor's are named after what they compute.
-FAMILIES = (
-    ("attention", re.compile(r"attn|attention|flash|fmha|sdpa", re.I)),
-    ("rmsnorm", re.compile(r"rms_?norm|rsqrt", re.I)),
-    ("rope", re.compile(r"rope|rotary", re.I)),
-    ("activation", re.compile(r"_act_|silu|gelu|swiglu|act_and_mul", re.I)),
-    ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|matmul|splitk|wgmma", re.I)),
-)
-
-
-def family(kernel_name: str) -> str:
-    for name, pattern in FAMILIES:
-        if pattern.search(kernel_name):
-            return name
-    return "other"
-
 
 def profile_families(fn) -> dict:
-    """GPU time per op family of one call of `fn` (after the caller's warm-up; CUDA only)."""
+    """GPU time per op family of one call of `fn` (after the caller's warm-up; CUDA only), with
+    scripts/profile_tools.py's classifier of kernel names (ours, PyTorch's, inductor's)."""
+    from profile_tools import family_table
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = {}
+    kernels: dict[str, tuple[float, int]] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         # A kernel's own interval (device_time_total is 0 unless the profiler was told the
         # device through use_device; the interval does not depend on that).
-        ms = event.time_range.elapsed_us() / 1000
-        kernels[event.name] = kernels.get(event.name, 0.0) + ms
-    total = sum(kernels.values()) or 1.0
-    families = {
-        name: {"ms": 0.0, "share": 0.0, "kernels": 0} for name, _ in FAMILIES + (("other", 0),)
-    }
-    for name, ms in kernels.items():
-        fam = families[family(name)]
-        fam["ms"] += ms
-        fam["kernels"] += 1
-    for fam in families.values():
-        fam["share"] = fam["ms"] / total
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
-    return {
-        "total_ms": total,
-        "families": families,
-        "top": [{"name": n[:160], "family": family(n), "ms": ms} for n, ms in top],
-    }
+        us, launches = kernels.get(event.name, (0.0, 0))
+        kernels[event.name] = (us + event.time_range.elapsed_us(), launches + 1)
+    return family_table(kernels)
 
 
 # ---- environment ----

@@ -77,8 +77,8 @@ def render(doc: dict) -> str:
         shares = sorted(profile["families"].items(), key=lambda kv: -kv[1]["share"])
         lines.append(
             f"GPU time of {profile['config']} {profile['phase']} {profile['shape']} "
-            f"({profile['total_ms']:.1f} ms): "
-            + ", ".join(f"{name} {100 * f['share']:.0f}%" for name, f in shares if f["ms"] > 0)
+            f"({profile['total_us'] / 1000:.1f} ms): "
+            + ", ".join(f"{name} {100 * f['share']:.0f}%" for name, f in shares if f["us"] > 0)
             + "."
         )
     if doc.get("errors"):

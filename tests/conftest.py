@@ -13,6 +13,12 @@ from localhub import LocalHub  # noqa: E402
 from localhub.client import client_env  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: minutes, not seconds (tests/test_new_kernel.py); part of the default run"
+    )
+
+
 @pytest.fixture(scope="session")
 def local_hub(tmp_path_factory):
     """One LocalHub per test session (random ports, store in a tmp dir), stopped at the end."""

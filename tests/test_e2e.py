@@ -61,7 +61,13 @@ EXPECTED_ROUTES = {
 
 @pytest.fixture(scope="module")
 def kit_modules():
-    return e2e.load_kit()
+    """The four kernels from their builds (LOCAL_KERNELS as it was is restored afterwards)."""
+    saved = os.environ.get("LOCAL_KERNELS")
+    yield e2e.load_kit()
+    if saved is None:
+        os.environ.pop("LOCAL_KERNELS", None)
+    else:
+        os.environ["LOCAL_KERNELS"] = saved
 
 
 @pytest.fixture
@@ -252,7 +258,7 @@ def test_readme_e2e_tables_match_result_files():
     assert e2e_table.generated_readme(readme) == readme, "run: python scripts/bench_table.py"
 
 
-def test_a_run_writes_the_schema_and_its_table(isolated, tmp_path):
+def test_a_run_writes_the_schema_and_its_table(kit_modules, isolated, tmp_path):
     """A tiny CPU run of the eager configurations (no compile: CI time) writes a complete
     document that the README table renders, one row per phase and shape."""
     import e2e_table
@@ -275,9 +281,21 @@ def test_a_run_writes_the_schema_and_its_table(isolated, tmp_path):
     table = e2e_table.generated_readme(text, root=tmp_path)
     assert table.count("\n| prefill |") == 2 and table.count("\n| decode |") == 1, table
     assert "Check passed" in table
+    # The GPU-only profile, as a CUDA run records it (profile_tools.family_table).
+    from profile_tools import family_table
+
+    kernels = {"rms_norm_fwd_kernel": (10.0, 5), "nvjet_tst_128x256": (90.0, 10)}
+    doc["profile"] = {"config": "eager+kit", "phase": "prefill", "shape": "1x32"}
+    doc["profile"].update(family_table(kernels))
+    out.write_text(json.dumps(doc))
+    table = e2e_table.generated_readme(text, root=tmp_path)
+    assert "prefill 1x32 (0.1 ms): gemm 90%, rmsnorm 10%." in table, table
 
 
 def test_kernel_families():
+    """The profile's classifier (scripts/profile_tools.py) knows this kit's kernel names."""
+    from profile_tools import family
+
     names = {
         "rms_norm_fwd_kernel": "rmsnorm",
         "void rope_kernel<__nv_bfloat16>": "rope",
@@ -290,4 +308,4 @@ def test_kernel_families():
         "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "rmsnorm",
         "elementwise_kernel_with_index": "other",
     }
-    assert {n: e2e.family(n) for n in names} == names
+    assert {n: family(n) for n in names} == names
