@@ -96,7 +96,8 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
       "profile": {"config", "phase", "shape", "total_us",    # profile_tools.family_table
                   "families": {"attention"|"gemm"|"rmsnorm"|"rope"|"activation"|"other":
                                {"us", "share", "launches", "top": [{"name", "us", "launches"}]}}},
-      "errors": ["<config> <phase> <shape>: <exception>"]
+      "errors": ["<config> <phase> <shape>: <exception>"],
+      "wall_s": {"build", "check", "total"}             # seconds of this run, for planning
     }
 """
 
@@ -935,15 +936,15 @@ def main(argv=None) -> dict:
         "speedups": [],
         "profile": None,
         "errors": [],
+        "wall_s": {},
     }
     results = Results(args.out, doc)
     try:
         t0 = time.perf_counter()
         model32 = build_model(spec, args.size, device)
         doc["model_config"] = config_dict(model32)
-        print(
-            f"[e2e] {spec.cls} ({args.size}) built on {device} in {time.perf_counter() - t0:.1f} s"
-        )
+        doc["wall_s"]["build"] = round(time.perf_counter() - t0, 1)
+        print(f"[e2e] {spec.cls} ({args.size}) built on {device} in {doc['wall_s']['build']} s")
         if args.skip_check:
             model = model32.to(dtype)
             kit_model = twin(model)
@@ -962,6 +963,7 @@ def main(argv=None) -> dict:
                     f"{'ok' if c['passed'] else 'FAILED'}"
                 )
         del model32
+        doc["wall_s"]["check"] = round(time.perf_counter() - t0 - doc["wall_s"]["build"], 1)
         doc["routes"] = {k: v for k, v in kit.routes.items()}
         results.save()
         if doc["check"] is not None and not doc["check"]["passed"]:
@@ -978,8 +980,13 @@ def main(argv=None) -> dict:
         doc["complete"] = True
         return doc
     finally:
+        doc["wall_s"]["total"] = round(time.perf_counter() - args.start, 1)
         results.save()
         kit.close()
+        if doc["measurements"]:
+            import e2e_table
+
+            print(e2e_table.render(doc))
 
 
 def first_shape_reference(spec, ref32, shape):
