@@ -57,6 +57,9 @@ USERS: dict[str, Users] = {
     "kernel_fixture.py": Users(
         "tests/{kernel}_fixture.py", ("activation", "attention", "rmsnorm", "rope")
     ),
+    "tiny_models.py": Users(
+        "tests/{kernel}_tiny_models.py", ("activation", "attention", "rmsnorm")
+    ),
 }
 
 

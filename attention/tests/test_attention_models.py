@@ -32,6 +32,7 @@ from dataclasses import replace
 import pytest
 import torch
 from attention_cases import BF16, F32, dtype_id, randn
+from attention_tiny_models import assert_as_accurate, float64_twin, flux, run_flux
 
 transformers = pytest.importorskip("transformers")
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -237,25 +238,29 @@ def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
 
 @pytest.fixture
 def diffusers_hub(kernel, monkeypatch):
-    """diffusers' flash_hub / flash_varlen_hub backends pointed at our repo id (LOCAL_KERNELS
-    resolves it to the build), loaded by diffusers' own _maybe_download_kernel_for_backend."""
+    """diffusers' flash_hub / flash_varlen_hub backends served by our package through
+    ``use_with_diffusers()``, the recipe of the card, with loading from the Hub made to fail:
+    the backends must not need it. diffusers' registry entries and active backend are restored
+    after the test."""
     ad = pytest.importorskip("diffusers.models.attention_dispatch")
-    registry = dict(ad._HUB_KERNELS_REGISTRY)
-    for name in (ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB):
-        registry[name] = replace(
-            registry[name],
-            repo_id=REPO_ID,
-            version=1,
-            kernel_fn=None,
-            wrapped_forward_fn=None,
-            wrapped_backward_fn=None,
-        )
-    monkeypatch.setattr(ad, "_HUB_KERNELS_REGISTRY", registry)
+    import kernels
+
     monkeypatch.setattr(
-        ad, "DIFFUSERS_TRUST_REMOTE_KERNELS", True
-    )  # no Hub call for the publisher check
-    for name in (ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB):
-        ad._maybe_download_kernel_for_backend(name)
+        ad,
+        "_HUB_KERNELS_REGISTRY",
+        {name: replace(config) for name, config in ad._HUB_KERNELS_REGISTRY.items()},
+    )
+    monkeypatch.setattr(
+        ad._AttentionBackendRegistry,
+        "_active_backend",
+        ad._AttentionBackendRegistry._active_backend,
+    )
+
+    def no_download(*args, **kwargs):
+        raise AssertionError(f"diffusers tried to load a kernel: get_kernel{args}")
+
+    monkeypatch.setattr(kernels, "get_kernel", no_download)
+    assert kernel.use_with_diffusers() == ["flash_hub", "flash_varlen_hub"]
     return ad
 
 
@@ -308,3 +313,53 @@ def test_diffusers_flash_varlen_hub(kernel, device, diffusers_hub):
         ctx, q, k, v, None, 0.0, False, None, False, True
     )
     assert out_cp.shape == q.shape and lse_cp.shape == (b, sq, h)
+
+
+def test_diffusers_flux_with_flash_hub(kernel, device, diffusers_hub):
+    """The whole recipe on a model: use_with_diffusers(), then set_attention_backend("flash_hub")
+    on a tiny Flux transformer; our flash_attn_func runs every attention and the output is as
+    accurate as with PyTorch's SDPA (attention_tiny_models.py derives the bound)."""
+    ad = diffusers_hub
+    model = flux().to(device)
+    twin = float64_twin(model)
+    untouched = run_flux(model, device)  # before: set_attention_backend sets the global backend too
+    reference = run_flux(twin, device, torch.float64)
+    config = ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB]
+    assert config.kernel_fn is kernel.flash_attn_func
+    calls = []
+    ours = config.kernel_fn
+    config.kernel_fn = lambda *a, **k: calls.append(1) or ours(*a, **k)
+    model.set_attention_backend("flash_hub")
+    assert_as_accurate("flux output", run_flux(model, device), untouched, reference)
+    assert len(calls) == 2  # the double block's joint attention and the single block's
+
+
+@pytest.mark.slow
+def test_diffusers_local_build_recipe(kernel, device, monkeypatch):
+    """The card's recipe without our package's help, for a local build: LOCAL_KERNELS names
+    diffusers' own repo id (it ignores the version diffusers asks for) and
+    DIFFUSERS_TRUST_REMOTE_KERNELS=true skips the publisher query, in a fresh process (both are
+    read at import)."""
+    pytest.importorskip("diffusers")
+    from pathlib import Path
+
+    from attention_fixture import run_in_fresh_process
+
+    build_dir = Path(kernel.__file__).parent.parent  # <kernel>/build, holding the variants
+    monkeypatch.setenv("LOCAL_KERNELS", f"kernels-community/flash-attn2={build_dir}")
+    monkeypatch.setenv("DIFFUSERS_TRUST_REMOTE_KERNELS", "true")
+    run_in_fresh_process(
+        f"""
+import kernels, torch
+from diffusers.models import attention_dispatch as ad
+q, k, v = (torch.randn(2, 9, 2, 64, device={device!r}, dtype=torch.bfloat16) for _ in range(3))
+with ad.attention_backend("flash_hub"):
+    got = ad.dispatch_attention_fn(q, k, v, is_causal=True)
+ours = kernels.get_kernel("kernels-community/flash-attn2", version=3)  # what diffusers loaded
+assert ours.__name__.startswith("_attention_"), ours.__name__
+fn = ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB].kernel_fn
+assert fn is ours.flash_attn_func
+assert torch.equal(got, ours.flash_attn_func(q, k, v, causal=True))
+print("ok")
+"""
+    )

@@ -38,6 +38,7 @@ from rmsnorm_cases import (
     forward_bound,
     make_input,
 )
+from rmsnorm_tiny_models import causal_lm
 
 transformers = pytest.importorskip("transformers")
 diffusers_normalization = pytest.importorskip("diffusers.models.normalization")
@@ -47,7 +48,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm as HFLlamaRMSN
 
 DiffusersRMSNorm = diffusers_normalization.RMSNorm
 
-LAYERS = ["RMSNorm", "LlamaRMSNorm", "GemmaRMSNorm", "DiffusersRMSNorm"]
+LAYERS = ["RMSNorm", "LlamaRMSNorm", "GemmaRMSNorm", "DiffusersRMSNorm", "TorchRMSNorm"]
 MODES = {
     "inference": Mode.INFERENCE,
     "training": Mode.TRAINING,
@@ -363,25 +364,7 @@ def test_diffusers_rms_norm_bias(kernel, device, named, wdtype):
 
 
 def _tiny_llama(device, dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # random norm weights (they are initialized to ones)
-        for m in model.modules():
-            if isinstance(m, HFLlamaRMSNorm):
-                m.weight.copy_(1.0 + 0.2 * torch.randn_like(m.weight))
-    return model.to(device=device, dtype=dtype)
+    return causal_lm("llama").to(device=device, dtype=dtype)
 
 
 def _float64_twin(kernel, model):

@@ -19,10 +19,12 @@ with kernels >= 0.18.2, where transformers' decorators are live, the modules its
 name get their class forward back, which would undo what another package's `attach_layers` had
 attached. Matching and replacing the selected instances touches nothing else.
 
-accelerate's hooks (diffusers' `enable_model_cpu_offload`, `enable_sequential_cpu_offload`) keep
-the `module.forward` they find when they are added and call it from their wrapper, so a forward
-attached before them stays in use. A module that already carries a hook (`_hf_hook`) is refused:
-replacing its forward afterwards would drop the hook (no weight movement to the device).
+accelerate's hooks (diffusers' `enable_model_cpu_offload`, `enable_sequential_cpu_offload`, a
+`device_map` dispatch) and diffusers' own (group offloading) keep the `module.forward` they find
+when they are added, as `module._old_forward`, and call it from their wrapper, so a forward
+attached before them stays in use. A module that already carries one (`_hf_hook`,
+`_diffusers_hook`) is refused: replacing its forward afterwards would drop the hook (no weight
+movement to the device).
 """
 
 import inspect
@@ -68,16 +70,14 @@ def _mode_flags(fn: str, mode) -> Tuple[bool, bool]:
     return Mode.TRAINING in mode, Mode.TORCH_COMPILE in mode
 
 
-def _device_type(fn: str, model: torch.nn.Module, device) -> str:
-    """The device type the model runs on: `device`'s, else that of its first parameter or buffer
-    (ROCm tensors are "cuda" tensors; kernels' "rocm" is accepted as well)."""
+def _device_type(fn: str, model: torch.nn.Module, device) -> Optional[str]:
+    """The device type the model runs on: `device`'s, else that of its first parameter or buffer,
+    None for a model with neither (ROCm tensors are "cuda" tensors; kernels' "rocm" is accepted
+    as well)."""
     if device is None:
         for t in list(model.parameters()) + list(model.buffers()):
             return t.device.type
-        raise ValueError(
-            f"{fn}: device is None and the model has no parameters or buffers to infer it "
-            "from; pass device='cuda' or 'cpu'"
-        )
+        return None
     if isinstance(device, torch.device):
         return device.type
     if isinstance(device, str):
@@ -152,8 +152,8 @@ def attach(
     `fn` is the public name errors start with, `namespace` the package's op namespace, `layers`
     its layers module and `defaults` its map host key -> layer or (layer, condition). Raises
     ValueError before touching the model when a layer does not support `mode`, when the build
-    has no kernels for the device, when a module carries an accelerate hook, or when no module
-    matched (naming the classes looked for and those the model has)."""
+    has no kernels for the device, when a module carries an accelerate or diffusers hook, or
+    when no module matched (naming the classes looked for and those the model has)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
     training, compile_ = _mode_flags(fn, mode)
@@ -171,17 +171,22 @@ def attach(
             )
 
     plan = []
+    taken = []  # names of the modules replaced: their submodules no longer run (SwiGLU's SiLU)
     for name, module in model.named_modules():
+        if any(name.startswith(t + ".") for t in taken):
+            continue
         for key, entry in chosen.items():
             layer, cond = _split(entry)
             if matches(key, type(module)) and (cond is None or cond(module)):
-                if hasattr(module, "_hf_hook"):
+                if hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook"):
                     raise ValueError(
                         f"{fn}: module {name or '(the model)'} ({type(module).__name__}) carries an "
-                        "accelerate hook; call attach_layers before enable_model_cpu_offload / "
-                        "enable_sequential_cpu_offload / device_map dispatch"
+                        "accelerate or diffusers hook; call attach_layers before "
+                        "enable_model_cpu_offload / enable_sequential_cpu_offload / "
+                        "enable_group_offload / device_map dispatch"
                     )
                 plan.append((module, key, layer))
+                taken.append(name)
                 break
     if not plan:
         present = sorted({f"{type(m).__module__}.{type(m).__name__}" for m in model.modules()})
@@ -192,7 +197,9 @@ def attach(
             f"{fn}: no module of the model matched; looked for {', '.join(chosen) or '(nothing)'}; "
             f"the model's module classes are: {shown}"
         )
-    _check_device(fn, namespace, _device_type(fn, model, device))
+    device_type = _device_type(fn, model, device)
+    if device_type is not None:  # a model without tensors (bare activations) runs anywhere
+        _check_device(fn, namespace, device_type)
 
     counts: Dict[str, int] = {}
     for module, key, layer in plan:
@@ -214,11 +221,11 @@ _SHARED_DOC = """
 
     ``mode``: a kernels ``Mode`` (None: inference); TRAINING needs the layers' ``has_backward``,
     TORCH_COMPILE their ``can_torch_compile`` (all of ours have both). ``device``: the device
-    type the model runs on (None: its first parameter's); this build must have kernels for it.
-    Raises ValueError, leaving the model untouched, when no module matched (naming the classes
-    looked for and those the model contains), or when a matched module already carries an
-    accelerate hook: attach before ``enable_model_cpu_offload()`` and the like. Instance forwards
-    are replaced, as ``kernelize`` does; the model is not copied.
+    type the model runs on (None: its first parameter's, if any); this build must have kernels
+    for it. Raises ValueError, leaving the model untouched, when no module matched (naming the
+    classes looked for and those the model contains), or when a matched module already carries
+    an accelerate or diffusers hook: attach before ``enable_model_cpu_offload()`` and the like.
+    Instance forwards are replaced, as ``kernelize`` does; the model is not copied.
     """
 
 

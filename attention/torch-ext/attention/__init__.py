@@ -20,7 +20,9 @@ no key gives out = 0 and lse = +inf.
   register ``transformers_attention_forward`` through ``AttentionInterface`` (see the card).
 * diffusers: the ``flash_hub`` / ``flash_varlen_hub`` backends call ``flash_attn_func`` /
   ``flash_attn_varlen_func`` and ``flash_attn_interface._flash_attn_forward`` /
-  ``_flash_attn_varlen_forward`` (also exported as ``_wrapped_flash_attn_forward``).
+  ``_flash_attn_varlen_forward`` (also exported as ``_wrapped_flash_attn_forward``);
+  ``use_with_diffusers()`` makes both backends use this package (diffusers itself would load
+  ``kernels-community/flash-attn2`` version 3).
 
 dtypes: float16 and bfloat16 on CUDA (head_dim 32, 64, 96, 128, 192, 256), float32 too on the CPU
 (any head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
@@ -28,7 +30,7 @@ backward through any of these functions (inference works; training fails loudly)
 traces with ``torch.compile(fullgraph=True)``.
 """
 
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -60,6 +62,7 @@ __all__ = [
     "bert_padding",
     # transformers AttentionInterface
     "transformers_attention_forward",
+    "use_with_diffusers",
 ]
 
 
@@ -240,6 +243,48 @@ def transformers_attention_forward(
     else:
         out = flash_attn_func(q, k, v, **options)
     return out.to(dtype), None
+
+
+def use_with_diffusers() -> List[str]:
+    """Make diffusers' ``flash_hub`` and ``flash_varlen_hub`` attention backends call this
+    package, in this process; returns the backend names.
+
+    diffusers hard-codes the kernel those backends load (``kernels-community/flash-attn2``,
+    ``version=3``, after a Hub query of the publisher's trust unless
+    ``DIFFUSERS_TRUST_REMOTE_KERNELS=true``) and loads it only while its backend entry still lacks
+    the functions. This fills each entry with the functions its attribute paths name, resolved
+    on this package (the same lookup diffusers does on the kernel it downloads), so
+    ``set_attention_backend("flash_hub")`` then loads nothing: no repository, version or network
+    is involved. Call it before ``set_attention_backend`` / ``attention_backend``; it replaces a
+    kernel loaded earlier. Raises RuntimeError when the installed diffusers has no such entries.
+    """
+    import sys
+
+    try:
+        from diffusers.models import attention_dispatch as ad
+
+        names = [ad.AttentionBackendName.FLASH_HUB, ad.AttentionBackendName.FLASH_VARLEN_HUB]
+        configs = [ad._HUB_KERNELS_REGISTRY[name] for name in names]
+    except (ImportError, AttributeError, KeyError) as exc:
+        raise RuntimeError(
+            "use_with_diffusers: this diffusers has no flash_hub / flash_varlen_hub kernel "
+            f"registry to fill (written against diffusers 0.42): {exc}"
+        ) from exc
+    package = sys.modules[__name__]
+
+    def resolve(path: str):
+        target = package
+        for attr in path.split("."):
+            target = getattr(target, attr)
+        return target
+
+    for config in configs:
+        config.kernel_fn = resolve(config.function_attr)
+        if config.wrapped_forward_attr is not None:
+            config.wrapped_forward_fn = resolve(config.wrapped_forward_attr)
+        if config.wrapped_backward_attr is not None:
+            config.wrapped_backward_fn = resolve(config.wrapped_backward_attr)
+    return [name.value for name in names]
 
 
 # An error raised through a public function names it, not the op it reached (_public_errors.py):
