@@ -529,6 +529,11 @@ def transformers_attention(attn):
     def forward(module, query, key, value, attention_mask, scaling=None, **kwargs):
         position_ids = kwargs.get("position_ids")
         if attention_mask is None and key.shape[2] > query.shape[2] and position_ids is not None:
+            if kwargs.get("sliding_window") or kwargs.get("softcap"):
+                raise NotImplementedError(
+                    "e2e: the static-cache path covers full causal attention (Llama, Qwen3), "
+                    "not sliding windows or softcapping"
+                )
             seqlens = (position_ids[:, -1] + 1).to(torch.int32).expand(query.shape[0])
             out = attn.flash_attn_with_kvcache(
                 query.transpose(1, 2),
