@@ -180,8 +180,16 @@ __device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b,
 // chunks; thread tid owns chunk tid % kChunksPerRow of rows tid / kChunksPerRow + p x
 // kRowsPerPass (the first kRowsPerPass x kChunksPerRow threads take part), so a warp reads
 // whole rows (coalesced) and a thread walks its rows with one pointer increment per pass
-// instead of holding a 64-bit address per row.
+// instead of holding a 64-bit address per row. A chunk past the caller's head dim (an instance
+// run for a smaller head dim, FwdArgs::head_dim) is zero-filled like a row past the end: one
+// column predicate per thread and call, folded into each copy's row predicate. (Folding it into
+// the row limit instead, one integer, cost the head-dim-128 prefill instances more registers.)
 // ---------------------------------------------------------------------------------------------
+// Whether chunk ch (8 columns) of a row lies within the caller's head dim.
+__device__ __forceinline__ bool chunk_in_head(const FwdArgs& a, int ch) {
+  return ch * 8 < a.head_dim;
+}
+
 template <class Cfg>
 struct RowSplit {
   static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
@@ -197,13 +205,14 @@ __device__ __forceinline__ void load_q(const FwdArgs& a, const Seq& s, int head,
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
   const int r0 = tid / Cfg::kChunksPerRow;
   const int ch = tid % Cfg::kChunksPerRow;
+  const bool col = chunk_in_head(a, ch);
   const T* q = static_cast<const T*>(a.q);
 #pragma unroll
   for (int p = 0; p < RS::kQPasses; ++p) {
     const int row = r0 + p * RS::kRowsPerPass;
     if (Cfg::kBlockM % RS::kRowsPerPass != 0 && row >= Cfg::kBlockM) break;
     const int m = m0 + row;
-    const bool valid = m < rows;
+    const bool valid = col && m < rows;
     const T* src = q;
     if (valid) {
       int i, h;
@@ -226,6 +235,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
   const int r0 = tid / Cfg::kChunksPerRow;
   const int ch = tid % Cfg::kChunksPerRow;
+  const bool col = chunk_in_head(a, ch);
   const int j0 = n * Cfg::kBlockN + r0;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
@@ -235,7 +245,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
       const int row = r0 + p * RPP;
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
       const int j = j0 + p * RPP;
-      const bool valid = j < s.len_k;
+      const bool valid = col && j < s.len_k;
       const T* ksrc = k;
       const T* vsrc = v;
       if (valid) {
@@ -258,7 +268,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
     for (int p = 0; p < kPasses; ++p) {
       const int row = r0 + p * RPP;
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
-      const bool valid = j0 + p * RPP < s.len_k;
+      const bool valid = col && j0 + p * RPP < s.len_k;
       const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
       if constexpr (kLoadK) cp_async_16(sk + off, valid ? kp : k, valid);
       if constexpr (kLoadV) cp_async_16(sv + off, valid ? vp : v, valid);
@@ -296,6 +306,7 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
   const bool active = WS::kActive == 32 || lane < WS::kActive;
   const int r0 = lane / Cfg::kChunksPerRow;  // first key row (within the warp's keys) of the lane
   const int ch = lane % Cfg::kChunksPerRow;
+  const bool col = chunk_in_head(a, ch);
   const int j0 = n * Cfg::kBlockN + key_w + r0;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
@@ -329,7 +340,7 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
     for (int p = 0; p < WS::kPasses; ++p) {
       if (Cfg::kWarpKeys % RPP != 0 && r0 + p * RPP >= Cfg::kWarpKeys) break;
       const int j = j0 + p * RPP;
-      const bool valid = j < s.len_k;
+      const bool valid = col && j < s.len_k;
       const T* ksrc = k;
       const T* vsrc = v;
       if (valid) {
@@ -348,7 +359,7 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
 #pragma unroll
   for (int p = 0; p < WS::kPasses; ++p) {
     if (Cfg::kWarpKeys % RPP != 0 && r0 + p * RPP >= Cfg::kWarpKeys) break;
-    const bool valid = j0 + p * RPP < s.len_k;
+    const bool valid = col && j0 + p * RPP < s.len_k;
     const uint32_t off = tile_offset<Cfg::kHeadDim>(key_w + r0 + p * RPP, ch);
     cp_async_16(sk + off, valid ? kp : k, valid);
     cp_async_16(sv + off, valid ? vp : v, valid);

@@ -22,8 +22,8 @@ no key gives out = 0 and lse = +inf.
   ``flash_attn_varlen_func`` and ``flash_attn_interface._flash_attn_forward`` /
   ``_flash_attn_varlen_forward`` (also exported as ``_wrapped_flash_attn_forward``).
 
-dtypes: float16 and bfloat16 on CUDA (head_dim 32, 64, 96, 128, 192, 256), float32 too on the CPU
-(any head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
+dtypes: float16 and bfloat16 on CUDA (head_dim up to 256), float32 too on the CPU (any
+head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
 backward through any of these functions (inference works; training fails loudly). Every function
 traces with ``torch.compile(fullgraph=True)``.
 """
