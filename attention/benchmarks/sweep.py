@@ -16,7 +16,9 @@ query rows before timing it, then times ours and three baselines in the same pro
              8, 128] through a random block table          heads beforehand: noted per row in gqa_mode)
 
 Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256, 192},
-causal and not; decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1, 8, 64} x
+causal and not, and causal at S in {2K, 16K} for head dims without an instance of their own
+{80, 160, 40, 224} (CUDA runs the next instantiated head dim, 96 / 192 / 64 / 256, with the columns
+past the head dim zero-filled; their TFLOP/s count the actual head dim); decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1, 8, 64} x
 {contiguous, paged 16, paged 256} (the baselines are timed once per batch and length, on the
 contiguous cache). Reported: time, TFLOP/s (prefill: 4 B H S^2 D, halved when causal), KV GB/s
 and % of the copy ceiling (decode: bytes of K and V read), and at S = 16K the peak memory each
@@ -54,6 +56,9 @@ DEVICE = "cuda"
 PREFILL_TOKENS = 16384
 PREFILL_SEQLENS = [512, 2048, 8192, 16384]
 PREFILL_HEAD_DIMS = [64, 128, 256, 192]  # 192 last: the issue's grid first
+# Head dims between the instances (each runs the next instantiated one), causal prefill only.
+BETWEEN_HEAD_DIMS = [80, 160, 40, 224]
+BETWEEN_SEQLENS = [2048, 16384]
 HEADS = 32
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 32, 8, 128
 DECODE_KV = [1024, 4096, 16384, 32768]
@@ -122,13 +127,15 @@ def _decode(b, kv, layout):
 
 def cases(quick: bool) -> list[Case]:
     """Every case, in priority order: the README's rows (prefill head_dim 128, decode batch 1 / 64 at
-    4K / 32K and batch 8 at 4K, contiguous and paged 16), then the rest of the grid. A time-budget cut removes the end."""
+    4K / 32K and batch 8 at 4K, contiguous and paged 16), the head dims between the instances, then
+    the rest of the grid. A time-budget cut removes the end."""
     if quick:
         return [_prefill(s, HEADLINE_HEAD_DIM, True) for s in (2048, 16384)] + [
             _decode(b, 32768, lay) for b in (1, 64) for lay in HEADLINE_LAYOUTS
         ]
     ordered = [_prefill(s, HEADLINE_HEAD_DIM, c) for c in (True, False) for s in PREFILL_SEQLENS]
     ordered += [_decode(b, kv, lay) for b, kv in HEADLINE_DECODE for lay in HEADLINE_LAYOUTS]
+    ordered += [_prefill(s, d, True) for d in BETWEEN_HEAD_DIMS for s in BETWEEN_SEQLENS]
     ordered += [
         _prefill(s, d, c)
         for d in PREFILL_HEAD_DIMS

@@ -523,6 +523,7 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
   a.heads_q = static_cast<int>(p.heads_q);
   a.group = static_cast<int>(p.heads_q / p.heads_kv);
   a.head_dim = static_cast<int>(p.head_dim);
+  a.last_chunk = a.head_dim / 8 - 1;
   a.qpack = plan.qpack;
   a.qpack_div = FastDivU32::make(static_cast<uint32_t>(plan.qpack));
   a.m_blocks = plan.m_blocks;

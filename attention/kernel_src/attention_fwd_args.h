@@ -38,9 +38,10 @@ struct FwdArgs {
   int seqlen_q, seqlen_k;  // padded / maximum lengths
   int batch, batch_base;   // sequences; first sequence of this launch
   int heads_q, group;      // group = heads_q / heads_kv
-  // The caller's head dim, a multiple of 8 up to the instance's kHeadDim: the 16-byte chunks past
-  // it are zero-filled on load (they add nothing to Q K^T) and never stored (O's extra columns).
-  int head_dim;
+  // The caller's head dim, a multiple of 8 up to the instance's kHeadDim, and its last 16-byte
+  // chunk (head_dim / 8 - 1): the columns past it are zeros in Q (they add nothing to Q K^T) and
+  // never stored (attention_tile.cuh, "Tile loads").
+  int head_dim, last_chunk;
   int qpack;             // q heads packed into the rows of a tile: group or 1
   FastDivU32 qpack_div;  // packed row -> query index
   int m_blocks, num_splits;

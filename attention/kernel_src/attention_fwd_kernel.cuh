@@ -72,10 +72,9 @@
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
 //   lse from the quad's first lane.
 // - Head dims: instances for 32, 64, 96, 128, 192 and 256; any other multiple of 8 runs the next
-//   larger one with the caller's head dim in FwdArgs::head_dim. The Q/K/V chunks past it are
-//   zero-filled by the loads (zero columns of Q and K add nothing to the scores; zero columns of V
-//   give zero columns of O), and no store writes them (out, the split workspace, whose rows are
-//   head_dim wide). One compare per thread per load or store call; the work is the instance's,
+//   larger one with the caller's head dim in FwdArgs::head_dim. Q's columns past it are zeros, so
+//   K's add nothing to the scores (attention_tile.cuh, "Tile loads"), and no store writes them
+//   (out, and the split workspace, whose rows are head_dim wide). The work is the instance's,
 //   about padded / actual times that of the head dim (benchmarks/NOTES.md).
 // - Programmatic dependent launch on sm_90+ (the ops' enable_pdl; pdl.cuh): both kernels
 //   launch with PDL, the first one too (faster after a GEMM as well, unlike the short elementwise

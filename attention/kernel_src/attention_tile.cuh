@@ -180,14 +180,25 @@ __device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b,
 // chunks; thread tid owns chunk tid % kChunksPerRow of rows tid / kChunksPerRow + p x
 // kRowsPerPass (the first kRowsPerPass x kChunksPerRow threads take part), so a warp reads
 // whole rows (coalesced) and a thread walks its rows with one pointer increment per pass
-// instead of holding a 64-bit address per row. A chunk past the caller's head dim (an instance
-// run for a smaller head dim, FwdArgs::head_dim) is zero-filled like a row past the end: one
-// column predicate per thread and call, folded into each copy's row predicate. (Folding it into
-// the row limit instead, one integer, cost the head-dim-128 prefill instances more registers.)
+// instead of holding a 64-bit address per row.
+// An instance run for a smaller head dim (FwdArgs::head_dim): Q's chunks past the head dim are
+// zero-filled (load_q runs once per CTA), and a thread whose K/V chunk lies past it copies the
+// head dim's last chunk instead (head_column): zero columns of Q make those columns of K add nothing
+// to the scores (unless that last chunk holds an infinity: 0 x inf), and those columns of V reach
+// only columns of O that are never stored. The K/V copies keep the exact-size code but for the
+// chunk of the source address: a column predicate in every copy, or a destination clamped to the
+// head dim's last chunk, cost the near-255-register prefill instances (head dims 192 and 256)
+// spills in their main loops (sm_90a; benchmarks/NOTES.md).
 // ---------------------------------------------------------------------------------------------
 // Whether chunk ch (8 columns) of a row lies within the caller's head dim.
 __device__ __forceinline__ bool chunk_in_head(const FwdArgs& a, int ch) {
   return ch * 8 < a.head_dim;
+}
+
+// The first column of the global chunk that the thread owning chunk ch of a K/V row copies: its
+// own, or past the head dim the head dim's last one.
+__device__ __forceinline__ int head_column(const FwdArgs& a, int ch) {
+  return (ch < a.last_chunk ? ch : a.last_chunk) * 8;
 }
 
 template <class Cfg>
@@ -235,7 +246,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
   const int r0 = tid / Cfg::kChunksPerRow;
   const int ch = tid % Cfg::kChunksPerRow;
-  const bool col = chunk_in_head(a, ch);
+  const int src_col = head_column(a, ch);
   const int j0 = n * Cfg::kBlockN + r0;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
@@ -245,30 +256,30 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
       const int row = r0 + p * RPP;
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
       const int j = j0 + p * RPP;
-      const bool valid = col && j < s.len_k;
+      const bool valid = j < s.len_k;
       const T* ksrc = k;
       const T* vsrc = v;
       if (valid) {
         const int page = a.page_div.div(j);
         const int64_t in_page = j - page * a.page_block_size;
         const int64_t block = __ldg(s.blocks + page);
-        ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
-        vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+        ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + src_col);
+        vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + src_col);
       }
       const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
       if constexpr (kLoadK) cp_async_16(sk + off, ksrc, valid);
       if constexpr (kLoadV) cp_async_16(sv + off, vsrc, valid);
     }
   } else {
-    const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
-    const T* vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + ch * 8);
+    const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + src_col);
+    const T* vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + src_col);
     const int64_t kstep = RPP * a.k_row_stride;
     const int64_t vstep = RPP * a.v_row_stride;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int row = r0 + p * RPP;
       if (Cfg::kBlockN % RPP != 0 && row >= Cfg::kBlockN) break;
-      const bool valid = col && j0 + p * RPP < s.len_k;
+      const bool valid = j0 + p * RPP < s.len_k;
       const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
       if constexpr (kLoadK) cp_async_16(sk + off, valid ? kp : k, valid);
       if constexpr (kLoadV) cp_async_16(sv + off, valid ? vp : v, valid);
@@ -306,7 +317,7 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
   const bool active = WS::kActive == 32 || lane < WS::kActive;
   const int r0 = lane / Cfg::kChunksPerRow;  // first key row (within the warp's keys) of the lane
   const int ch = lane % Cfg::kChunksPerRow;
-  const bool col = chunk_in_head(a, ch);
+  const int src_col = head_column(a, ch);
   const int j0 = n * Cfg::kBlockN + key_w + r0;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
@@ -317,15 +328,15 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
   const T* vp;
   if (s.blocks == nullptr) {
     if (!active) return;
-    kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
-    vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + ch * 8);
+    kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + src_col);
+    vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + src_col);
   } else if (a.page_block_size % Cfg::kWarpKeys == 0) {
     const int32_t blk = shfl_idx(lane_block, 0);
     if (!active) return;
     const int j_w = n * Cfg::kBlockN + key_w;  // the warp's first key
     const int64_t in_page = j_w - a.page_div.div(j_w) * a.page_block_size + r0;
-    kp = k + (s.k_off + blk * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
-    vp = v + (s.v_off + blk * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+    kp = k + (s.k_off + blk * a.k_batch_stride + in_page * a.k_row_stride + src_col);
+    vp = v + (s.v_off + blk * a.v_batch_stride + in_page * a.v_row_stride + src_col);
   } else {
     // Any other page size: every row through its own block id (a shuffle is a collective:
     // every lane takes part).
@@ -340,13 +351,13 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
     for (int p = 0; p < WS::kPasses; ++p) {
       if (Cfg::kWarpKeys % RPP != 0 && r0 + p * RPP >= Cfg::kWarpKeys) break;
       const int j = j0 + p * RPP;
-      const bool valid = col && j < s.len_k;
+      const bool valid = j < s.len_k;
       const T* ksrc = k;
       const T* vsrc = v;
       if (valid) {
         const int64_t in_page = j - a.page_div.div(j) * a.page_block_size;
-        ksrc = k + (s.k_off + block[p] * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
-        vsrc = v + (s.v_off + block[p] * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+        ksrc = k + (s.k_off + block[p] * a.k_batch_stride + in_page * a.k_row_stride + src_col);
+        vsrc = v + (s.v_off + block[p] * a.v_batch_stride + in_page * a.v_row_stride + src_col);
       }
       const uint32_t off = tile_offset<Cfg::kHeadDim>(key_w + r0 + p * RPP, ch);
       cp_async_16(sk + off, ksrc, valid);
@@ -359,7 +370,7 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
 #pragma unroll
   for (int p = 0; p < WS::kPasses; ++p) {
     if (Cfg::kWarpKeys % RPP != 0 && r0 + p * RPP >= Cfg::kWarpKeys) break;
-    const bool valid = col && j0 + p * RPP < s.len_k;
+    const bool valid = j0 + p * RPP < s.len_k;
     const uint32_t off = tile_offset<Cfg::kHeadDim>(key_w + r0 + p * RPP, ch);
     cp_async_16(sk + off, valid ? kp : k, valid);
     cp_async_16(sv + off, valid ? vp : v, valid);
