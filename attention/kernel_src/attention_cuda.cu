@@ -15,9 +15,10 @@
 // through kv_batch_idx and leftpad_k (keys at rows [pad, pad + len_k), len_k = seqused_k[b] or
 // seqlen_k - pad, as attention_cpu.cpp), or through a block table (paged: any page size >= 1).
 //
-// Limits: head_dim a multiple of 8 in [8, 256]; heads_q a multiple of heads_kv and at most 65535; batch,
-// seqlen_q and seqlen_k below 2^31; 16-byte aligned q/k/v/out bases and strides in multiples of 8
-// elements; num_splits at most 128 (attention_cuda.h lists the preconditions the caller checks).
+// Limits: head_dim a multiple of 8 in [8, 256]; heads_q a multiple of heads_kv and at most 65535;
+// batch, seqlen_q and seqlen_k below 2^31; 16-byte aligned q/k/v/out bases and strides in
+// multiples of 8 elements; num_splits at most 128 (attention_cuda.h lists the preconditions the
+// caller checks).
 //
 // This file is the host side: device properties, the kernel choice (plan_tiles), split-KV and
 // cluster-merge decisions (plan_splits, plan_cluster), the tile order (plan_tile_group), argument
@@ -190,9 +191,9 @@ KernelInfo kernel_info() {
                     max_clusters<T, Cfg, kScoreMod>};
 }
 
-// The instance that runs a head dim: the smallest instantiated one that holds it (its loads
-// zero-fill the columns past the head dim and its stores skip them; attention_fwd_kernel.cuh), or
-// 0 for a head dim that is not a multiple of 8 in [8, 256] (16-byte chunks of whole columns).
+// The instance that runs a head dim: the smallest instantiated one that holds it (with Q's columns
+// past the head dim zero-filled and no store past it; attention_fwd_kernel.cuh), or 0 for a head
+// dim that is not a multiple of 8 in [8, 256] (the kernels move 16-byte chunks of whole columns).
 int64_t instance_head_dim(int64_t head_dim) {
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) return 0;
   for (const int64_t d : {32, 64, 96, 128, 192, 256}) {

@@ -182,13 +182,13 @@ __device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b,
 // whole rows (coalesced) and a thread walks its rows with one pointer increment per pass
 // instead of holding a 64-bit address per row.
 // An instance run for a smaller head dim (FwdArgs::head_dim): Q's chunks past the head dim are
-// zero-filled (load_q runs once per CTA), and a thread whose K/V chunk lies past it copies the
-// head dim's last chunk instead (head_column): zero columns of Q make those columns of K add nothing
-// to the scores (unless that last chunk holds an infinity: 0 x inf), and those columns of V reach
-// only columns of O that are never stored. The K/V copies keep the exact-size code but for the
-// chunk of the source address: a column predicate in every copy, or a destination clamped to the
-// head dim's last chunk, cost the near-255-register prefill instances (head dims 192 and 256)
-// spills in their main loops (sm_90a; benchmarks/NOTES.md).
+// zero-filled (load_q runs once per CTA), and a thread whose K/V chunk lies past it copies the head
+// dim's last chunk instead (head_column): zero columns of Q make those columns of K add nothing to
+// the scores (unless that last chunk holds an infinity: 0 x inf), and those columns of V reach only
+// columns of O that are never stored. The K/V copies keep the exact-size code but for the chunk of
+// the source address: a column predicate in every copy, or a destination clamped to the head dim's
+// last chunk, cost the near-255-register prefill instances (head dims 192 and 256) spills in their
+// main loops (sm_90a; benchmarks/NOTES.md).
 // ---------------------------------------------------------------------------------------------
 // Whether chunk ch (8 columns) of a row lies within the caller's head dim.
 __device__ __forceinline__ bool chunk_in_head(const FwdArgs& a, int ch) {
