@@ -747,7 +747,7 @@ def test_head_dims_between_instances(kernel, device, head_dim):
             )  # fmt: skip
             _untouched_past(buf, d, f"{what} decode splits {splits}")
             _batch_check(dst, q, k, v, lse, f"{what} decode splits {splits}", window=(300, 0))
-        # varlen, GQA, causal window, into the out of the private forward's buffer
+        # varlen, GQA, causal window
         lens_q, lens_k = [1, 0, 17, 130], [1, 5, 0, 200]
         cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
         h, hk = 4, 2
@@ -770,6 +770,20 @@ def test_head_dims_between_instances(kernel, device, head_dim):
             window=(16, -1),
             lses=[lse[:, a:e] for a, e in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:])],
         )
+        # the same into out= with 3 packed rows past the sequences: they keep the caller's
+        # values (NaN), or with zero_tensors become 0
+        qp = torch.cat([q, randn((3, h, d), dtype, device, seed=15)])
+        for zero in (False, True):
+            buf, dst = _nan_padded(qp.shape, dtype, device)
+            got, _ = kernel.ops.varlen_fwd(
+                qp, k, v, dst, cu_q, cu_k, None, None, None, None, max(lens_q), max(lens_k), 0.0,
+                d**-0.5, zero, True, 16, -1, 0.0, False, None,
+            )  # fmt: skip
+            assert got.data_ptr() == dst.data_ptr()
+            _untouched_past(buf, d, f"{what} varlen_fwd out=")
+            assert torch.equal(dst[: sum(lens_q)], out), f"{what} varlen_fwd out="
+            rest = dst[sum(lens_q) :]
+            assert bool((rest == 0).all() if zero else rest.isnan().all()), f"{what} zero {zero}"
         # paged K/V through a block table (vLLM's decode and chunked prefill)
         lens_q, lens_k = [1, 17, 5], [1, 300, 33]
         ks = [randn((n, hk, d), dtype, device, seed=20 + i) for i, n in enumerate(lens_k)]

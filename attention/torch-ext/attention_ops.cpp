@@ -120,8 +120,8 @@ void add_present(std::vector<Named>& list,
 #if defined(CUDA_KERNEL)
 // A head dim that is not a multiple of 8 (59, 111): the CUDA kernels move 16-byte chunks of whole
 // columns, so they read zero-padded copies (zero columns add nothing to the scores and give zero
-// output columns; flash-attn pads the same way). A [.., D] tensor -> [.., round_up(D, 8)],
-// contiguous (a copy of the whole tensor: of the whole cache for fwd_kvcache).
+// output columns; flash-attn pads the same way). A [.., D] tensor -> a contiguous copy
+// [.., padded] (of the whole tensor: of the whole cache for fwd_kvcache), padded >= D.
 at::Tensor pad_head_dim(const at::Tensor& t, int64_t padded) {
   return at::constant_pad_nd(t, {0, padded - t.size(-1)}).contiguous();
 }
@@ -607,10 +607,16 @@ void run_attention(AttentionCall& c) {
       a.k = a.k.contiguous();
       a.v = a.v.contiguous();
     }
+    // With packed (varlen) queries the kernels leave the rows outside every sequence unwritten:
+    // there the temporaries start as copies, so that those rows keep the caller's values (the
+    // zeros of zero_tensors).
     const bool out_tmp = padded || !aligned16(a.out);
-    if (out_tmp) a.out = at::empty(a.q.sizes(), a.out.options());
+    if (out_tmp) {
+      a.out =
+          g.varlen_q ? pad_head_dim(c.out, gk.head_dim) : at::empty(a.q.sizes(), a.out.options());
+    }
     const bool lse_tmp = present(a.lse) && reinterpret_cast<uintptr_t>(a.lse->data_ptr()) % 8 != 0;
-    if (lse_tmp) a.lse = at::empty(a.lse->sizes(), a.lse->options());
+    if (lse_tmp) a.lse = g.varlen_q ? a.lse->clone() : at::empty(a.lse->sizes(), a.lse->options());
     if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous())
       a.alibi_slopes = a.alibi_slopes->contiguous();
     p = make_params(a, gk);
