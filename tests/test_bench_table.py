@@ -471,7 +471,7 @@ def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
         for s in sweep.PREFILL_SEQLENS
         for d in sweep.PREFILL_HEAD_DIMS
         for c in (True, False)
-    }
+    } | {(s, d, True) for s in sweep.BETWEEN_SEQLENS for d in sweep.BETWEEN_HEAD_DIMS}
     assert all(c.batch * c.seqlen == 16384 and c.heads_q == 32 for c in full if c.op == "prefill")
     decode = {(c.batch, c.seqlen, c.layout) for c in full if c.op == "decode"}
     assert decode == {

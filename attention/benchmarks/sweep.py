@@ -15,17 +15,19 @@ query rows before timing it, then times ours and three baselines in the same pro
              [B, L, 8, 128], or paged [blocks, 16 | 256,   backend rejects GQA, with K/V expanded to 32
              8, 128] through a random block table          heads beforehand: noted per row in gqa_mode)
 
-Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256, 192},
-causal and not; decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1, 8, 64} x
-{contiguous, paged 16, paged 256} (the baselines are timed once per batch and length, on the
-contiguous cache). Reported: time, TFLOP/s (prefill: 4 B H S^2 D, halved when causal), KV GB/s
+Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256,
+192}, causal and not, and causal at S in {2K, 16K} for head dims without an instance of their own
+{80, 160, 40, 224} (CUDA runs the next instantiated head dim, 96 / 192 / 64 / 256; their TFLOP/s
+count the actual head dim); decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1,
+8, 64} x {contiguous, paged 16, paged 256} (the baselines are timed once per batch and length, on
+the contiguous cache). Reported: time, TFLOP/s (prefill: 4 B H S^2 D, halved when causal), KV GB/s
 and % of the copy ceiling (decode: bytes of K and V read), and at S = 16K the peak memory each
 contender allocates beyond its inputs. A backend that rejects a shape (cuDNN at head_dim 256, for
-instance) is recorded as null. --quick: prefill head_dim 128 at 2K and 16K, decode batch {1, 64}
-at 32K (contiguous and paged 16). Cases run in priority order (the README's rows first) and the
-sweep starts no new case once --budget-s, counted from process start, would be exceeded (skipped
-cases are listed in the result file; --budget-s 0 runs them all). Writes
-benchmarks/results/<device>.json with device, versions and commit (scripts/benchlib.py).
+instance) is recorded as null. --quick: prefill head_dim 128 at 2K and 16K, decode batch {1, 64} at
+32K (contiguous and paged 16). Cases run in priority order (the README's rows first, then the head
+dims between the instances) and the sweep starts no new case once --budget-s, counted from process
+start, would be exceeded (skipped cases are listed in the result file; --budget-s 0 runs them all).
+Writes benchmarks/results/<device>.json with device, versions and commit (scripts/benchlib.py).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ DEVICE = "cuda"
 PREFILL_TOKENS = 16384
 PREFILL_SEQLENS = [512, 2048, 8192, 16384]
 PREFILL_HEAD_DIMS = [64, 128, 256, 192]  # 192 last: the issue's grid first
+# Head dims between the instances (each runs the next instantiated one), causal prefill only.
+BETWEEN_HEAD_DIMS = [80, 160, 40, 224]
+BETWEEN_SEQLENS = [2048, 16384]
 HEADS = 32
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 32, 8, 128
 DECODE_KV = [1024, 4096, 16384, 32768]
@@ -122,13 +127,15 @@ def _decode(b, kv, layout):
 
 def cases(quick: bool) -> list[Case]:
     """Every case, in priority order: the README's rows (prefill head_dim 128, decode batch 1 / 64 at
-    4K / 32K and batch 8 at 4K, contiguous and paged 16), then the rest of the grid. A time-budget cut removes the end."""
+    4K / 32K and batch 8 at 4K, contiguous and paged 16), the head dims between the instances, then
+    the rest of the grid. A time-budget cut removes the end."""
     if quick:
         return [_prefill(s, HEADLINE_HEAD_DIM, True) for s in (2048, 16384)] + [
             _decode(b, 32768, lay) for b in (1, 64) for lay in HEADLINE_LAYOUTS
         ]
     ordered = [_prefill(s, HEADLINE_HEAD_DIM, c) for c in (True, False) for s in PREFILL_SEQLENS]
     ordered += [_decode(b, kv, lay) for b, kv in HEADLINE_DECODE for lay in HEADLINE_LAYOUTS]
+    ordered += [_prefill(s, d, True) for d in BETWEEN_HEAD_DIMS for s in BETWEEN_SEQLENS]
     ordered += [
         _prefill(s, d, c)
         for d in PREFILL_HEAD_DIMS

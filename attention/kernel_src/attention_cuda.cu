@@ -6,17 +6,19 @@
 // visibility bottom-right aligned (d_i = i + len_k - len_q; causal: j <= d_i; window:
 // d_i - left <= j <= d_i + right; j < len_k), and lse_i = log sum_j exp(s_ij). A row without a
 // visible key gets out = 0 and lse = +inf; NaN propagates (attention_params.h). q/k/v/out fp16
-// or bf16 (one dtype), fp32 softmax and accumulation, out rounded once; head_dim 32, 64, 96, 128,
-// 192, 256. GQA/MQA map query head h to kv head h / (heads_q / heads_kv).
+// or bf16 (one dtype), fp32 softmax and accumulation, out rounded once; head_dim a multiple of 8 up
+// to 256 (instances for 32, 64, 96, 128, 192, 256; a head dim between them runs the next larger
+// instance: instance_head_dim). GQA/MQA map query head h to kv head h / (heads_q / heads_kv).
 // Layout: [batch, seqlen, heads, head_dim] views with unit stride along head_dim and any batch /
 // row / head strides that keep 16-byte chunks (multiples of 8 elements, 16-byte aligned bases;
 // attention_cuda.h); varlen q/k packed along the rows and delimited by cu_seqlens; K/V rows
 // through kv_batch_idx and leftpad_k (keys at rows [pad, pad + len_k), len_k = seqused_k[b] or
 // seqlen_k - pad, as attention_cpu.cpp), or through a block table (paged: any page size >= 1).
 //
-// Limits: head_dim one of the six above; heads_q a multiple of heads_kv and at most 65535; batch,
-// seqlen_q and seqlen_k below 2^31; 16-byte aligned q/k/v/out bases and strides in multiples of 8
-// elements; num_splits at most 128 (attention_cuda.h lists the preconditions the caller checks).
+// Limits: head_dim a multiple of 8 in [8, 256]; heads_q a multiple of heads_kv and at most 65535;
+// batch, seqlen_q and seqlen_k below 2^31; 16-byte aligned q/k/v/out bases and strides in
+// multiples of 8 elements; num_splits at most 128 (attention_cuda.h lists the preconditions the
+// caller checks).
 //
 // This file is the host side: device properties, the kernel choice (plan_tiles), split-KV and
 // cluster-merge decisions (plan_splits, plan_cluster), the tile order (plan_tile_group), argument
@@ -189,6 +191,17 @@ KernelInfo kernel_info() {
                     max_clusters<T, Cfg, kScoreMod>};
 }
 
+// The instance that runs a head dim: the smallest instantiated one that holds it (with Q's columns
+// past the head dim zero-filled and no store past it; attention_fwd_kernel.cuh), or 0 for a head
+// dim that is not a multiple of 8 in [8, 256] (the kernels move 16-byte chunks of whole columns).
+int64_t instance_head_dim(int64_t head_dim) {
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) return 0;
+  for (const int64_t d : {32, 64, 96, 128, 192, 256}) {
+    if (head_dim <= d) return d;
+  }
+  return 0;
+}
+
 // Head dim 128 takes the 64-key tile where two of its CTAs fit in an SM's shared memory, head dim
 // 192 its 128-row tile where one CTA fits.
 bool prefill128_wide(const DeviceInfo& dev) {
@@ -198,7 +211,7 @@ bool prefill192_wide(const DeviceInfo& dev) { return Prefill192Wide::kSmemBytes 
 
 template <typename T, bool kScoreMod>
 bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
-  switch (head_dim) {
+  switch (instance_head_dim(head_dim)) {
     case 32:
       *k = kernel_info<T, Prefill32, kScoreMod>();
       return true;
@@ -229,7 +242,7 @@ bool prefill_kernel(int64_t head_dim, const DeviceInfo& dev, KernelInfo* k) {
 // modifier build lengthens (benchmarks/NOTES.md, "Figures behind the launch policies").
 template <typename T, bool kScoreMod>
 bool decode_kernel(int64_t head_dim, KernelInfo* k) {
-  switch (head_dim) {
+  switch (instance_head_dim(head_dim)) {
     case 32:
       *k = kernel_info<T, Decode32, kScoreMod>();
       return true;
@@ -287,17 +300,7 @@ bool params_ok(const AttnFwdParams& p, bool* empty) {
     *empty = true;
     return true;
   }
-  switch (p.head_dim) {
-    case 32:
-    case 64:
-    case 96:
-    case 128:
-    case 192:
-    case 256:
-      break;
-    default:
-      return false;
-  }
+  if (instance_head_dim(p.head_dim) == 0) return false;
   if (p.heads_kv < 1 || p.heads_q % p.heads_kv != 0) return false;
   if (p.heads_q > LaunchConfig::kMaxGridYZ || p.batch > kMax32 || p.seqlen_q > kMax32 ||
       p.seqlen_k > kMax32) {
@@ -520,6 +523,8 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
   a.batch_base = 0;
   a.heads_q = static_cast<int>(p.heads_q);
   a.group = static_cast<int>(p.heads_q / p.heads_kv);
+  a.head_dim = static_cast<int>(p.head_dim);
+  a.last_chunk = a.head_dim / 8 - 1;
   a.qpack = plan.qpack;
   a.qpack_div = FastDivU32::make(static_cast<uint32_t>(plan.qpack));
   a.m_blocks = plan.m_blocks;

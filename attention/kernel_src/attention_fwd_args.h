@@ -38,8 +38,12 @@ struct FwdArgs {
   int seqlen_q, seqlen_k;  // padded / maximum lengths
   int batch, batch_base;   // sequences; first sequence of this launch
   int heads_q, group;      // group = heads_q / heads_kv
-  int qpack;               // q heads packed into the rows of a tile: group or 1
-  FastDivU32 qpack_div;    // packed row -> query index
+  // The caller's head dim, a multiple of 8 up to the instance's kHeadDim, and its last 16-byte
+  // chunk (head_dim / 8 - 1): the columns past it are zeros in Q (they add nothing to Q K^T) and
+  // never stored (attention_tile.cuh, "Tile loads").
+  int head_dim, last_chunk;
+  int qpack;             // q heads packed into the rows of a tile: group or 1
+  FastDivU32 qpack_div;  // packed row -> query index
   int m_blocks, num_splits;
   int cluster_merge;          // 1: the splits of a tile are one cluster and merge there
   uint32_t tile_group;        // pairs per heaviest-first group (tile_coords); 1: grid order
@@ -52,8 +56,8 @@ struct FwdArgs {
   const float* alibi;         // [heads_q] or [batch, heads_q] or null
   int64_t alibi_batch_stride;
   int64_t win_left, win_right;  // kUnbounded for an absent side (causal: right = 0)
-  float* out_accum;             // [splits, batch, heads_q, seqlen_q, D] when num_splits > 1
-                                // and not cluster_merge
+  float* out_accum;             // [splits, batch, heads_q, seqlen_q, head_dim] when
+                                // num_splits > 1 and not cluster_merge
   float* lse_accum;             // [splits, batch, heads_q, seqlen_q]
 };
 

@@ -71,6 +71,11 @@
 //   workspace and no second kernel.
 // - Epilogue: O / l rounded and staged in shared memory (the Q area), then 16-byte row stores;
 //   lse from the quad's first lane.
+// - Head dims: instances for 32, 64, 96, 128, 192 and 256; any other multiple of 8 runs the next
+//   larger one with the caller's head dim in FwdArgs::head_dim. Q's columns past it are zeros, so
+//   K's add nothing to the scores (attention_tile.cuh, "Tile loads"), and no store writes them
+//   (out, and the split workspace, whose rows are head_dim wide). The work is the instance's,
+//   about padded / actual times that of the head dim (benchmarks/NOTES.md).
 // - Programmatic dependent launch on sm_90+ (the ops' enable_pdl; pdl.cuh): both kernels
 //   launch with PDL, the first one too (faster after a GEMM as well, unlike the short elementwise
 //   kernels of this repository). Both wait for their predecessor before the first global access
@@ -172,8 +177,10 @@ __device__ __forceinline__ void merge_splits_in_cluster(const FwdArgs& a, const 
     uint2 packed;
     packed.x = pack2<T>(acc.x, acc.y);
     packed.y = pack2<T>(acc.z, acc.w);
-    *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
-                              h * a.out_head_stride + col) = packed;
+    if (col < a.head_dim) {  // columns past the caller's head dim are not out's
+      *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
+                                h * a.out_head_stride + col) = packed;
+    }
     if (a.lse != nullptr && col == 0)
       a.lse[lse_index(a, s, b, h, i)] = sum != 0.0f ? mx + logf(sum) : kInf;
   }
@@ -189,16 +196,19 @@ __device__ __forceinline__ float row_lse(float row_max, float l, float c, float 
 }
 
 // One row of a split's normalized partial output for a merge (merge_splits_in_cluster, the
-// combine kernel): the lane's 2 columns of every 8-column tile of O / l, fp32, at row_out.
+// combine kernel): the lane's 2 columns of every 8-column tile of O / l below `cols` (the
+// instance's head dim in shared memory, the caller's in the workspace), fp32, at row_out.
 template <class Cfg>
 __device__ __forceinline__ void store_partial_row(const float (&o)[Cfg::kDTiles][4], int hf,
-                                                  float l, int lane, float* row_out) {
+                                                  float l, int lane, int cols, float* row_out) {
   const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // NaN l: NaN row (row_lse)
   float* dst = row_out + 2 * (lane & 3);
 #pragma unroll
   for (int dt = 0; dt < Cfg::kDTiles; ++dt) {
-    *reinterpret_cast<float2*>(dst + dt * 8) =
-        make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+    if (dt * 8 < cols) {
+      *reinterpret_cast<float2*>(dst + dt * 8) =
+          make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+    }
   }
 }
 
@@ -264,6 +274,7 @@ __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s,
       const int ch = c % Cfg::kChunksPerRow;
       const int m = m0 + r;
       if (m >= rows) break;
+      if (!chunk_in_head(a, ch)) continue;
       int i, h;
       row_coords(a, head, m, &i, &h);
       *reinterpret_cast<Chunk16*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
@@ -664,7 +675,7 @@ __device__ __forceinline__ void store_cluster_partial(const FwdArgs& a, const Se
       for (int hf = 0; hf < 2; ++hf) {
         const int r = row0 + mt * 16 + hf * 8 + (lane >> 2);
         const float l = row_sum[mt][hf];
-        store_partial_row<Cfg>(o[mt], hf, l, lane, o_part + r * Cfg::kPartialStride);
+        store_partial_row<Cfg>(o[mt], hf, l, lane, Cfg::kHeadDim, o_part + r * Cfg::kPartialStride);
         if ((lane & 3) == 0) lse_part[r] = row_lse(row_max[mt][hf], l, c, -kInf);
       }
     }
@@ -691,7 +702,7 @@ __device__ __forceinline__ void store_split_partial(const FwdArgs& a, const OFra
           row_coords(a, head, m, &i, &h);
           const int64_t idx = accum_row(a, split, b, h, i);
           const float l = row_sum[mt][hf];
-          store_partial_row<Cfg>(o[mt], hf, l, lane, a.out_accum + idx * Cfg::kHeadDim);
+          store_partial_row<Cfg>(o[mt], hf, l, lane, a.head_dim, a.out_accum + idx * a.head_dim);
           if ((lane & 3) == 0) a.lse_accum[idx] = row_lse(row_max[mt][hf], l, c, -kInf);
         }
       }
@@ -739,9 +750,10 @@ __device__ __forceinline__ void store_output(const FwdArgs& a, const Seq& s, uin
   __syncthreads();
   using RS = RowSplit<Cfg>;
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
+  const int ch = tid % Cfg::kChunksPerRow;
+  if (!chunk_in_head(a, ch)) return;  // a column past the caller's head dim
   T* out = static_cast<T*>(a.out);
   const int r0 = tid / Cfg::kChunksPerRow;
-  const int ch = tid % Cfg::kChunksPerRow;
 #pragma unroll
   for (int p = 0; p < RS::kQPasses; ++p) {
     const int r = r0 + p * RS::kRowsPerPass;

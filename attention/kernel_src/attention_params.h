@@ -61,7 +61,7 @@ struct AttnFwdParams {
   int64_t batch = 0;               // sequences (varlen: number of sequences)
   int64_t heads_q = 0;
   int64_t heads_kv = 0;  // divides heads_q
-  int64_t head_dim = 0;  // CUDA: 32, 64, 96, 128, 192, 256; CPU: any > 0
+  int64_t head_dim = 0;  // CUDA: a multiple of 8 in [8, 256]; CPU: any > 0
   int64_t seqlen_q = 0;  // padded length, or max over sequences (varlen)
   int64_t seqlen_k = 0;  // padded length, or max (varlen / paged: an upper bound)
 

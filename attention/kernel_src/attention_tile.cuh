@@ -181,7 +181,26 @@ __device__ __forceinline__ int64_t accum_row(const FwdArgs& a, int split, int b,
 // kRowsPerPass (the first kRowsPerPass x kChunksPerRow threads take part), so a warp reads
 // whole rows (coalesced) and a thread walks its rows with one pointer increment per pass
 // instead of holding a 64-bit address per row.
+// An instance run for a smaller head dim (FwdArgs::head_dim): Q's chunks past the head dim are
+// zero-filled (load_q runs once per CTA), and a thread whose K/V chunk lies past it copies the head
+// dim's last chunk instead (head_column): zero columns of Q make those columns of K add nothing to
+// the scores (unless that last chunk holds an infinity: 0 x inf), and those columns of V reach only
+// columns of O that are never stored. The K/V copies keep the exact-size code but for the chunk of
+// the source address: a column predicate in every copy, or a destination clamped to the head dim's
+// last chunk, cost the near-255-register prefill instances (head dims 192 and 256) spills in their
+// main loops (sm_90a; benchmarks/NOTES.md).
 // ---------------------------------------------------------------------------------------------
+// Whether chunk ch (8 columns) of a row lies within the caller's head dim.
+__device__ __forceinline__ bool chunk_in_head(const FwdArgs& a, int ch) {
+  return ch * 8 < a.head_dim;
+}
+
+// The first column of the global chunk that the thread owning chunk ch of a K/V row copies: its
+// own, or past the head dim the head dim's last one.
+__device__ __forceinline__ int head_column(const FwdArgs& a, int ch) {
+  return (ch < a.last_chunk ? ch : a.last_chunk) * 8;
+}
+
 template <class Cfg>
 struct RowSplit {
   static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
@@ -197,13 +216,14 @@ __device__ __forceinline__ void load_q(const FwdArgs& a, const Seq& s, int head,
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
   const int r0 = tid / Cfg::kChunksPerRow;
   const int ch = tid % Cfg::kChunksPerRow;
+  const bool col = chunk_in_head(a, ch);
   const T* q = static_cast<const T*>(a.q);
 #pragma unroll
   for (int p = 0; p < RS::kQPasses; ++p) {
     const int row = r0 + p * RS::kRowsPerPass;
     if (Cfg::kBlockM % RS::kRowsPerPass != 0 && row >= Cfg::kBlockM) break;
     const int m = m0 + row;
-    const bool valid = m < rows;
+    const bool valid = col && m < rows;
     const T* src = q;
     if (valid) {
       int i, h;
@@ -226,6 +246,7 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
   if (RS::kActive < Cfg::kThreads && tid >= RS::kActive) return;
   const int r0 = tid / Cfg::kChunksPerRow;
   const int ch = tid % Cfg::kChunksPerRow;
+  const int src_col = head_column(a, ch);
   const int j0 = n * Cfg::kBlockN + r0;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
@@ -242,16 +263,16 @@ __device__ __forceinline__ void load_kv(const FwdArgs& a, const Seq& s, int n, u
         const int page = a.page_div.div(j);
         const int64_t in_page = j - page * a.page_block_size;
         const int64_t block = __ldg(s.blocks + page);
-        ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
-        vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+        ksrc = k + (s.k_off + block * a.k_batch_stride + in_page * a.k_row_stride + src_col);
+        vsrc = v + (s.v_off + block * a.v_batch_stride + in_page * a.v_row_stride + src_col);
       }
       const uint32_t off = tile_offset<Cfg::kHeadDim>(row, ch);
       if constexpr (kLoadK) cp_async_16(sk + off, ksrc, valid);
       if constexpr (kLoadV) cp_async_16(sv + off, vsrc, valid);
     }
   } else {
-    const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
-    const T* vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + ch * 8);
+    const T* kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + src_col);
+    const T* vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + src_col);
     const int64_t kstep = RPP * a.k_row_stride;
     const int64_t vstep = RPP * a.v_row_stride;
 #pragma unroll
@@ -296,6 +317,7 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
   const bool active = WS::kActive == 32 || lane < WS::kActive;
   const int r0 = lane / Cfg::kChunksPerRow;  // first key row (within the warp's keys) of the lane
   const int ch = lane % Cfg::kChunksPerRow;
+  const int src_col = head_column(a, ch);
   const int j0 = n * Cfg::kBlockN + key_w + r0;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
@@ -306,15 +328,15 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
   const T* vp;
   if (s.blocks == nullptr) {
     if (!active) return;
-    kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + ch * 8);
-    vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + ch * 8);
+    kp = k + (s.k_off + static_cast<int64_t>(j0) * a.k_row_stride + src_col);
+    vp = v + (s.v_off + static_cast<int64_t>(j0) * a.v_row_stride + src_col);
   } else if (a.page_block_size % Cfg::kWarpKeys == 0) {
     const int32_t blk = shfl_idx(lane_block, 0);
     if (!active) return;
     const int j_w = n * Cfg::kBlockN + key_w;  // the warp's first key
     const int64_t in_page = j_w - a.page_div.div(j_w) * a.page_block_size + r0;
-    kp = k + (s.k_off + blk * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
-    vp = v + (s.v_off + blk * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+    kp = k + (s.k_off + blk * a.k_batch_stride + in_page * a.k_row_stride + src_col);
+    vp = v + (s.v_off + blk * a.v_batch_stride + in_page * a.v_row_stride + src_col);
   } else {
     // Any other page size: every row through its own block id (a shuffle is a collective:
     // every lane takes part).
@@ -334,8 +356,8 @@ __device__ __forceinline__ void load_kv_warp(const FwdArgs& a, const Seq& s, int
       const T* vsrc = v;
       if (valid) {
         const int64_t in_page = j - a.page_div.div(j) * a.page_block_size;
-        ksrc = k + (s.k_off + block[p] * a.k_batch_stride + in_page * a.k_row_stride + ch * 8);
-        vsrc = v + (s.v_off + block[p] * a.v_batch_stride + in_page * a.v_row_stride + ch * 8);
+        ksrc = k + (s.k_off + block[p] * a.k_batch_stride + in_page * a.k_row_stride + src_col);
+        vsrc = v + (s.v_off + block[p] * a.v_batch_stride + in_page * a.v_row_stride + src_col);
       }
       const uint32_t off = tile_offset<Cfg::kHeadDim>(key_w + r0 + p * RPP, ch);
       cp_async_16(sk + off, ksrc, valid);

@@ -67,5 +67,8 @@ def test_sweep_counts(sweep):
     assert sweep.flops(
         sweep.Case("prefill", "bfloat16", 8, 2048, 128, 32, 32, causal=False)
     ) == 2 * sweep.flops(c)
+    # a head dim between the instances counts its own FLOPs (80, not the 96 of the kernel it runs)
+    e = sweep.Case("prefill", "bfloat16", 8, 2048, 80, 32, 32, causal=True)
+    assert sweep.flops(e) == 4 * 8 * 32 * 2048 * 2048 * 80 // 2
     d = sweep.Case("decode", "bfloat16", 64, 32768, 128, 32, 8, layout="paged16")
     assert sweep.kv_bytes(d) == 2 * 64 * 32768 * 8 * 128 * 2

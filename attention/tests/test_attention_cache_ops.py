@@ -90,6 +90,28 @@ def test_reshape_and_cache(kernel, device, x):
         assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), dtype_id(dtype)
 
 
+@pytest.mark.parametrize("head_dim", [40, 59, 80])
+def test_cache_writers_any_head_dim(kernel, device, head_dim):
+    """Both layouts at head dims other than the attention kernels' instances (59: not a multiple of
+    the 16-byte group, so the key's x is 1 in vLLM's layout)."""
+    tokens, heads, d, blocks, bs = 13, 2, head_dim, 5, 8
+    x = 8 if d % 8 == 0 else 1
+    dtype = dtypes_for(device)[-1]
+    key = randn((tokens, heads, d), dtype, device, seed=1)
+    value = randn((tokens, heads, d), dtype, device, seed=2)
+    slots = _slots(tokens, blocks, bs, 5, skip=(2,)).to(device)
+    k_cache = randn((blocks, bs, heads, d), dtype, device, seed=3)
+    v_cache = randn((blocks, bs, heads, d), dtype, device, seed=4)
+    k_ref, v_ref = _expected_flash(key, value, k_cache, v_cache, slots)
+    kernel.reshape_and_cache_flash(key, value, k_cache, v_cache, slots, "auto")
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "flash layout"
+    k_cache = randn((blocks, heads, d // x, bs, x), dtype, device, seed=5)
+    v_cache = randn((blocks, heads, d, bs), dtype, device, seed=6)
+    k_ref, v_ref = _expected_paged(key, value, k_cache, v_cache, slots)
+    kernel.reshape_and_cache(key, value, k_cache, v_cache, slots, "auto")
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "vLLM's paged layout"
+
+
 def test_paged_writes_feed_paged_attention(kernel, device):
     """reshape_and_cache_flash then flash_attn_varlen_func with the matching block table: the
     keys written are the keys read (vLLM's prefill then decode flow)."""

@@ -34,6 +34,7 @@ def test_dense_bad_inputs(kernel, device):
         ("v", lambda: f(q, k, v[:, :4])),  # shape
         ("q", lambda: f(randn((2, 8, 3, 32), q.dtype, device), k, v)),  # 3 heads vs 2 kv heads
         ("k", lambda: f(q, randn((2, 8, 2, 16), q.dtype, device), v)),  # head_dim
+        ("q", lambda: f(q[..., :0], k[..., :0], v[..., :0])),  # head_dim 0
         ("q", lambda: f(randn((2, 8, 4, 64), q.dtype, device)[..., ::2], k, v)),  # last-dim stride
         ("k", lambda: f(q, randn((2, 8, 2, 64), q.dtype, device)[..., ::2], v)),
         ("alibi_slopes", lambda: f(q, k, v, alibi_slopes=torch.ones(3, device=device))),
@@ -63,9 +64,12 @@ def test_device_mismatch(kernel, device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA head-dim and dtype rules")
 def test_cuda_only_rules(kernel):
-    q, k, v = _qkv("cuda", d=80)
-    with expect_raises("q"):
-        kernel.flash_attn_func(q, k, v)  # head_dim 80 is not instantiated on CUDA
+    for d in (264, 257):  # beyond the largest instance (256), a multiple of 8 or not
+        q, k, v = _qkv("cuda", d=d)
+        with expect_raises("q"):
+            kernel.flash_attn_func(q, k, v)
+        with expect_raises("q"):
+            kernel.flash_attn_with_kvcache(q, k, v)
     q, k, v = _qkv("cuda", dtype=F32)
     with expect_raises("q"):
         kernel.flash_attn_func(q, k, v)  # float32 is CPU-only

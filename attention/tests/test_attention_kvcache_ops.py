@@ -239,6 +239,26 @@ def test_options_and_splits(kernel, device):
         )
 
 
+@pytest.mark.parametrize("head_dim", [40, 59, 80, 160, 224])
+def test_head_dims_between_instances(kernel, device, head_dim):
+    """Head dims without a CUDA instance of their own (the next instantiated one runs with the
+    columns past head_dim zero-filled; 59 on zero-padded copies of q and the caches): decode over a
+    paged cache with an append and the rotary embedding, and split-KV decode over a contiguous
+    cache (0: the kernel's choice, 3: on sm_90+ merged in a cluster, 16: the combine kernel). The
+    appended rows are checked bit for bit, the columns past rotary_dim copied."""
+    dtype = dtypes_for(device)[-1]
+    d = head_dim
+    _check(
+        kernel, device, dtype, d=d, new=1, block_size=16, cache_len=300, rotary=(32, False), seed=13
+    )
+    _check(kernel, device, dtype, d=d, new=3, causal=True, rotary=(32, True), seed=14)
+    for splits in (0, 3, 16):
+        _check(
+            kernel, device, dtype, d=d, batch=2, hk=1, cache_len=1500, new=1, num_splits=splits,
+            seed=15,
+        )  # fmt: skip
+
+
 def test_int_cache_seqlens_and_low_level_op(kernel, device):
     dtype = dtypes_for(device)[-1]
     b, s, h, d = 2, 40, 4, 32

@@ -663,6 +663,151 @@ def test_split_kv_merges_at_every_head_dim(kernel, device, head_dim):
             )
 
 
+# Head dims without an instance of their own (flash-attn takes every head dim up to 256): CUDA runs
+# a multiple of 8 on the next instantiated head dim with the columns past it zero-filled (40 on 64,
+# 80 on 96, 160 on 192, 224 on 256), and any other (59, 111) on zero-padded copies.
+BETWEEN_HEAD_DIMS = [40, 59, 80, 111, 160, 224]
+
+
+def _nan_padded(shape, dtype, device):
+    """A NaN-filled buffer whose rows are wider than head_dim = shape[-1] (rounded up to a multiple
+    of 8, plus 16), and the view of its first head_dim columns: a column written past head_dim
+    (or a row left unwritten) shows in the buffer."""
+    d = shape[-1]
+    width = (d + 7) // 8 * 8 + 16
+    buf = torch.full((*shape[:-1], width), float("nan"), dtype=dtype, device=device)
+    return buf, buf[..., :d]
+
+
+def _untouched_past(buf, d, what):
+    assert bool(buf[..., d:].isnan().all()), f"{what}: columns past head_dim {d} were written"
+
+
+def _batch_check(out, q, k, v, lse, what, **opts):
+    """A [B, S, H, D] result, sequence by sequence, at the default scale of q's head dim."""
+    sequences_check(
+        list(out.unbind(0)),
+        q.unbind(0),
+        k.unbind(0),
+        v.unbind(0),
+        q.shape[-1] ** -0.5,
+        what,
+        lses=list(lse.unbind(0)),
+        **opts,
+    )
+
+
+@pytest.mark.parametrize("head_dim", BETWEEN_HEAD_DIMS)
+def test_head_dims_between_instances(kernel, device, head_dim):
+    """Dense prefill (GQA; causal with whole query tiles above the diagonal; a window with softcap
+    and ALiBi, the score-modifier build), decode (the decode tiles; split-KV merged by the combine
+    kernel or, on sm_90+, in a cluster), varlen and paged K/V at head dims between the CUDA
+    instances. Outputs are views of NaN-filled buffers with wider rows: a column of out written
+    past head_dim, or left unwritten, fails. softmax_scale defaults to head_dim ** -0.5 of the
+    caller's head dim. The CPU takes any head dim; one dtype there."""
+    d = head_dim
+    for dtype in dtypes_for(device) if device == "cuda" else [BF16]:
+        what = f"{dtype_id(dtype)} d {d}"
+        # dense, causal, default scale: rows 0..139 see no key (whole empty query tiles)
+        b, sq, sk, h, hk = 2, 200, 60, 4, 2
+        q = randn((b, sq, h, d), dtype, device, seed=1)
+        k = randn((b, sk, hk, d), dtype, device, seed=2)
+        v = randn((b, sk, hk, d), dtype, device, seed=3)
+        out, lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        assert out.shape == q.shape and lse.shape == (b, h, sq)
+        _batch_check(out, q, k, v, lse, f"{what} causal", causal=True)
+        # dense, window + softcap + ALiBi, into out=
+        b, sq, sk, h, hk = 2, 70, 90, 4, 1
+        q = randn((b, sq, h, d), dtype, device, seed=4)
+        k = randn((b, sk, hk, d), dtype, device, seed=5)
+        v = randn((b, sk, hk, d), dtype, device, seed=6)
+        slopes = alibi_slopes(h, device, batch=b)
+        buf, dst = _nan_padded(q.shape, dtype, device)
+        got, lse = kernel.ops.fwd(
+            q, k, v, dst, slopes, 0.0, d**-0.5, False, 24, 8, 3.0, False, None
+        )
+        assert got.data_ptr() == dst.data_ptr()
+        _untouched_past(buf, d, f"{what} fwd out=")
+        _batch_check(
+            dst, q, k, v, lse, f"{what} window softcap alibi", window=(24, 8), softcap=3.0,
+            slopes=list(slopes.unbind(0)),
+        )  # fmt: skip
+        # decode, split-KV: 0 (the kernel's choice), 3 (on sm_90+ a cluster), 16 (the combine
+        # kernel); the window leaves splits without a visible key
+        b, sk, h, hk = 2, 1500, 8, 2
+        q = randn((b, 1, h, d), dtype, device, seed=7)
+        k = randn((b, sk, hk, d), dtype, device, seed=8)
+        v = randn((b, sk, hk, d), dtype, device, seed=9)
+        for splits in (0, 3, 16):
+            buf, dst = _nan_padded(q.shape, dtype, device)
+            lse = torch.full((b, h, 1), float("nan"), dtype=F32, device=device)
+            kernel.ops.attn_fwd(
+                dst, q, k, v, lse, None, None, None, None, None, None, None, 0, 0,
+                d**-0.5, 0.0, False, 300, 0, splits,
+            )  # fmt: skip
+            _untouched_past(buf, d, f"{what} decode splits {splits}")
+            _batch_check(dst, q, k, v, lse, f"{what} decode splits {splits}", window=(300, 0))
+        # varlen, GQA, causal window
+        lens_q, lens_k = [1, 0, 17, 130], [1, 5, 0, 200]
+        cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+        h, hk = 4, 2
+        q = randn((sum(lens_q), h, d), dtype, device, seed=10)
+        k = randn((sum(lens_k), hk, d), dtype, device, seed=11)
+        v = randn((sum(lens_k), hk, d), dtype, device, seed=12)
+        out, lse, _ = kernel.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, window_size=(16, -1),
+            return_attn_probs=True,
+        )  # fmt: skip
+        assert out.shape == q.shape
+        sequences_check(
+            list(out.split(lens_q)),
+            list(q.split(lens_q)),
+            list(k.split(lens_k)),
+            list(v.split(lens_k)),
+            d**-0.5,
+            f"{what} varlen",
+            causal=True,
+            window=(16, -1),
+            lses=[lse[:, a:e] for a, e in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:])],
+        )
+        # the same into out= with 3 packed rows past the sequences: they keep the caller's
+        # values (NaN), or with zero_tensors become 0
+        qp = torch.cat([q, randn((3, h, d), dtype, device, seed=15)])
+        for zero in (False, True):
+            buf, dst = _nan_padded(qp.shape, dtype, device)
+            got, _ = kernel.ops.varlen_fwd(
+                qp, k, v, dst, cu_q, cu_k, None, None, None, None, max(lens_q), max(lens_k), 0.0,
+                d**-0.5, zero, True, 16, -1, 0.0, False, None,
+            )  # fmt: skip
+            assert got.data_ptr() == dst.data_ptr()
+            _untouched_past(buf, d, f"{what} varlen_fwd out=")
+            assert torch.equal(dst[: sum(lens_q)], out), f"{what} varlen_fwd out="
+            rest = dst[sum(lens_q) :]
+            assert bool((rest == 0).all() if zero else rest.isnan().all()), f"{what} zero {zero}"
+        # paged K/V through a block table (vLLM's decode and chunked prefill)
+        lens_q, lens_k = [1, 17, 5], [1, 300, 33]
+        ks = [randn((n, hk, d), dtype, device, seed=20 + i) for i, n in enumerate(lens_k)]
+        vs = [randn((n, hk, d), dtype, device, seed=30 + i) for i, n in enumerate(lens_k)]
+        k_cache, v_cache, table = paged_cache(ks, vs, 16, seed=13)
+        q = randn((sum(lens_q), h, d), dtype, device, seed=14)
+        buf, dst = _nan_padded(q.shape, dtype, device)
+        kernel.ops.attn_fwd(
+            dst, q, k_cache, v_cache, None, cu_seqlens(lens_q, device), None,
+            torch.tensor(lens_k, dtype=torch.int32, device=device), table, None, None, None,
+            max(lens_q), max(lens_k), d**-0.5, 0.0, True, -1, -1, 0,
+        )  # fmt: skip
+        _untouched_past(buf, d, f"{what} paged")
+        sequences_check(
+            list(dst.split(lens_q)),
+            list(q.split(lens_q)),
+            ks,
+            vs,
+            d**-0.5,
+            f"{what} paged",
+            causal=True,
+        )
+
+
 def test_split_kv_merge_over_two_query_tiles(kernel, device):
     """Split-KV decode tiles hold up to 32 packed rows (query rows x the q heads of a kv head), so a
     (head, sequence) may have two 16-row tiles, each merged over its own splits (on sm_90+ each

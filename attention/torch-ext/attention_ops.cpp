@@ -11,7 +11,10 @@
 //   alibi_slopes float32; every index tensor int32, 1-D (block_table 2-D), contiguous. Every
 //   tensor on q's device.
 // - heads: q's head count is a positive multiple of k's (MQA / GQA); head_dim is the same for q,
-//   k and v; on CUDA one of 32, 64, 96, 128, 192, 256.
+//   k and v, > 0, and at most 256 on CUDA. The CUDA kernels take multiples of 8 (each runs the
+//   next instantiated head dim with the columns past it zero-filled); any other head dim is run on
+//   zero-padded copies of q, k and v (the caches too, for fwd_kvcache) and written back into out
+//   (pad_head_dim).
 // - layout: q, k, v and out need unit stride along head_dim (a stride of 1 in the last
 //   dimension); the other dimensions may have any strides (views of packed qkv tensors, the
 //   transposed [B, H, S, D] tensors of transformers). A written tensor (out, lse; the caches of
@@ -25,6 +28,7 @@
 // - empty calls (no sequence, no query row, no head) launch nothing after the checks; a
 //   sequence with no visible key gives out = 0 and lse = +inf.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/ScalarType.h>
@@ -114,6 +118,14 @@ void add_present(std::vector<Named>& list,
 }
 
 #if defined(CUDA_KERNEL)
+// A head dim that is not a multiple of 8 (59, 111): the CUDA kernels move 16-byte chunks of whole
+// columns, so they read zero-padded copies (zero columns add nothing to the scores and give zero
+// output columns; flash-attn pads the same way). A [.., D] tensor -> a contiguous copy
+// [.., padded] (of the whole tensor: of the whole cache for fwd_kvcache), padded >= D.
+at::Tensor pad_head_dim(const at::Tensor& t, int64_t padded) {
+  return at::constant_pad_nd(t, {0, padded - t.size(-1)}).contiguous();
+}
+
 // 16-byte aligned base pointer and batch / row / head strides (the CUDA kernels' 16-byte chunks).
 bool aligned16(const at::Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 != 0) return false;
@@ -125,9 +137,7 @@ bool aligned16(const at::Tensor& t) {
 }
 #endif
 
-bool supported_head_dim_cuda(int64_t d) {
-  return d == 32 || d == 64 || d == 96 || d == 128 || d == 192 || d == 256;
-}
+constexpr int64_t kMaxHeadDimCuda = 256;
 
 // Runs the implementation's call and names the op in its errors.
 template <typename F>
@@ -388,8 +398,8 @@ Geometry check(AttentionCall& c) {
   TORCH_CHECK(c.k.size(-1) == g.head_dim, op, ": ", n.k, " must have the head_dim of ", n.q, " (",
               g.head_dim, "), got shape ", c.k.sizes());
   if (device.is_cuda()) {
-    TORCH_CHECK(supported_head_dim_cuda(g.head_dim), op, ": head_dim ", g.head_dim, " of ", n.q,
-                " is not supported on CUDA (supported: 32, 64, 96, 128, 192, 256)");
+    TORCH_CHECK(g.head_dim > 0 && g.head_dim <= kMaxHeadDimCuda, op, ": head_dim ", g.head_dim,
+                " of ", n.q, " is not supported on CUDA (supported: 1 to ", kMaxHeadDimCuda, ")");
   } else {
     TORCH_CHECK(g.head_dim > 0, op, ": head_dim of ", n.q, " must be > 0, got shape ", c.q.sizes());
   }
@@ -581,31 +591,47 @@ void run_attention(AttentionCall& c) {
     // The CUDA kernels move 16-byte chunks (attention_cuda.h): a q/k/v view that is not 16-byte
     // aligned (base pointer, or a batch/row/head stride not a multiple of 16 bytes) is read
     // through a contiguous copy, and an unaligned out / lse is written through a temporary.
+    // A head dim that is not a multiple of 8 runs on zero-padded copies, out through a padded
+    // temporary (pad_head_dim).
     AttentionCall a = c;
+    Geometry gk = g;
+    const bool padded = g.head_dim % 8 != 0;
+    if (padded) {
+      gk.head_dim = (g.head_dim + 7) / 8 * 8;
+      a.q = pad_head_dim(a.q, gk.head_dim);
+      a.k = pad_head_dim(a.k, gk.head_dim);
+      a.v = pad_head_dim(a.v, gk.head_dim);
+    }
     if (!aligned16(a.q)) a.q = a.q.contiguous();
     if (!aligned16(a.k) || !aligned16(a.v)) {
       a.k = a.k.contiguous();
       a.v = a.v.contiguous();
     }
-    const bool out_tmp = !aligned16(a.out);
-    if (out_tmp) a.out = at::empty(a.out.sizes(), a.out.options());
+    // With packed (varlen) queries the kernels leave the rows outside every sequence unwritten:
+    // there the temporaries start as copies, so that those rows keep the caller's values (the
+    // zeros of zero_tensors).
+    const bool out_tmp = padded || !aligned16(a.out);
+    if (out_tmp) {
+      a.out =
+          g.varlen_q ? pad_head_dim(c.out, gk.head_dim) : at::empty(a.q.sizes(), a.out.options());
+    }
     const bool lse_tmp = present(a.lse) && reinterpret_cast<uintptr_t>(a.lse->data_ptr()) % 8 != 0;
-    if (lse_tmp) a.lse = at::empty(a.lse->sizes(), a.lse->options());
+    if (lse_tmp) a.lse = g.varlen_q ? a.lse->clone() : at::empty(a.lse->sizes(), a.lse->options());
     if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous())
       a.alibi_slopes = a.alibi_slopes->contiguous();
-    p = make_params(a, g);
+    p = make_params(a, gk);
     const int64_t splits = attention::cuda::attn_fwd_accum_splits(p);
     at::Tensor out_accum, lse_accum;
     if (splits > 0) {
       const auto f32 = c.q.options().dtype(at::kFloat);
-      out_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q, g.head_dim}, f32);
+      out_accum = at::empty({splits, gk.batch, gk.heads_q, gk.seqlen_q, gk.head_dim}, f32);
       lse_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q}, f32);
       p.out_accum = out_accum.mutable_data_ptr<float>();
       p.lse_accum = lse_accum.mutable_data_ptr<float>();
     }
     const cudaError_t err = attention::cuda::attn_fwd(p, stream);
     TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));
-    if (out_tmp) c.out.copy_(a.out);
+    if (out_tmp) c.out.copy_(padded ? a.out.narrow(-1, 0, g.head_dim) : a.out);
     if (lse_tmp) c.lse->copy_(*a.lse);
     return;
   }

@@ -24,8 +24,8 @@ no key gives out = 0 and lse = +inf.
   ``use_with_diffusers()`` makes both backends use this package (diffusers itself would load
   ``kernels-community/flash-attn2`` version 3).
 
-dtypes: float16 and bfloat16 on CUDA (head_dim 32, 64, 96, 128, 192, 256), float32 too on the CPU
-(any head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
+dtypes: float16 and bfloat16 on CUDA (head_dim up to 256), float32 too on the CPU (any
+head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
 backward through any of these functions (inference works; training fails loudly). Every function
 traces with ``torch.compile(fullgraph=True)``.
 """

@@ -16,7 +16,9 @@ from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
-CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# CUDA takes any head dim up to this (attention_ops.cpp: multiples of 8 run the next instantiated
+# size, others zero-padded copies); the CPU any positive one.
+CUDA_MAX_HEAD_DIM = 256
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -204,10 +206,10 @@ def check_attention(
     )
     if q.device.type == "cuda":
         torch._check(
-            head_dim in CUDA_HEAD_DIMS,
+            0 < head_dim <= CUDA_MAX_HEAD_DIM,
             lambda: (
-                f"{op}: head_dim {head_dim} of {n['q']} is not supported on CUDA (supported: 32, 64, 96, 128, "
-                "192, 256)"
+                f"{op}: head_dim {head_dim} of {n['q']} is not supported on CUDA (supported: 1 to "
+                f"{CUDA_MAX_HEAD_DIM})"
             ),
         )
     else:
@@ -658,7 +660,7 @@ def attention(
             "(pass dropout_p=0.0; transformers does so in eval mode)"
         )
     left, right = window(op, window_size)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = softmax_scale_of(q, softmax_scale)
     return _attn_func(
         q,
         k,
@@ -685,6 +687,14 @@ def attention(
 def as_int(x) -> int:
     """max_seqlen as an int (transformers may pass a 0-d tensor)."""
     return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
+
+
+def softmax_scale_of(q: torch.Tensor, softmax_scale: Optional[float]) -> float:
+    """softmax_scale, or flash-attn's default head_dim ** -0.5 with q's own head dim (also where
+    CUDA pads it). A head dim of 0 gets 1.0 here, so that the op's check names q."""
+    if softmax_scale is not None:
+        return float(softmax_scale)
+    return q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
 
 
 def window(op: str, window_size) -> Tuple[int, int]:

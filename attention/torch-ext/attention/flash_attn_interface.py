@@ -324,7 +324,7 @@ def flash_attn_with_kvcache(
             (q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=k_cache.device
         )
     left, right = _custom_ops.window("flash_attn_with_kvcache", window_size)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = _custom_ops.softmax_scale_of(q, softmax_scale)
     out, lse = ops.fwd_kvcache(
         q,
         k_cache,
