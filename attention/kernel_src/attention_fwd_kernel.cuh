@@ -93,11 +93,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_cuda_mma.cuh"
 #include "attention_fwd_args.h"
 #include "attention_fwd_config.h"
 #include "attention_tile.cuh"
+#include "device_errors.cuh"
 #include "pdl.cuh"
 
 namespace attention {
@@ -232,17 +234,30 @@ constexpr bool cluster_build() {
 #endif
 }
 
+// A sequence whose key length exceeds its rows (Seq::overflow, bad input): the first thread of
+// each of its CTAs reports it (device_errors.cuh; the first report wins).
+__device__ __noinline__ void report_keys_past_rows(const FwdArgs& a, const Seq& s, int b) {
+  const int len_k = a.seqused_k != nullptr ? __ldg(a.seqused_k + b) : s.rows_k;
+  report_device_error(a.errors, a.error_op,
+                      a.block_table != nullptr ? DeviceErrorCode::kKeysPastBlockTable
+                                               : DeviceErrorCode::kKeysPastCache,
+                      b, 0, len_k, s.rows_k);
+}
+
 // A CTA without a key in range: out = 0 and lse = +inf (a split: lse = -inf, out_accum never
-// read; a split merging in its cluster still takes part in the merge).
+// read; a split merging in its cluster still takes part in the merge). A sequence that overflows
+// its rows (bad input, reported) gets NaN instead, in out and in every lse (a NaN partial lse
+// makes the merged row NaN), so that its result is never silently wrong.
 template <typename T, class Cfg>
 __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s, int b, int head,
                                                  int m0, int rows, int split, bool split_out,
                                                  int tid) {
   constexpr int BM = Cfg::kBlockM;
+  const float nan = __int_as_float(0x7fc00000);
   if constexpr (cluster_build<Cfg>()) {
     if (a.cluster_merge) {  // no visible key: lse = -inf, and the CTA takes part in the merge
       float* lse_part = reinterpret_cast<float*>(dynamic_smem() + Cfg::kPartialLseOffset);
-      for (int r = tid; r < BM; r += Cfg::kThreads) lse_part[r] = -kInf;
+      for (int r = tid; r < BM; r += Cfg::kThreads) lse_part[r] = s.overflow ? nan : -kInf;
       merge_splits_in_cluster<T, Cfg>(a, s, b, head, m0, rows, split);
       return;
     }
@@ -253,12 +268,16 @@ __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s,
     int i, h;
     row_coords(a, head, m, &i, &h);
     if (split_out) {
-      a.lse_accum[accum_row(a, split, b, h, i)] = -kInf;
+      a.lse_accum[accum_row(a, split, b, h, i)] = s.overflow ? nan : -kInf;
     } else if (a.lse != nullptr) {
-      a.lse[lse_index(a, s, b, h, i)] = kInf;
+      a.lse[lse_index(a, s, b, h, i)] = s.overflow ? nan : kInf;
     }
   }
   if (!split_out) {
+    // fp16 / bf16 quiet NaN in both halves of each word (0: the empty row's out).
+    const uint32_t fill = !s.overflow                      ? 0u
+                          : std::is_same<T, __half>::value ? 0x7e007e00u
+                                                           : 0x7fc07fc0u;
     for (int c = tid; c < BM * Cfg::kChunksPerRow; c += Cfg::kThreads) {
       const int r = c / Cfg::kChunksPerRow;
       const int ch = c % Cfg::kChunksPerRow;
@@ -267,7 +286,8 @@ __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s,
       int i, h;
       row_coords(a, head, m, &i, &h);
       *reinterpret_cast<Chunk16*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
-                                  h * a.out_head_stride + ch * 8) = Chunk16{{0, 0, 0, 0}};
+                                  h * a.out_head_stride + ch * 8) =
+          Chunk16{{fill, fill, fill, fill}};
     }
   }
 }
@@ -789,10 +809,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const Seq s = sequence(a, b, head);
   const int rows = s.len_q * a.qpack;
   const int m0 = m_block * Cfg::kBlockM;
+  if (s.overflow && tid == 0) report_keys_past_rows(a, s, b);
   if (m0 >= rows) return;
   const KeyRange kr = key_range<Cfg>(a, s, m0, rows, split);
   const bool split_out = a.num_splits > 1;
-  if (kr.begin >= kr.end) {
+  if (kr.begin >= kr.end || s.overflow) {
     store_empty_tile<T, Cfg>(a, s, b, head, m0, rows, split, split_out, tid);
     return;
   }
