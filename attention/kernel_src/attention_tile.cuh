@@ -73,8 +73,6 @@ __device__ __forceinline__ TileCoords tile_coords(const FwdArgs& a) {
 
 struct Seq {
   int len_q, len_k;
-  int rows_k;              // key rows the sequence has; len_k > rows_k: bad input (overflow)
-  bool overflow;           // len_k was clamped to rows_k: nothing of the sequence is read
   int q_start;             // varlen: first packed row of the sequence
   int64_t q_off, out_off;  // element offsets of the sequence (row 0, head 0)
   int64_t k_off, v_off;    // of key row 0 of the kv head (paged: head offset only)
@@ -92,15 +90,13 @@ __device__ __forceinline__ Seq sequence(const FwdArgs& a, int b, int head) {
   // Keys: seqused_k[b], else the cu_seqlens_k difference, else seqlen_k less the left padding;
   // with leftpad_k they are rows [pad, pad + len_k) (attention_cpu.cpp reads it the same way;
   // flash_attn_with_kvcache's cache_seqlens - cache_leftpad is the seqused_k to pass).
-  // A seqused_k past the rows the sequence has (paged: seqlen_k = the rows of its block-table
-  // row) is bad input the host could not see without a sync: overflow (the kernel reports it).
   const int pad = a.leftpad_k != nullptr ? __ldg(a.leftpad_k + b) : 0;
-  int rows_k = a.seqlen_k - pad;
-  if (a.cu_seqlens_k != nullptr) rows_k = __ldg(a.cu_seqlens_k + b + 1) - __ldg(a.cu_seqlens_k + b);
-  int len_k = a.seqused_k != nullptr ? __ldg(a.seqused_k + b) : rows_k;
-  s.rows_k = rows_k;
-  s.overflow = len_k > rows_k;
-  if (s.overflow) len_k = rows_k;
+  int len_k = a.seqlen_k - pad;
+  if (a.seqused_k != nullptr) {
+    len_k = __ldg(a.seqused_k + b);
+  } else if (a.cu_seqlens_k != nullptr) {
+    len_k = __ldg(a.cu_seqlens_k + b + 1) - __ldg(a.cu_seqlens_k + b);
+  }
   s.len_k = len_k > 0 ? len_k : 0;
   const int64_t hk = static_cast<int64_t>(head) * a.qpack / a.group;
   if (a.cu_seqlens_q != nullptr) {

@@ -20,9 +20,9 @@ namespace {
 // run one after the other on its stream.
 __device__ unsigned int device_error_claim = 0;
 
-__device__ __noinline__ void report_device_error(DeviceErrorRecord* record, DeviceErrorOp op,
-                                                 DeviceErrorCode code, int64_t seq, int64_t index,
-                                                 int64_t value, int64_t limit) {
+__device__ __forceinline__ void report_device_error(DeviceErrorRecord* record, DeviceErrorOp op,
+                                                    DeviceErrorCode code, int64_t seq,
+                                                    int64_t index, int64_t value, int64_t limit) {
   if (record == nullptr) return;
   volatile DeviceErrorRecord* r = record;
   if (r->code != 0) return;  // an earlier report waits for the host
