@@ -140,33 +140,46 @@ using attention::DeviceErrorCode;
 using attention::DeviceErrorOp;
 using attention::DeviceErrorRecord;
 
+std::mutex& device_errors_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 // One record per device, in one mapped pinned allocation made at the first CUDA call and kept for
 // the life of the process (CUDA graphs keep its address). Host-allocated memory has the same
 // address on the host and on every device (unified addressing, which every supported platform
 // has). A first call inside a graph capture allocates in relaxed capture mode: the allocation
-// enqueues no work, so it is legal there and leaves the capture intact.
+// enqueues no work, so it is legal there and leaves the capture intact. Should it fail, the call
+// runs without a record (null: the kernels still never read or write out of range and still write
+// NaN, they just report nothing), with a warning, and the next call tries again.
 DeviceErrorRecord* device_error_records() {
-  static DeviceErrorRecord* const records = [] {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    void* ptr = nullptr;
-    if (err == cudaSuccess) {
-      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      cudaThreadExchangeStreamCaptureMode(&mode);
-      err = cudaHostAlloc(&ptr, sizeof(DeviceErrorRecord) * static_cast<size_t>(count),
-                          cudaHostAllocMapped | cudaHostAllocPortable);
-      cudaThreadExchangeStreamCaptureMode(&mode);
-    }
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: leave no error for the next launch check
-      TORCH_CHECK(false,
-                  "attention: cannot allocate the device error records in pinned host memory: ",
-                  cudaGetErrorString(err));
-    }
-    std::memset(ptr, 0, sizeof(DeviceErrorRecord) * static_cast<size_t>(count));
-    return static_cast<DeviceErrorRecord*>(ptr);
-  }();
-  return records;
+  static std::atomic<DeviceErrorRecord*> records{nullptr};
+  DeviceErrorRecord* ready = records.load(std::memory_order_acquire);
+  if (ready != nullptr) return ready;
+  const std::lock_guard<std::mutex> lock(device_errors_mutex());
+  ready = records.load(std::memory_order_acquire);
+  if (ready != nullptr) return ready;
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  void* ptr = nullptr;
+  if (err == cudaSuccess) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    err = cudaHostAlloc(&ptr, sizeof(DeviceErrorRecord) * static_cast<size_t>(count),
+                        cudaHostAllocMapped | cudaHostAllocPortable);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: leave no error for the next launch check
+    TORCH_WARN("attention: no pinned host memory for the device error records (",
+               cudaGetErrorString(err),
+               "): index values out of range found by the CUDA kernels of this call are not "
+               "reported");
+    return nullptr;
+  }
+  std::memset(ptr, 0, sizeof(DeviceErrorRecord) * static_cast<size_t>(count));
+  records.store(static_cast<DeviceErrorRecord*>(ptr), std::memory_order_release);
+  return static_cast<DeviceErrorRecord*>(ptr);
 }
 
 DeviceErrorOp error_op_of(const char* op) {
@@ -249,15 +262,12 @@ std::string describe_device_error(const DeviceErrorRecord& r, const at::Device& 
   return m.str();
 }
 
-std::mutex& device_errors_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
 // The record of `device` for a kernel launch, after raising the error an earlier call left in it
 // (then cleared). Reading it costs a load from host memory, no synchronization.
 DeviceErrorRecord* take_device_errors(const char* op, const at::Device& device) {
-  DeviceErrorRecord* record = device_error_records() + device.index();
+  DeviceErrorRecord* const records = device_error_records();
+  if (records == nullptr) return nullptr;
+  DeviceErrorRecord* record = records + device.index();
   volatile DeviceErrorRecord* r = record;
   if (r->code == 0) return record;
   DeviceErrorRecord seen;
