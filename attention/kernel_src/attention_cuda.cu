@@ -541,6 +541,8 @@ FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {
   a.win_right = p.causal ? 0 : (p.window_right >= 0 ? p.window_right : kUnbounded);
   a.out_accum = p.out_accum;
   a.lse_accum = p.lse_accum;
+  a.errors = p.errors;
+  a.error_op = p.error_op;
   return a;
 }
 

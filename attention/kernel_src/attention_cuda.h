@@ -7,9 +7,11 @@
 // Preconditions, checked by the caller (torch-ext/): pointers on the current device, the shape and
 // stride rules of attention_params.h, q/k/v/out fp16 or bf16 of one dtype, head_dim a multiple of 8
 // up to 256 (the caller pads other head dims), the int32 index arrays in range (the kernels trust
-// their values), out not overlapping q/k/v. Besides those, the kernels move q/k/v/out in 16-byte
-// chunks: every base pointer must be 16-byte aligned and every batch/row/head stride a multiple of
-// 8 elements (16 bytes); lse, out_accum and lse_accum 8-byte aligned. attn_fwd checks the params
+// their values, except a key length past the rows of its sequence: that sequence reads no key,
+// gets NaN out and lse, and is reported to params.errors, device_errors.h), out not overlapping
+// q/k/v. Besides those, the kernels move q/k/v/out in 16-byte chunks: every base pointer must be
+// 16-byte aligned and every batch/row/head stride a multiple of 8 elements (16 bytes); lse,
+// out_accum and lse_accum 8-byte aligned. attn_fwd checks the params
 // for internal consistency (cudaErrorInvalidValue when they are not, including a violated
 // alignment, before anything is launched), enqueues its kernels on `stream` and returns the launch
 // status; it launches nothing when there is no query row.

@@ -6,6 +6,7 @@
 
 #include "attention_cuda_mma.cuh"
 #include "attention_fwd_config.h"
+#include "device_errors.h"
 
 namespace attention {
 namespace cuda {
@@ -59,6 +60,8 @@ struct FwdArgs {
   float* out_accum;             // [splits, batch, heads_q, seqlen_q, head_dim] when
                                 // num_splits > 1 and not cluster_merge
   float* lse_accum;             // [splits, batch, heads_q, seqlen_q]
+  DeviceErrorRecord* errors;    // device_errors.h (null: not reported)
+  DeviceErrorOp error_op;
 };
 
 // Split-KV combine (attention_fwd_combine_kernel.cuh).

@@ -98,11 +98,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_cuda_mma.cuh"
 #include "attention_fwd_args.h"
 #include "attention_fwd_config.h"
 #include "attention_tile.cuh"
+#include "device_errors.cuh"
 #include "pdl.cuh"
 
 namespace attention {
@@ -242,17 +244,39 @@ constexpr bool cluster_build() {
 #endif
 }
 
+// Bad input the host cannot see without a sync: a seqused_k past the key rows the sequence has
+// (seqlen_k less its left padding, its cu_seqlens_k difference, or, paged, seqlen_k = the rows of
+// its block-table row). Such a sequence reads no key: its CTAs write NaN (store_empty_tile).
+// Checked apart from sequence(), on the early-exit path only: inside sequence() the extra value
+// changed ptxas's register allocation of the main loops (more spills on sm_80).
+__device__ __forceinline__ int rows_of_sequence(const FwdArgs& a, int b) {
+  if (a.cu_seqlens_k != nullptr) return __ldg(a.cu_seqlens_k + b + 1) - __ldg(a.cu_seqlens_k + b);
+  return a.seqlen_k - (a.leftpad_k != nullptr ? __ldg(a.leftpad_k + b) : 0);
+}
+
+// Reports it (device_errors.cuh; the first report wins): the first thread of each of the
+// sequence's CTAs that has query rows.
+__device__ __forceinline__ void report_keys_past_rows(const FwdArgs& a, const Seq& s, int b) {
+  report_device_error(a.errors, a.error_op,
+                      a.block_table != nullptr ? DeviceErrorCode::kKeysPastBlockTable
+                                               : DeviceErrorCode::kKeysPastCache,
+                      b, 0, s.len_k, rows_of_sequence(a, b));
+}
+
 // A CTA without a key in range: out = 0 and lse = +inf (a split: lse = -inf, out_accum never
-// read; a split merging in its cluster still takes part in the merge).
+// read; a split merging in its cluster still takes part in the merge). A sequence that overflows
+// its rows (bad input, reported) gets NaN instead, in out and in every lse (a NaN partial lse
+// makes the merged row NaN), so that its result is never silently wrong.
 template <typename T, class Cfg>
 __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s, int b, int head,
                                                  int m0, int rows, int split, bool split_out,
-                                                 int tid) {
+                                                 int tid, bool overflow) {
   constexpr int BM = Cfg::kBlockM;
+  const float nan = __int_as_float(0x7fc00000);
   if constexpr (cluster_build<Cfg>()) {
     if (a.cluster_merge) {  // no visible key: lse = -inf, and the CTA takes part in the merge
       float* lse_part = reinterpret_cast<float*>(dynamic_smem() + Cfg::kPartialLseOffset);
-      for (int r = tid; r < BM; r += Cfg::kThreads) lse_part[r] = -kInf;
+      for (int r = tid; r < BM; r += Cfg::kThreads) lse_part[r] = overflow ? nan : -kInf;
       merge_splits_in_cluster<T, Cfg>(a, s, b, head, m0, rows, split);
       return;
     }
@@ -263,12 +287,16 @@ __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s,
     int i, h;
     row_coords(a, head, m, &i, &h);
     if (split_out) {
-      a.lse_accum[accum_row(a, split, b, h, i)] = -kInf;
+      a.lse_accum[accum_row(a, split, b, h, i)] = overflow ? nan : -kInf;
     } else if (a.lse != nullptr) {
-      a.lse[lse_index(a, s, b, h, i)] = kInf;
+      a.lse[lse_index(a, s, b, h, i)] = overflow ? nan : kInf;
     }
   }
   if (!split_out) {
+    // fp16 / bf16 quiet NaN in both halves of each word (0: the empty row's out).
+    const uint32_t fill = !overflow                        ? 0u
+                          : std::is_same<T, __half>::value ? 0x7e007e00u
+                                                           : 0x7fc07fc0u;
     for (int c = tid; c < BM * Cfg::kChunksPerRow; c += Cfg::kThreads) {
       const int r = c / Cfg::kChunksPerRow;
       const int ch = c % Cfg::kChunksPerRow;
@@ -278,7 +306,8 @@ __device__ __forceinline__ void store_empty_tile(const FwdArgs& a, const Seq& s,
       int i, h;
       row_coords(a, head, m, &i, &h);
       *reinterpret_cast<Chunk16*>(static_cast<T*>(a.out) + s.out_off + i * a.out_row_stride +
-                                  h * a.out_head_stride + ch * 8) = Chunk16{{0, 0, 0, 0}};
+                                  h * a.out_head_stride + ch * 8) =
+          Chunk16{{fill, fill, fill, fill}};
     }
   }
 }
@@ -802,10 +831,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int rows = s.len_q * a.qpack;
   const int m0 = m_block * Cfg::kBlockM;
   if (m0 >= rows) return;
-  const KeyRange kr = key_range<Cfg>(a, s, m0, rows, split);
   const bool split_out = a.num_splits > 1;
+  if (a.seqused_k != nullptr && s.len_k > rows_of_sequence(a, b)) {
+    store_empty_tile<T, Cfg>(a, s, b, head, m0, rows, split, split_out, tid, true);
+    if (tid == 0) report_keys_past_rows(a, s, b);
+    return;
+  }
+  const KeyRange kr = key_range<Cfg>(a, s, m0, rows, split);
   if (kr.begin >= kr.end) {
-    store_empty_tile<T, Cfg>(a, s, b, head, m0, rows, split, split_out, tid);
+    store_empty_tile<T, Cfg>(a, s, b, head, m0, rows, split, split_out, tid, false);
     return;
   }
 

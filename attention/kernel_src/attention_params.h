@@ -37,7 +37,12 @@
 //            counts from there (flash-attn's cache_leftpad)
 // Every index read from an int32 array (cu_seqlens, seqused_k, block_table, kv_batch_idx,
 // leftpad_k) is range-checked by the torch layer where it can be without a device sync (shapes,
-// dtypes); values are trusted by the kernels except where noted in the backend headers.
+// dtypes); values are trusted by the kernels except where noted in the backend headers. One
+// value is checked by every backend: a key length past the rows the sequence has (seqlen_k -
+// leftpad_k[b], the cu_seqlens_k difference, or the max_blocks * page_block_size rows of its
+// block-table row; seqlen_k is that bound when paged). The CPU raises; the CUDA kernel reads no
+// key of that sequence, writes NaN into its out and lse rows and reports it to `errors`
+// (device_errors.h).
 //
 // Split-KV (flash-decoding): num_splits > 1 divides each (b, hk) key range into num_splits
 // chunks computed independently into out_accum [num_splits, batch, heads_q, seqlen_q, head_dim]
@@ -50,6 +55,7 @@
 
 #include <cstdint>
 
+#include "device_errors.h"
 #include "pdl_request.h"
 
 namespace attention {
@@ -103,6 +109,9 @@ struct AttnFwdParams {
   // false: split-KV partials always merge in the combine kernel, never in a thread-block cluster
   // (CUDA sm_90+ only; an A/B switch for benchmarks and tests, same results either way).
   bool allow_cluster_merge = true;
+
+  DeviceErrorRecord* errors = nullptr;  // CUDA: where a bad key length is reported (null: nowhere)
+  DeviceErrorOp error_op = DeviceErrorOp::kNone;
 };
 
 }  // namespace attention

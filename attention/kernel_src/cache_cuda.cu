@@ -7,9 +7,9 @@
 // __fadd_rn, __fsub_rn: no FMA contraction), then rounds once to the dtype, so the result is bit
 // for bit the CPU implementation's (cache_cpu.cpp).
 //
-// Index values are checked on the device (cache_cuda.h): the first thread of a token prints the
-// offending value and calls __assert_fail (cudaErrorAssert); every thread of that token skips
-// its writes, so nothing outside the tensors is touched.
+// Index values are checked on the device (cache_cuda.h): every thread of a token with a bad value
+// skips its writes, so nothing outside the tensors is touched, and its first thread reports the
+// value through the error record of device_errors.h (no assertion: the CUDA context survives).
 
 #include "cache_cuda.h"
 
@@ -17,8 +17,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdio>
 
+#include "device_errors.cuh"
 #include "dispatch.cuh"
 
 namespace attention {
@@ -26,15 +26,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 128;
-
-__device__ __forceinline__ void stop_kernel(const char* what) {
-#if defined(__CUDA_ARCH__) && !defined(_WIN32)
-  __assert_fail(what, __FILE__, __LINE__, __func__);  // cudaErrorAssert, as assert() gives
-#else
-  (void)what;
-  __trap();
-#endif
-}
 
 // ---- element conversions ----
 
@@ -69,11 +60,8 @@ __global__ void cache_write_kernel(const CacheWriteParams p) {
   if (slot < 0) return;  // padding token
   if (slot >= p.num_blocks * p.block_size) {
     if (threadIdx.x == 0) {
-      printf(
-          "attention: slot_mapping[%lld] = %lld is outside the cache of %lld blocks x %lld slots\n",
-          static_cast<long long>(t), static_cast<long long>(slot),
-          static_cast<long long>(p.num_blocks), static_cast<long long>(p.block_size));
-      stop_kernel("slot_mapping value outside the cache");
+      report_device_error(p.errors, p.error_op, DeviceErrorCode::kSlotMapping, t, 0, slot,
+                          p.num_blocks * p.block_size);
     }
     return;
   }
@@ -135,45 +123,37 @@ __global__ void kv_append_kernel(const KvAppendParams p) {
   const bool paged = p.block_table != nullptr;
   const int64_t capacity = paged ? p.max_blocks * p.page_block_size : p.cache_seqlen;
   // Checks (first thread reports, every thread of the token skips).
+  const bool report = threadIdx.x == 0;
   bool ok = start >= 0 && row < capacity;
   int64_t kb = b, block = 0;
-  if (ok && paged) {
+  if (!ok) {
+    if (report) {
+      const DeviceErrorCode code = start < 0 ? DeviceErrorCode::kNegativeCacheSeqlens
+                                   : paged   ? DeviceErrorCode::kAppendPastBlockTable
+                                             : DeviceErrorCode::kAppendPastCache;
+      report_device_error(p.errors, p.error_op, code, b, i, start < 0 ? start : row, capacity);
+    }
+  } else if (paged) {
     block = p.block_table[b * p.block_table_batch_stride + row / p.page_block_size];
     ok = block >= 0 && block < p.num_blocks;
-    if (!ok && threadIdx.x == 0) {
-      printf("attention: block_table[%lld, %lld] = %lld is outside the cache of %lld blocks\n",
-             static_cast<long long>(b), static_cast<long long>(row / p.page_block_size),
-             static_cast<long long>(block), static_cast<long long>(p.num_blocks));
-      stop_kernel("block_table value outside the cache");
-    }
-  } else if (!ok) {
-    if (threadIdx.x == 0) {
-      printf(
-          "attention: cache_seqlens[%lld] = %lld: new token %lld lands at row %lld, outside the "
-          "%lld rows of "
-          "k_cache\n",
-          static_cast<long long>(b), static_cast<long long>(start), static_cast<long long>(i),
-          static_cast<long long>(row), static_cast<long long>(capacity));
-      stop_kernel("cache_seqlens value outside the cache");
+    if (!ok && report) {
+      report_device_error(p.errors, p.error_op, DeviceErrorCode::kBlockTableValue, b,
+                          row / p.page_block_size, block, p.num_blocks);
     }
   } else if (p.kv_batch_idx != nullptr) {
     kb = p.kv_batch_idx[b];
     ok = kb >= 0 && kb < p.cache_batch;
-    if (!ok && threadIdx.x == 0) {
-      printf("attention: cache_batch_idx[%lld] = %lld is outside the batch of k_cache (%lld)\n",
-             static_cast<long long>(b), static_cast<long long>(kb),
-             static_cast<long long>(p.cache_batch));
-      stop_kernel("cache_batch_idx value outside the cache");
+    if (!ok && report) {
+      report_device_error(p.errors, p.error_op, DeviceErrorCode::kCacheBatchIdx, b, 0, kb,
+                          p.cache_batch);
     }
   }
   const bool rotary = p.rotary_cos != nullptr;
   if (ok && rotary && row >= p.rotary_rows) {
     ok = false;
-    if (threadIdx.x == 0) {
-      printf("attention: rotary_cos / rotary_sin have %lld rows, sequence %lld needs row %lld\n",
-             static_cast<long long>(p.rotary_rows), static_cast<long long>(b),
-             static_cast<long long>(row));
-      stop_kernel("rotary_cos row outside the table");
+    if (report) {
+      report_device_error(p.errors, p.error_op, DeviceErrorCode::kRotaryRows, b, i, row,
+                          p.rotary_rows);
     }
   }
   if (!ok) return;
@@ -204,20 +184,21 @@ __global__ void rotate_q_kernel(const KvAppendParams p) {
   const int64_t i = blockIdx.x % p.seqlen_q;
   const int64_t start = p.cache_seqlens[b];
   const int64_t pos = start + (p.q_positions_per_token ? i : 0);
+  const int64_t n = p.heads_q * p.head_dim;
   if (start < 0 || pos >= p.rotary_rows) {
-    if (threadIdx.x == 0) {
-      printf(
-          "attention: rotary_cos / rotary_sin have %lld rows, query %lld of sequence %lld needs "
-          "row %lld "
-          "(cache_seqlens[%lld] = %lld)\n",
-          static_cast<long long>(p.rotary_rows), static_cast<long long>(i),
-          static_cast<long long>(b), static_cast<long long>(pos), static_cast<long long>(b),
-          static_cast<long long>(start));
-      stop_kernel("rotary_cos row outside the table");
+    // The query row becomes NaN, so its attention output is NaN rather than silently wrong (a
+    // negative cache_seqlens is reported by kv_append_kernel).
+    if (threadIdx.x == 0 && start >= 0) {
+      report_device_error(p.errors, p.error_op, DeviceErrorCode::kRotaryRows, b, i, pos,
+                          p.rotary_rows);
+    }
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+      T* dst = static_cast<T*>(p.q_out) + b * p.q_out_batch_stride + i * p.q_out_row_stride +
+               (e / p.head_dim) * p.q_out_head_stride;
+      dst[e % p.head_dim] = Num<T>::from_float(__int_as_float(0x7fc00000));
     }
     return;
   }
-  const int64_t n = p.heads_q * p.head_dim;
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
     const int64_t h = e / p.head_dim;
     const int64_t c = e % p.head_dim;

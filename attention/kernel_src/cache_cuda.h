@@ -2,11 +2,12 @@
 //
 // Preconditions, checked by the caller (torch-ext/attention_ops.cpp): pointers on the current
 // device, shapes, dtypes and strides as cache_params.h lays them out. Index *values* are checked
-// on the device: a slot, cache row, block or table row outside its tensor makes the kernel print
-// the offending value and stop with a device-side assertion naming the argument (slot_mapping,
-// cache_seqlens, cache_batch_idx, block_table, rotary_cos; cudaErrorAssert at the next
-// synchronization, a trap on Windows); nothing is read or written outside the tensors. Each
-// launcher enqueues its kernels on `stream` and returns the launch status (cudaGetLastError()).
+// on the device: a slot, cache row (past the cache or past the sequence's block-table row), block
+// id, batch index or rotary row outside its tensor makes the kernel skip that token's writes (a
+// query row it cannot rotate becomes NaN) and report the value to params.errors
+// (device_errors.h), which the caller turns into an error naming the argument; no assertion, so
+// the CUDA context survives, and nothing is read or written outside the tensors. Each launcher
+// enqueues its kernels on `stream` and returns the launch status (cudaGetLastError()).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -30,13 +30,14 @@
 //    channels [rotary_dim, head_dim) are copied. Values are copied bit for bit.
 // Every pointer lies on the device of the call; tensors have unit stride along head_dim. Index
 // values are range-checked: the CPU implementation throws before writing anything, the CUDA
-// kernels stop with a device-side assertion that names the argument, and neither ever reads or
-// writes outside the tensors the params describe.
+// kernels skip what is out of range and report it through `errors` (device_errors.h), and
+// neither ever reads or writes outside the tensors the params describe.
 #pragma once
 
 #include <cstdint>
 
 #include "attention_params.h"
+#include "device_errors.h"
 
 namespace attention {
 
@@ -63,6 +64,9 @@ struct CacheWriteParams {
   int64_t block_size = 0;
   const void* slot_mapping = nullptr;  // [num_tokens]
   bool slot_mapping_int64 = true;      // else int32
+
+  DeviceErrorRecord* errors = nullptr;  // CUDA: where a bad slot is reported (null: nowhere)
+  DeviceErrorOp error_op = DeviceErrorOp::kNone;
 };
 
 struct KvAppendParams {
@@ -108,6 +112,9 @@ struct KvAppendParams {
   int64_t q_out_batch_stride = 0, q_out_row_stride = 0, q_out_head_stride = 0;
   int64_t seqlen_q = 0;
   bool q_positions_per_token = true;
+
+  DeviceErrorRecord* errors = nullptr;  // CUDA: where a bad index is reported (null: nowhere)
+  DeviceErrorOp error_op = DeviceErrorOp::kNone;
 };
 
 }  // namespace attention

@@ -173,10 +173,20 @@ def test_bad_inputs(kernel, device):
         kernel.reshape_and_cache(
             key, key, k_cache, v_cache, slots
         )  # flash layout where vLLM's is expected
+    # A slot past the 3 x 8 = 24 slots. CPU: raises, nothing written. CUDA: the kernel skips that
+    # token and records the error, which the next call on the device raises.
+    bad = torch.tensor([0, 1, 24, 2], device=device)
+    k0, v0 = k_cache.clone(), v_cache.clone()
     if device == "cpu":
-        k0 = k_cache.clone()
         with expect_raises("slot_mapping"):
-            f(
-                key, key, k_cache, v_cache, torch.tensor([0, 1, 24, 2], device=device)
-            )  # 3 x 8 = 24 slots
+            f(key, key, k_cache, v_cache, bad)
         assert torch.equal(k_cache, k0), "nothing is written when a slot is out of range"
+        return
+    kernel.check_kvcache_errors()
+    f(key, key, k_cache, v_cache, bad)
+    torch.cuda.synchronize()  # no device assertion: the context is intact
+    k_ref, v_ref = _expected_flash(key, key, k0, v0, torch.tensor([0, 1, -1, 2]))
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "only slot 24 is skipped"
+    with expect_raises("slot_mapping"):
+        f(key, key, k_cache, v_cache, slots)
+    kernel.check_kvcache_errors()  # raised once, then cleared

@@ -3,12 +3,24 @@
 Shapes, dtypes, devices and strides are checked for every device before anything runs; the
 values of the index tensors (cu_seqlens, seqused_k / cache_seqlens, block tables, batch indices,
 left padding) are checked on the CPU, where reading them costs nothing, before anything is
-written. dropout and any backward raise NotImplementedError.
+written. On CUDA the values that place KV-cache reads and writes (a key length or an appended row
+past the cache or its block_table row) are checked by the kernels: the call returns with nothing
+read or written out of range and NaN for the offending sequence, and the next call on the device
+(or check_kvcache_errors) raises. dropout and any backward raise NotImplementedError.
 """
 
 import pytest
 import torch
-from attention_cases import BF16, F16, F32, cu_seqlens, dtypes_for, expect_raises, randn
+from attention_cases import (
+    BF16,
+    F16,
+    F32,
+    cu_seqlens,
+    dtypes_for,
+    expect_raises,
+    randn,
+    sequences_check,
+)
 
 
 def _qkv(device, dtype=None, b=2, s=8, h=4, hk=2, d=32):
@@ -452,6 +464,11 @@ def _public_calls(kernel, device):
                 kv, kv, cache, cache, torch.arange(10, device=device)
             ),
         ),
+        (
+            "check_kvcache_errors",
+            "device must be a CUDA device index",
+            lambda: kernel.check_kvcache_errors(-1),
+        ),
     ]
 
 
@@ -475,3 +492,251 @@ def test_an_argument_of_the_wrong_type_names_the_function_and_its_signature(kern
     q, k, v = _qkv(device)
     with pytest.raises(TypeError, match=r"^flash_attn_func: v must be a tensor, got float"):
         kernel.flash_attn_func(q, k, 0.5)
+
+
+# ---- a KV cache overflowing its rows (CPU: raised at once; CUDA: reported by the kernels) ----
+
+_PAGE, _PAGES = 16, 2  # paged: 2 blocks of 16 rows per sequence
+_ROWS = _PAGE * _PAGES  # the rows each sequence has, paged or not
+_SENTINEL = 7.0
+
+
+def _kvcache_case(device, dtype, paged, new, over, seed=0):
+    """A decode batch of 3 whose sequence 1 ends `over` rows past its 32 rows (a [3, 32] cache, or
+    a block_table row of 2 blocks x 16) once its `new` keys are appended; sequences 0 and 2 fit.
+    Paged: 2 spare blocks that no table row lists hold a sentinel (a write past a table row,
+    or a read of a block id past it, would reach them or worse)."""
+    b, h, hk, d = 3, 4, 2, 64
+    lens = [5, _ROWS - new + over, 20]
+    case = dict(
+        q=randn((b, 1, h, d), dtype, device, seed=seed + 1),
+        k_new=randn((b, new, hk, d), dtype, device, seed=seed + 2) if new else None,
+        v_new=randn((b, new, hk, d), dtype, device, seed=seed + 3) if new else None,
+        lens=lens,
+        table=None,
+    )
+    if paged:
+        shape = (b * _PAGES + 2, _PAGE, hk, d)
+        case["table"] = torch.tensor([[3, 0], [5, 1], [2, 4]], dtype=torch.int32, device=device)
+    else:
+        shape = (b, _ROWS, hk, d)
+    case["k_cache"] = randn(shape, dtype, device, seed=seed + 4)
+    case["v_cache"] = randn(shape, dtype, device, seed=seed + 5)
+    if paged:
+        case["k_cache"][b * _PAGES :] = _SENTINEL
+        case["v_cache"][b * _PAGES :] = _SENTINEL
+    return case
+
+
+def _kvcache_call(kernel, case, lens=None):
+    """The case's decode step (lens: a cache_seqlens tensor to use instead of case["lens"])."""
+    if lens is None:
+        lens = torch.tensor(case["lens"], dtype=torch.int32, device=case["q"].device)
+    return kernel.flash_attn_with_kvcache(
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        case["k_new"],
+        case["v_new"],
+        cache_seqlens=lens,
+        block_table=case["table"],
+        causal=True,
+        return_softmax_lse=True,
+    )
+
+
+def _rows_of(cache, table, b):
+    """Sequence b's 32 cache rows [32, H_kv, D] (through its block_table row when paged)."""
+    return cache[b] if table is None else cache[table[b].long()].flatten(0, 1)
+
+
+def _expected_rows(case, before, new_rows, b, written):
+    """Sequence b's rows after an append that wrote `written` of its new keys (the others were
+    past its rows, or the call was refused)."""
+    rows = _rows_of(before, case["table"], b).clone()
+    start = case["lens"][b]
+    rows[start : start + written] = new_rows[b, :written]
+    return rows
+
+
+def _check_kvcache_result(case, k_before, v_before, out, lse, bad):
+    """The caches hold exactly the appended rows that fit (none past a sequence's rows; the spare
+    blocks keep their sentinel); the fitting sequences' outputs match the reference; sequence
+    `bad` (if any) has NaN out and lse."""
+    new = 0 if case["k_new"] is None else case["k_new"].shape[1]
+    table = case["table"]
+    keys, values = [], []
+    for b, start in enumerate(case["lens"]):
+        written = max(0, min(new, _ROWS - start))
+        for cache, before, new_rows, name in (
+            (case["k_cache"], k_before, case["k_new"], "k_cache"),
+            (case["v_cache"], v_before, case["v_new"], "v_cache"),
+        ):
+            want = _expected_rows(case, before, new_rows, b, written) if new else None
+            got = _rows_of(cache, table, b)
+            assert torch.equal(got, want if new else _rows_of(before, table, b)), (
+                f"{name} rows of sequence {b}"
+            )
+        keys.append(_rows_of(case["k_cache"], table, b)[: start + new])
+        values.append(_rows_of(case["v_cache"], table, b)[: start + new])
+    if table is not None:
+        spare = case["k_cache"][table.numel() :]
+        assert bool((spare == _SENTINEL).all()), "a block outside every block_table row was written"
+        assert bool((case["v_cache"][table.numel() :] == _SENTINEL).all())
+    good = [b for b in range(len(case["lens"])) if b != bad]
+    d = case["q"].shape[-1]
+    sequences_check(
+        [out[b] for b in good],
+        [case["q"][b] for b in good],
+        [keys[b] for b in good],
+        [values[b] for b in good],
+        d**-0.5,
+        "fitting sequences",
+        causal=True,
+        lses=[lse[b] for b in good],
+    )
+    if bad is not None:
+        assert bool(out[bad].isnan().all()), "the overflowing sequence's output must be NaN"
+        assert bool(lse[bad].isnan().all()), "the overflowing sequence's lse must be NaN"
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("new", [0, 1, 3])
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
+def test_kvcache_past_its_rows(kernel, device, paged, new):
+    """cache_seqlens + new keys up to the rows a sequence has (32: its cache, or its block_table
+    row) works; one row past raises an error naming block_table (paged) or cache_seqlens and
+    k_cache. CPU: at once, before anything is written. CUDA: the call returns, with no read or
+    write past the rows (the keys that fit are appended, the sequence's output is NaN, the other
+    sequences are computed), the CUDA context stays usable, and the next call on the device
+    raises (or check_kvcache_errors, which then finds nothing more)."""
+    dtype = dtypes_for(device)[-1]
+    cuda = device == "cuda"
+    if cuda:
+        kernel.check_kvcache_errors()  # no error left over by another test
+    names = ["block_table"] if paged else ["cache_seqlens", "k_cache"]
+
+    case = _kvcache_case(device, dtype, paged, new, over=0)
+    k0, v0 = case["k_cache"].clone(), case["v_cache"].clone()
+    out, lse = _kvcache_call(kernel, case)
+    _check_kvcache_result(case, k0, v0, out, lse, bad=None)
+    if cuda:
+        kernel.check_kvcache_errors()
+
+    case = _kvcache_case(device, dtype, paged, new, over=1, seed=10)
+    k0, v0 = case["k_cache"].clone(), case["v_cache"].clone()
+    if not cuda:
+        for name in names:
+            with expect_raises(name):
+                _kvcache_call(kernel, case)
+        assert torch.equal(case["k_cache"], k0) and torch.equal(case["v_cache"], v0)
+        return
+    out, lse = _kvcache_call(kernel, case)
+    torch.cuda.synchronize()  # no device assertion: the context is intact
+    _check_kvcache_result(case, k0, v0, out, lse, bad=1)
+    fine = _kvcache_case(device, dtype, paged, new, over=0, seed=20)
+    k1, v1 = fine["k_cache"].clone(), fine["v_cache"].clone()
+    if new == 1:  # the next call raises, and writes nothing
+        with expect_raises(names[0]) as raised:
+            _kvcache_call(kernel, fine)
+        assert torch.equal(fine["k_cache"], k1), "a call that raises writes nothing"
+    else:
+        with expect_raises(names[0]) as raised:
+            kernel.check_kvcache_errors()
+    message = str(raised.value)
+    assert all(name in message for name in names) and "sequence 1" in message, message
+    assert "earlier call" in message, message
+    kernel.check_kvcache_errors()  # raised once, then cleared
+    out, lse = _kvcache_call(kernel, fine)
+    _check_kvcache_result(fine, k1, v1, out, lse, bad=None)
+    kernel.check_kvcache_errors()
+
+
+@pytest.mark.kernels_ci
+def test_paged_varlen_keys_past_block_table(kernel, device):
+    """flash_attn_varlen_func over a paged cache: a sequence's seqused_k up to the 32 rows of its
+    block_table row works, one past raises naming block_table (CPU: at once; CUDA: the call
+    returns with that sequence's output NaN and no block read past its table row, and
+    check_kvcache_errors raises)."""
+    dtype = dtypes_for(device)[-1]
+    cuda = device == "cuda"
+    if cuda:
+        kernel.check_kvcache_errors()
+    case = _kvcache_case(device, dtype, paged=True, new=0, over=0)
+    q = case["q"].flatten(0, 1)  # [3 sequences x 1 query, H, D]
+    cache, table = case["k_cache"], case["table"]
+    for lens in ([5, _ROWS, 20], [5, _ROWS + 1, 20]):
+        over = lens[1] > _ROWS
+
+        def call():
+            return kernel.flash_attn_varlen_func(
+                q,
+                cache,
+                cache,
+                cu_seqlens([1, 1, 1], device),
+                None,
+                1,
+                max(lens),
+                causal=True,
+                seqused_k=torch.tensor(lens, dtype=torch.int32, device=device),
+                block_table=table,
+            )
+
+        if over and not cuda:
+            with expect_raises("block_table"):
+                call()
+            continue
+        out = call()
+        good = [0, 2] if over else [0, 1, 2]
+        sequences_check(
+            [out[b : b + 1] for b in good],
+            [q[b : b + 1] for b in good],
+            [_rows_of(cache, table, b)[: lens[b]] for b in good],
+            [_rows_of(cache, table, b)[: lens[b]] for b in good],
+            q.shape[-1] ** -0.5,
+            f"paged varlen, lengths {lens}",
+            causal=True,
+        )
+        if over:
+            assert bool(out[1].isnan().all()), "the overflowing sequence's output must be NaN"
+            torch.cuda.synchronize()
+            with expect_raises("block_table"):
+                kernel.check_kvcache_errors()
+        elif cuda:
+            kernel.check_kvcache_errors()
+
+
+def test_kvcache_past_its_rows_in_a_cuda_graph(kernel, device):
+    """A captured flash_attn_with_kvcache step (paged, one new key) replayed with cache_seqlens
+    that fill sequence 1's block_table row: the replay appends nothing past it, sequence 1's
+    output is NaN, the others are computed, and check_kvcache_errors raises naming block_table;
+    the next replay with lengths that fit is correct again."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs")
+    kernel.check_kvcache_errors()
+    case = _kvcache_case(device, BF16, paged=True, new=1, over=0)
+    lens = torch.tensor(case["lens"], dtype=torch.int32, device=device)
+
+    def step():
+        return _kvcache_call(kernel, case, lens)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (torch.cuda.graphs' recipe)
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    for new_lens, bad in (([5, _ROWS, 20], 1), ([6, _ROWS - 2, 21], None)):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        case["lens"] = new_lens
+        k0, v0 = case["k_cache"].clone(), case["v_cache"].clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_kvcache_result(case, k0, v0, out, lse, bad=bad)
+        if bad is None:
+            kernel.check_kvcache_errors()
+        else:
+            with expect_raises("block_table"):
+                kernel.check_kvcache_errors()

@@ -24,7 +24,22 @@
 //   dtypes are checked here for every device; the values are checked here for CPU tensors
 //   (reading them is free there), with an error naming the argument, the index and the value.
 //   On CUDA reading them would synchronize with the device, so they are trusted (flash-attn's
-//   behaviour); the KV-cache writers check theirs on the device (cache_cuda.h).
+//   behaviour), except the ones that decide where a KV cache is read or written: the KV-cache
+//   writers check their slots, cache rows, block ids and batch indices on the device
+//   (cache_cuda.h), and the attention kernel checks each key length against the rows its
+//   sequence has (its block-table row, its cache; attention_params.h).
+// - device-detected errors (kernel_src/device_errors.h): a CUDA kernel that meets such a value
+//   reads and writes nothing out of range (the write is skipped; the sequence's out / lse rows
+//   become NaN) and reports it, the first report winning, into a per-device record in mapped
+//   pinned host memory, allocated once, at the first CUDA call (also inside a graph capture).
+//   There is no device assertion (it would end the CUDA context) and no synchronization (a
+//   decode step cannot afford one and a graph capture forbids it): every later CUDA call of
+//   these ops reads the record first (a load from host memory) and, when it is set, clears it
+//   and raises a RuntimeError saying what an earlier call did wrong. The Python function
+//   check_kvcache_errors (the op of the same name) synchronizes and raises the same way. A
+//   CUDA graph keeps the record's address, valid for the life of the process; errors of its
+//   replays surface at the next eager call or check_kvcache_errors. On the CPU these values are
+//   checked before anything is written, so the same inputs raise at once.
 // - empty calls (no sequence, no query row, no head) launch nothing after the checks; a
 //   sequence with no visible key gives out = 0 and lse = +inf.
 #include <ATen/core/Tensor.h>
@@ -34,6 +49,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -41,7 +57,9 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -49,6 +67,7 @@
 
 #include "attention_params.h"
 #include "cache_params.h"
+#include "device_errors.h"
 #include "torch_binding.h"
 #include "torch_checks.h"
 
@@ -57,6 +76,7 @@
 #include "cache_cpu.h"
 #endif
 #if defined(CUDA_KERNEL)
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -118,6 +138,164 @@ void add_present(std::vector<Named>& list,
 }
 
 #if defined(CUDA_KERNEL)
+// ---- errors reported by the CUDA kernels (see the file header; kernel_src/device_errors.h) ----
+
+using attention::DeviceErrorCode;
+using attention::DeviceErrorOp;
+using attention::DeviceErrorRecord;
+
+std::mutex& device_errors_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// One record per device, in one mapped pinned allocation made at the first CUDA call and kept for
+// the life of the process (CUDA graphs keep its address). Host-allocated memory has the same
+// address on the host and on every device (unified addressing, which every supported platform
+// has). A first call inside a graph capture allocates in relaxed capture mode: the allocation
+// enqueues no work, so it is legal there and leaves the capture intact. Should it fail, the call
+// runs without a record (null: the kernels still never read or write out of range and still write
+// NaN, they just report nothing), with a warning, and the next call tries again.
+DeviceErrorRecord* device_error_records() {
+  static std::atomic<DeviceErrorRecord*> records{nullptr};
+  DeviceErrorRecord* ready = records.load(std::memory_order_acquire);
+  if (ready != nullptr) return ready;
+  const std::lock_guard<std::mutex> lock(device_errors_mutex());
+  ready = records.load(std::memory_order_acquire);
+  if (ready != nullptr) return ready;
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  void* ptr = nullptr;
+  if (err == cudaSuccess) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    err = cudaHostAlloc(&ptr, sizeof(DeviceErrorRecord) * static_cast<size_t>(count),
+                        cudaHostAllocMapped | cudaHostAllocPortable);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: leave no error for the next launch check
+    TORCH_WARN("attention: no pinned host memory for the device error records (",
+               cudaGetErrorString(err),
+               "): index values out of range found by the CUDA kernels of this call are not "
+               "reported");
+    return nullptr;
+  }
+  std::memset(ptr, 0, sizeof(DeviceErrorRecord) * static_cast<size_t>(count));
+  records.store(static_cast<DeviceErrorRecord*>(ptr), std::memory_order_release);
+  return static_cast<DeviceErrorRecord*>(ptr);
+}
+
+DeviceErrorOp error_op_of(const char* op) {
+  const std::pair<const char*, DeviceErrorOp> ops[] = {
+      {"attn_fwd", DeviceErrorOp::kAttnFwd},
+      {"fwd", DeviceErrorOp::kFwd},
+      {"varlen_fwd", DeviceErrorOp::kVarlenFwd},
+      {"fwd_kvcache", DeviceErrorOp::kFwdKvcache},
+      {"reshape_and_cache", DeviceErrorOp::kReshapeAndCache},
+      {"reshape_and_cache_flash", DeviceErrorOp::kReshapeAndCacheFlash}};
+  for (const auto& [name, id] : ops) {
+    if (std::strcmp(name, op) == 0) return id;
+  }
+  return DeviceErrorOp::kNone;
+}
+
+// What a record says, as a sentence naming the arguments of the op that reported it.
+std::string describe_device_error(const DeviceErrorRecord& r, const at::Device& device) {
+  const auto op = static_cast<DeviceErrorOp>(r.op);
+  const bool kvcache = op == DeviceErrorOp::kFwdKvcache;
+  const char* op_name = op == DeviceErrorOp::kAttnFwd                ? "attn_fwd"
+                        : op == DeviceErrorOp::kFwd                  ? "fwd"
+                        : op == DeviceErrorOp::kVarlenFwd            ? "varlen_fwd"
+                        : kvcache                                    ? "fwd_kvcache"
+                        : op == DeviceErrorOp::kReshapeAndCache      ? "reshape_and_cache"
+                        : op == DeviceErrorOp::kReshapeAndCacheFlash ? "reshape_and_cache_flash"
+                                                                     : "an attention op";
+  const char* lengths = kvcache ? "cache_seqlens + new keys - cache_leftpad"
+                                : "seqused_k, or the cu_seqlens_k difference";
+  const char* cache = kvcache ? "k_cache" : "k";
+  std::ostringstream m;
+  m << "an earlier call of " << op_name << " on " << device << " was given ";
+  switch (static_cast<DeviceErrorCode>(r.code)) {
+    case DeviceErrorCode::kKeysPastBlockTable:
+      m << "a key length past its block_table: sequence " << r.seq << " uses " << r.value
+        << " keys (" << lengths << "), but its block_table row holds " << r.limit
+        << " rows (max_blocks_per_seq x page_block_size); its out and softmax_lse rows are NaN";
+      break;
+    case DeviceErrorCode::kKeysPastCache:
+      m << "a key length past its cache: sequence " << r.seq << " uses " << r.value << " keys ("
+        << lengths << "), but " << cache << " has " << r.limit
+        << " rows for it; its out and softmax_lse rows are NaN";
+      break;
+    case DeviceErrorCode::kAppendPastBlockTable:
+      m << "a full block_table: new key " << r.index << " of sequence " << r.seq << " goes to row "
+        << r.value << " (cache_seqlens[" << r.seq << "] + " << r.index
+        << "), but its block_table row holds " << r.limit
+        << " rows (max_blocks_per_seq x page_block_size); the key was not written";
+      break;
+    case DeviceErrorCode::kAppendPastCache:
+      m << "a full cache: new key " << r.index << " of sequence " << r.seq << " goes to row "
+        << r.value << " (cache_seqlens[" << r.seq << "] + " << r.index << "), but k_cache has "
+        << r.limit << " rows per sequence; the key was not written";
+      break;
+    case DeviceErrorCode::kNegativeCacheSeqlens:
+      m << "cache_seqlens[" << r.seq << "] = " << r.value
+        << " < 0; the new keys of that sequence were not written";
+      break;
+    case DeviceErrorCode::kBlockTableValue:
+      m << "block_table[" << r.seq << ", " << r.index << "] = " << r.value
+        << ", outside the cache of " << r.limit
+        << " blocks (k_cache.size(0)); the new key was not written";
+      break;
+    case DeviceErrorCode::kCacheBatchIdx:
+      m << "cache_batch_idx[" << r.seq << "] = " << r.value << ", outside the batch of k_cache ("
+        << r.limit << "); the new key was not written";
+      break;
+    case DeviceErrorCode::kRotaryRows:
+      m << "rotary_cos / rotary_sin of " << r.limit << " rows, but token " << r.index
+        << " of sequence " << r.seq << " needs row " << r.value
+        << "; its key was not written (or its query row is NaN)";
+      break;
+    case DeviceErrorCode::kSlotMapping:
+      m << "slot_mapping[" << r.seq << "] = " << r.value << ", outside the cache of " << r.limit
+        << " slots (num_blocks x block_size); that token was not written";
+      break;
+    default:
+      m << "an index out of range (code " << r.code << ")";
+  }
+  return m.str();
+}
+
+// The record of `device` for a kernel launch, after raising the error an earlier call left in it
+// (then cleared). Reading it costs a load from host memory, no synchronization.
+DeviceErrorRecord* take_device_errors(const char* op, const at::Device& device) {
+  DeviceErrorRecord* const records = device_error_records();
+  if (records == nullptr) return nullptr;
+  DeviceErrorRecord* record = records + device.index();
+  volatile DeviceErrorRecord* r = record;
+  if (r->code == 0) return record;
+  DeviceErrorRecord seen;
+  {
+    const std::lock_guard<std::mutex> lock(device_errors_mutex());
+    if (r->code == 0) return record;                      // another thread took it
+    std::atomic_thread_fence(std::memory_order_acquire);  // code was published after the fields
+    seen.code = r->code;
+    seen.op = r->op;
+    seen.seq = r->seq;
+    seen.index = r->index;
+    seen.value = r->value;
+    seen.limit = r->limit;
+    r->code = 0;
+    r->epoch = r->epoch + 1;  // the next report may claim the record (device_errors.cuh)
+  }
+  TORCH_CHECK(false, op, ": ", describe_device_error(seen, device),
+              ". The device detected it (index values of CUDA tensors are checked there: reading "
+              "them on the host would synchronize), so it is raised here, at the next call of "
+              "these ops on the device (or by check_kvcache_errors()); nothing outside the "
+              "tensors was read or written");
+  return record;
+}
+
 // A head dim that is not a multiple of 8 (59, 111): the CUDA kernels move 16-byte chunks of whole
 // columns, so they read zero-padded copies (zero columns add nothing to the scores and give zero
 // output columns; flash-attn pads the same way). A [.., D] tensor -> a contiguous copy
@@ -183,6 +361,9 @@ struct AttentionCall {
   int64_t window_left = -1, window_right = -1, num_splits = 0;
   std::function<void()> before_launch;  // runs after every check, before the kernel (zero_tensors)
   pdl::Request pdl_request = pdl::Request::kDefault;  // enable_pdl
+  // CUDA: the device's error record when the caller took it already (fwd_kvcache, before its
+  // append); else run_attention takes it.
+  attention::DeviceErrorRecord* errors = nullptr;
 };
 
 // Sizes derived from the checked tensors.
@@ -270,11 +451,19 @@ void check_index_values_cpu(const AttentionCall& c, const Geometry& g) {
     }
     int64_t len_k = available;
     if (used != nullptr) {
-      TORCH_CHECK(used[b] >= 0 && used[b] <= available, c.op, ": ", n.seqused_k, "[", b,
-                  "]: sequence ", b, " uses ", used[b], " keys", n.seqused_note, ", but ", n.k,
-                  " has ", available, " rows for it",
-                  leftpad != nullptr ? " after its left padding" : "", " (valid: 0 .. ", available,
-                  ")");
+      TORCH_CHECK(used[b] >= 0, c.op, ": ", n.seqused_k, "[", b, "]: sequence ", b, " uses ",
+                  used[b], " keys", n.seqused_note, " (valid: 0 .. ", available, ")");
+      if (g.paged) {
+        TORCH_CHECK(used[b] <= available, c.op, ": ", n.seqused_k, "[", b, "]: sequence ", b,
+                    " uses ", used[b], " keys", n.seqused_note, ", but its ", n.block_table,
+                    " row holds ", available, " rows (max_blocks_per_seq ", g.max_blocks,
+                    " x page_block_size ", g.block_size, ")");
+      } else {
+        TORCH_CHECK(used[b] <= available, c.op, ": ", n.seqused_k, "[", b, "]: sequence ", b,
+                    " uses ", used[b], " keys", n.seqused_note, ", but ", n.k, " has ", available,
+                    " rows for it", leftpad != nullptr ? " after its left padding" : "",
+                    " (valid: 0 .. ", available, ")");
+      }
       len_k = used[b];
     }
     if (g.paged && len_k > 0) {
@@ -620,6 +809,8 @@ void run_attention(AttentionCall& c) {
     if (present(a.alibi_slopes) && !a.alibi_slopes->is_contiguous())
       a.alibi_slopes = a.alibi_slopes->contiguous();
     p = make_params(a, gk);
+    p.errors = c.errors != nullptr ? c.errors : take_device_errors(c.op, device);
+    p.error_op = error_op_of(c.op);
     const int64_t splits = attention::cuda::attn_fwd_accum_splits(p);
     at::Tensor out_accum, lse_accum;
     if (splits > 0) {
@@ -799,6 +990,8 @@ void write_cache(const char* op, bool flash, const at::Tensor& key, const at::Te
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
     const c10::cuda::CUDAGuard device_guard(device);
+    p.errors = take_device_errors(op, device);
+    p.error_op = error_op_of(op);
     const cudaError_t err =
         attention::cuda::cache_write(p, c10::cuda::getCurrentCUDAStream(device.index()));
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
@@ -1124,6 +1317,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache(
 #if defined(CUDA_KERNEL)
     if (device.is_cuda()) {
       const c10::cuda::CUDAGuard device_guard(device);
+      a.errors = take_device_errors(op, device);
+      a.error_op = DeviceErrorOp::kFwdKvcache;
+      c.errors = a.errors;
       const cudaError_t err =
           attention::cuda::kv_append(a, c10::cuda::getCurrentCUDAStream(device.index()));
       TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
@@ -1151,4 +1347,22 @@ void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at:
                              const OptTensor& v_scale) {
   write_cache("reshape_and_cache_flash", true, key, value, key_cache, value_cache, slot_mapping,
               kv_cache_dtype, k_scale, v_scale);
+}
+
+void check_kvcache_errors(int64_t device) {
+  constexpr const char* op = "check_kvcache_errors";
+  TORCH_CHECK(device >= 0, op, ": device must be a CUDA device index (>= 0), got ", device);
+#if defined(CUDA_KERNEL)
+  const int64_t count = c10::cuda::device_count();
+  TORCH_CHECK(device < count, op, ": device must be a CUDA device index (< ", count, "), got ",
+              device);
+  const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+  const c10::cuda::CUDAGuard device_guard(cuda);
+  const cudaError_t err = cudaDeviceSynchronize();
+  TORCH_CHECK(err == cudaSuccess, op, ": synchronizing ", cuda,
+              " failed: ", cudaGetErrorString(err));
+  take_device_errors(op, cuda);
+#else
+  (void)device;  // the CPU checks every index value before it writes anything
+#endif
 }

@@ -68,6 +68,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "value_cache, "
       "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale) -> ()");
   ATTN_IMPL(reshape_and_cache_flash);
+
+  // Raises the index error a CUDA kernel of this device reported (no tensor argument: one kernel
+  // for every dispatch key).
+  ops.def("check_kvcache_errors(int device) -> ()", &check_kvcache_errors);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -97,3 +97,7 @@ void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at:
                              const std::string& kv_cache_dtype,
                              const std::optional<at::Tensor>& k_scale,
                              const std::optional<at::Tensor>& v_scale);
+// Synchronizes CUDA device `device` and raises the error its kernels reported since the last
+// check, if any (an index value out of range: attention_ops.cpp, kernel_src/device_errors.h);
+// clears it. Nothing to do in a CPU build, whose checks raise at once.
+void check_kvcache_errors(int64_t device);

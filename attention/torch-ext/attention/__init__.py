@@ -60,6 +60,8 @@ __all__ = [
     "flash_attn_with_kvcache",
     "flash_attn_interface",
     "bert_padding",
+    # CUDA index errors found on the device
+    "check_kvcache_errors",
     # transformers AttentionInterface
     "transformers_attention_forward",
     "use_with_diffusers",
@@ -91,8 +93,8 @@ def reshape_and_cache(
     [num_blocks, H, D // x, block_size, x]``, ``value_cache [num_blocks, H, D, block_size]``
     (slot s = block s // block_size, row s % block_size). Values are copied bit for bit;
     ``kv_cache_dtype`` must be ``"auto"`` (fp8 caches are not supported) and the scales are
-    unused. A slot past the cache raises (CPU) or stops the kernel with a device-side assertion
-    naming slot_mapping (CUDA)."""
+    unused. A slot past the cache raises, on CUDA at the next call (the kernel skips it and
+    records the error: ``check_kvcache_errors``)."""
     ops.reshape_and_cache(
         key,
         value,
@@ -130,6 +132,39 @@ def reshape_and_cache_flash(
         _scale(k_scale),
         _scale(v_scale),
     )
+
+
+# ---- index errors found by the CUDA kernels ----
+
+
+@torch.compiler.disable
+def check_kvcache_errors(device: Union[torch.device, str, int, None] = None) -> None:
+    """Synchronizes a CUDA device and raises the RuntimeError of an index value its kernels found
+    out of range since the last check, if any (then clears it): a KV-cache row past the cache or
+    past the sequence's ``block_table`` row (``flash_attn_with_kvcache`` appending to a full
+    cache, a ``cache_seqlens`` / ``seqused_k`` longer than the cache), a block id, batch index,
+    rotary row or ``slot_mapping`` slot outside its tensor.
+
+    On CUDA the ops never read index values on the host (that would synchronize, and a CUDA graph
+    capture forbids it): the kernels check them, skip the out-of-range reads and writes (the
+    affected sequence's attention output is NaN) and record the first error per device; the
+    next call of these ops on the device raises it, or this function, e.g. after replaying a
+    CUDA graph. On the CPU the same values raise at once, and this function does nothing.
+    ``device``: a CUDA device or its index (default: the current one, if any); not callable
+    inside a graph capture.
+    """
+    if device is None:
+        if not torch.cuda.is_available():
+            return
+        index = torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device  # a CUDA device index, checked by the op
+    else:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    ops.check_kvcache_errors(index)
 
 
 # ---- transformers AttentionInterface ----

@@ -318,7 +318,14 @@ def flash_attn_with_kvcache(
     ``cache_seqlens + i`` before they are stored, and q at ``cache_seqlens + i`` (causal or local
     attention) or ``cache_seqlens`` (otherwise); ``rotary_interleaved``: GPT-J pairs, else NeoX.
     ``num_splits``: split-KV count (0: the kernel's choice; the CPU ignores it). Returns out
-    ``[B, S_q, H, D]``, or ``(out, softmax_lse [B, H, S_q])``."""
+    ``[B, S_q, H, D]``, or ``(out, softmax_lse [B, H, S_q])``.
+
+    ``cache_seqlens[b] + S_new`` must fit the cache: ``S_cache`` rows, or ``max_blocks x
+    block_size`` with ``block_table``. On the CPU a call past that raises before writing
+    anything. On CUDA the values are not read on the host (no synchronization): the kernels
+    write and read nothing past the cache, that sequence's output is NaN, and the RuntimeError
+    (naming ``block_table`` or ``cache_seqlens``) comes from the next call on the device, or
+    from ``check_kvcache_errors()``."""
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full(
             (q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=k_cache.device

@@ -1,0 +1,174 @@
+"""Run the attention ops on KV-cache index values out of range, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python attention/tests/sanitize.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python attention/tests/sanitize.py
+
+Each bad call (a cache that a new key would overflow, paged or not, with and without appended
+keys and over every split path; a paged varlen call whose seqused_k passes its block_table row;
+a negative cache_seqlens or a rotary row out of range; a slot_mapping slot past the cache) must return without touching memory outside its tensors, leave the CUDA
+context usable and make check_kvcache_errors raise an error naming the argument; each call at
+exactly the capacity must raise nothing. The overflowing sequence is the last one and every
+tensor is an exact-size allocation (PyTorch's caching allocator is switched off, so each tensor
+is an allocation of its own): a read or write past a block-table row, a cache or a slot range
+leaves its allocation, which memcheck reports. Not collected by pytest (no test_ prefix).
+`--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+# Before CUDA starts: every tensor its own cudaMalloc, so memcheck sees a tensor's exact end.
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+
+import kernels  # noqa: E402
+import torch  # noqa: E402
+
+B, HQ, HK, PAGE, PAGES = 3, 8, 2, 16, 2
+ROWS = PAGE * PAGES  # rows per sequence: a cache row, or a block_table row of PAGES pages
+
+
+def expect(k, device, name, call):
+    """A bad call: raises naming `name` at once (CPU) or at check_kvcache_errors (CUDA)."""
+    try:
+        call()
+        if device == "cuda":
+            torch.cuda.synchronize()  # the context survives: no device assertion
+            k.check_kvcache_errors()
+    except RuntimeError as error:
+        assert name in str(error), f"expected an error naming {name}, got: {error}"
+        return
+    raise AssertionError(f"no error naming {name}")
+
+
+def fits(k, device, call):
+    call()
+    if device == "cuda":
+        k.check_kvcache_errors()
+
+
+def kvcache_calls(k, dtype, device):
+    """flash_attn_with_kvcache, the last sequence exactly full (fits) or one row over."""
+    for d in (64, 128):
+        q = torch.randn(B, 1, HQ, d, dtype=dtype, device=device)
+        for paged in (True, False):
+            shape = (B * PAGES, PAGE, HK, d) if paged else (B, ROWS, HK, d)
+            kc = torch.randn(shape, dtype=dtype, device=device)
+            vc = torch.randn(shape, dtype=dtype, device=device)
+            table = torch.arange(B * PAGES, dtype=torch.int32, device=device).view(B, PAGES)
+            table = table if paged else None
+            name = "block_table" if paged else "cache_seqlens"
+            for new in (0, 1, 3):
+                kn = torch.randn(B, new, HK, d, dtype=dtype, device=device) if new else None
+                for splits in (0, 1, 4):
+                    for over in (0, 1):
+                        lens = torch.tensor(
+                            [5, 17, ROWS - new + over], dtype=torch.int32, device=device
+                        )
+
+                        def call():
+                            return k.flash_attn_with_kvcache(
+                                q,
+                                kc,
+                                vc,
+                                kn,
+                                kn,
+                                cache_seqlens=lens,
+                                block_table=table,
+                                causal=True,
+                                num_splits=splits,
+                            )
+
+                        if over:
+                            expect(k, device, name, call)
+                        else:
+                            fits(k, device, call)
+
+
+def append_calls(k, dtype, device):
+    """The append's other checks: cache_seqlens < 0, rotary tables too short. (A bad block id or
+    cache_batch_idx is skipped by the append too, but the attention that follows trusts those
+    values, as flash-attn does: no case here.)"""
+    d = 64
+    q = torch.randn(B, 1, HQ, d, dtype=dtype, device=device)
+    kn = torch.randn(B, 1, HK, d, dtype=dtype, device=device)
+    lens = torch.tensor([3, 4, PAGE + 2], dtype=torch.int32, device=device)
+    dense = torch.randn(B, ROWS, HK, d, dtype=dtype, device=device)
+    negative = torch.tensor([3, 4, -1], dtype=torch.int32, device=device)
+    expect(
+        k,
+        device,
+        "cache_seqlens",
+        lambda: k.flash_attn_with_kvcache(q, dense, dense.clone(), kn, kn, cache_seqlens=negative),
+    )
+    cos = torch.ones(PAGE + 2, d // 4, dtype=dtype, device=device)  # row PAGE + 2 is needed
+    expect(
+        k,
+        device,
+        "rotary_cos",
+        lambda: k.flash_attn_with_kvcache(
+            q, dense, dense.clone(), kn, kn, cos, cos, cache_seqlens=lens, causal=True
+        ),
+    )
+
+
+def varlen_calls(k, dtype, device):
+    """flash_attn_varlen_func over a paged cache, seqused_k of the last sequence past its row."""
+    d = 128
+    q = torch.randn(B, HQ, d, dtype=dtype, device=device)
+    cache = torch.randn(B * PAGES, PAGE, HK, d, dtype=dtype, device=device)
+    table = torch.arange(B * PAGES, dtype=torch.int32, device=device).view(B, PAGES)
+    cu_q = torch.arange(B + 1, dtype=torch.int32, device=device)
+    for over in (0, 1):
+        used = torch.tensor([5, 20, ROWS + over], dtype=torch.int32, device=device)
+
+        def call():
+            return k.flash_attn_varlen_func(
+                q, cache, cache, cu_q, None, 1, ROWS + over, seqused_k=used, block_table=table
+            )
+
+        if over:
+            expect(k, device, "block_table", call)
+        else:
+            fits(k, device, call)
+
+
+def slot_calls(k, dtype, device):
+    """reshape_and_cache(_flash) with the last token's slot just past the cache."""
+    d, tokens = 64, 4
+    key = torch.randn(tokens, HK, d, dtype=dtype, device=device)
+    slots = B * PAGE
+    for over in (0, 1):
+        mapping = torch.tensor([0, 5, 17, slots - 1 + over], device=device)
+        flash = torch.randn(B, PAGE, HK, d, dtype=dtype, device=device)
+        split_key = torch.randn(B, HK, d // 8, PAGE, 8, dtype=dtype, device=device)
+        split_value = torch.randn(B, HK, d, PAGE, dtype=dtype, device=device)
+        calls = [
+            lambda: k.reshape_and_cache_flash(key, key, flash, flash.clone(), mapping),
+            lambda: k.reshape_and_cache(key, key, split_key, split_value, mapping),
+        ]
+        for call in calls:
+            if over:
+                expect(k, device, "slot_mapping", call)
+            else:
+                fits(k, device, call)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = parser.parse_args()
+    k = kernels.get_local_kernel(
+        Path(__file__).resolve().parent.parent / "build", backend=args.device
+    )
+    for dtype in (torch.bfloat16, torch.float16):
+        for run in (kvcache_calls, append_calls, varlen_calls, slot_calls):
+            run(k, dtype, args.device)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        k.check_kvcache_errors()
+    print(f"sanitize: all ops ran ({args.device})")
+
+
+if __name__ == "__main__":
+    main()
