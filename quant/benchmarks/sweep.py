@@ -3,8 +3,10 @@
     python quant/benchmarks/sweep.py [--quick] [--dtype bfloat16] [--out PATH]
 
 Loads the *built* kernel (quant/build, via kernels.get_local_kernel), checks each op bit for bit
-against the eager PyTorch code before timing it, then times ours, eager and torch.compile of the
-eager code with CUDA-graph replay (scripts/benchlib.py). Modes: fp8 static, dynamic per tensor,
+against the eager PyTorch code before timing it (and records whether torch.compile of that code
+gives the same bits), then times ours, eager and torch.compile of the eager code with CUDA-graph
+replay (scripts/benchlib.py). The eager code divides with the documented rounding on CPU and
+CUDA alike (see `Divisors`). Modes: fp8 static, dynamic per tensor,
 dynamic per token, per group of 128; int8 static, dynamic symmetric and asymmetric. Sizes: token
 counts 1 … 16384 × hidden 4096 and 8192 (Llama-3-8B / 70B). Bytes per call: the input read
 once, the quantized output and the scales written once. On a machine without a GPU the sweep
@@ -28,52 +30,86 @@ FP8_MIN_SCALE = 1.0 / (448.0 * 512.0)
 
 
 # ---- the eager code users write (vLLM's native fallbacks, in fp32); compile gets the same ----
+#
+# Every division by a constant divides by a tensor `d.<name>` on the input's device, never by a
+# Python number. On CUDA `t / 448.0` is `t * (1 / 448)` (PyTorch's CPU-scalar path of division),
+# which rounds twice and put the per-token scales one ulp off ours; `127.0 / t` is
+# `t.reciprocal() * 127` on every device. Inductor also turns a division by any constant it can
+# see (a Python number or a `full_like`) into a multiplication by the reciprocal on CUDA, so the
+# divisors are tensors that reach the compiled graph as inputs. A tensor divisor is one IEEE
+# division, the documented rounding, in eager mode on CPU and CUDA and in Triton with
+# `eager_numerics.division_rounding` (set in `exact_compiled_division`).
+
+
+class Divisors:
+    """The constant divisors of the eager code as 0-d float32 tensors on `device`."""
+
+    def __init__(self, device):
+        def full(v):
+            return torch.full((), v, dtype=torch.float32, device=device)
+
+        self.one, self.fp8_max, self.i8_max, self.u8_range = (
+            full(1.0),
+            full(FP8_MAX),
+            full(127.0),
+            full(255.0),
+        )
 
 
 def _fp8(v):
     return v.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-def fp8_static(x, scale):
-    return _fp8(x.float() * (1.0 / scale)), scale
+def fp8_static(x, scale, d):
+    return _fp8(x.float() * (d.one / scale)), scale
 
 
-def fp8_per_tensor(x):
-    scale = (x.float().abs().amax() / FP8_MAX).clamp(min=FP8_MIN_SCALE).reshape(1)
-    return _fp8(x.float() * (1.0 / scale)), scale
+def fp8_per_tensor(x, d):
+    scale = (x.float().abs().amax() / d.fp8_max).clamp(min=FP8_MIN_SCALE).reshape(1)
+    return _fp8(x.float() * (d.one / scale)), scale
 
 
-def fp8_per_token(x):
+def fp8_per_token(x, d):
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / d.fp8_max).clamp(min=FP8_MIN_SCALE)
     return _fp8(xf / scale), scale
 
 
-def fp8_group128(x):
+def fp8_group128(x, d):
     xg = x.float().unflatten(-1, (-1, 128))
-    scale = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / FP8_MAX
+    scale = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / d.fp8_max
     return _fp8(xg / scale).flatten(-2), scale.squeeze(-1)
 
 
-def int8_static(x, scale):
+def int8_static(x, scale, d):
     return torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8), scale
 
 
-def int8_sym(x):
+def int8_sym(x, d):
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True)
-    mul = torch.where(amax == 0, torch.zeros_like(amax), torch.full_like(amax, 127.0) / amax)
-    return torch.round(xf * mul).clamp(-128, 127).to(torch.int8), amax / 127.0
+    mul = torch.where(amax == 0, torch.zeros_like(amax), d.i8_max / amax)
+    return torch.round(xf * mul).clamp(-128, 127).to(torch.int8), amax / d.i8_max
 
 
-def int8_asym(x):
+def int8_asym(x, d):
     # vLLM's rule; the sweep's random rows are never constant, so no corner case is needed here.
     xf = x.float()
     mn, mx = xf.amin(dim=-1, keepdim=True), xf.amax(dim=-1, keepdim=True)
-    scale = (mx - mn) / 255.0
+    scale = (mx - mn) / d.u8_range
     azp = torch.round(-128.0 - mn / scale)
     q = (torch.round(xf / scale) + azp).clamp(-128, 127).to(torch.int8)
     return q, scale, azp.to(torch.int32)
+
+
+def exact_compiled_division() -> bool:
+    """Makes Inductor's Triton code divide with div_rn (IEEE, as eager) instead of its default
+    approximate `div.full.f32`; False where this torch has no such switch."""
+    numerics = getattr(torch._inductor.config, "eager_numerics", None)
+    if numerics is None or not hasattr(numerics, "division_rounding"):
+        return False
+    numerics.division_rounding = True
+    return True
 
 
 def _ours(kernel, mode, scale):
@@ -89,14 +125,15 @@ def _ours(kernel, mode, scale):
 
 
 def _eager(mode, scale):
+    d = Divisors(scale.device)
     return {
-        "fp8_static": lambda x: fp8_static(x, scale),
-        "fp8_per_tensor": fp8_per_tensor,
-        "fp8_per_token": fp8_per_token,
-        "fp8_group128": fp8_group128,
-        "int8_static": lambda x: int8_static(x, scale),
-        "int8_sym": int8_sym,
-        "int8_asym": int8_asym,
+        "fp8_static": lambda x: fp8_static(x, scale, d),
+        "fp8_per_tensor": lambda x: fp8_per_tensor(x, d),
+        "fp8_per_token": lambda x: fp8_per_token(x, d),
+        "fp8_group128": lambda x: fp8_group128(x, d),
+        "int8_static": lambda x: int8_static(x, scale, d),
+        "int8_sym": lambda x: int8_sym(x, d),
+        "int8_asym": lambda x: int8_asym(x, d),
     }[mode]
 
 
@@ -124,17 +161,28 @@ def _bits(t):
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
+def same_bits(got, want) -> bool:
+    """Every output of `got` (ours: None for an absent zero point) equals `want` bit for bit."""
+    return all(
+        g is None or torch.equal(_bits(g.reshape(w.shape)), _bits(w)) for g, w in zip(got, want)
+    )
+
+
 def run_case(kernel, mode, tokens, hidden, dtype, compiled_cache):
     x = torch.randn(tokens, hidden, dtype=dtype, device="cuda")
     scale = torch.tensor([0.05], device="cuda")
     ours, eager = _ours(kernel, mode, scale), _eager(mode, scale)
     got, want = ours(x), eager(x)
-    for g, w in zip(got, want):
-        if g is not None and not torch.equal(_bits(g.reshape(w.shape)), _bits(w)):
-            raise SystemExit(f"verification failed for {mode} tokens={tokens} hidden={hidden}")
+    if not same_bits(got, want):
+        raise SystemExit(f"verification failed for {mode} tokens={tokens} hidden={hidden}")
     if mode not in compiled_cache:
         compiled_cache[mode] = torch.compile(eager, dynamic=False)
     compiled = compiled_cache[mode]
+    # Not fatal: a torch whose Triton code still divides approximately is timed all the same,
+    # and the result says so.
+    compile_bitwise = same_bits(compiled(x), want)
+    if not compile_bitwise:
+        print(f"note: torch.compile differs from eager for {mode} tokens={tokens}", flush=True)
     nbytes = x.numel() * x.element_size() + sum(
         t.numel() * t.element_size() for t in got if t is not None
     )
@@ -148,6 +196,7 @@ def run_case(kernel, mode, tokens, hidden, dtype, compiled_cache):
         "dtype": str(dtype).replace("torch.", ""),
         "tokens": tokens,
         "hidden": hidden,
+        "compile_bitwise": compile_bitwise,
         "bytes": nbytes,
         "us": times,
         "gbs": {k: nbytes / (v * 1e-6) / 1e9 for k, v in times.items()},
@@ -168,10 +217,15 @@ def main() -> int:
         return 0
     kernel = benchlib.load_built_kernel(KERNEL_DIR)
     torch._dynamo.config.cache_size_limit = 256
+    exact_division = exact_compiled_division()
     dtype = getattr(torch, args.dtype)
     env = benchlib.environment(kernel)
     copy_gbs = benchlib.copy_bandwidth_gbs()
-    print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s", flush=True)
+    print(
+        f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s; torch.compile divides "
+        f"{'exactly (div_rn)' if exact_division else 'approximately (no division_rounding)'}",
+        flush=True,
+    )
     results, compiled_cache = [], {}
     for mode, tokens, hidden in cases(args.quick):
         r = run_case(kernel, mode, tokens, hidden, dtype, compiled_cache)
@@ -193,7 +247,10 @@ def main() -> int:
         "method": "GPU time = median of CUDA-graph replay (triton do_bench_cudagraph) of the "
         "public function (allocations included, for every contender); bytes = input read once "
         "+ quantized output and scales written once; copy ceiling = 1 GiB device-to-device copy, "
-        "best of before and after the sweep; ours verified bit for bit against eager first",
+        "best of before and after the sweep; ours verified bit for bit against eager first, "
+        "torch.compile compared bit for bit (compile_bitwise), its Triton division IEEE "
+        "(eager_numerics.division_rounding) where the torch has the switch",
+        "compile_exact_division": exact_division,
         "copy_gbs": copy_gbs,
         "results": results,
     }

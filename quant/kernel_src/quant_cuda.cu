@@ -281,11 +281,17 @@ __global__ void __launch_bounds__(kThreads)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Blocks of a grid-stride kernel: enough to fill the device, no more than the work.
-int grid_blocks(int64_t work_items) {
+// Streaming multiprocessors of the current device.
+int sm_count() {
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
+// Blocks of a grid-stride kernel: enough to fill the device, no more than the work.
+int grid_blocks(int64_t work_items) {
+  const int sms = sm_count();
   const int64_t want = ceil_div(work_items, kThreads);
   const int64_t cap = static_cast<int64_t>(sms) * 8;
   return static_cast<int>(want < cap ? (want < 1 ? 1 : want) : cap);
@@ -331,8 +337,14 @@ cudaError_t launch_rows(DType dtype, const Rows& m, float* scale, int32_t* azp,
   return dispatch_vec(dtype, m, m.hidden, [&](auto tag, auto vec) -> cudaError_t {
     using T = typename decltype(tag)::type;
     constexpr int V = decltype(vec)::value;
-    // Enough threads that the row fits the register cache, in whole warps, at most 1024.
-    const int64_t want = ceil_div(ceil_div(m.hidden / V, kRowCache), 32) * 32;
+    // Enough threads that the row fits the register cache, in whole warps, at most 1024. With
+    // fewer rows than SMs every block has an SM to itself and the call lasts as long as one
+    // block's dependent chain (loads, max, the IEEE divisions of the quantize pass): one vector
+    // per thread then, so that chain is kRowCache times shorter (hidden 4096 bf16 at M = 1: 512
+    // threads instead of 128). Same loads, reduction and rounding, so the same bits.
+    const int64_t nvec = m.hidden / V;
+    const int64_t per_thread = m.rows < sm_count() ? 1 : kRowCache;
+    const int64_t want = ceil_div(ceil_div(nvec, per_thread), 32) * 32;
     const int threads =
         static_cast<int>(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
     row_quant_kernel<T, V, kMode>

@@ -2,7 +2,9 @@
 CARD.md), written independently of the package's own _reference module, in fp32 PyTorch.
 
 Every function returns what the kernel must return bit for bit (fp8 as float8_e4m3fn, int8,
-float32 scales, int32 zero points); inputs are any float tensor [..., hidden].
+float32 scales, int32 zero points); inputs are any float tensor [..., hidden], on any device.
+Divisions by a constant go through `div` (a tensor divisor): on CUDA `t / 448.0` with a Python
+number multiplies by 1 / 448, rounding twice.
 """
 
 import torch
@@ -10,6 +12,12 @@ import torch
 FP8_MAX = 448.0
 FP8_MIN_SCALE = 1.0 / (448.0 * 512.0)
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
+def div(t: torch.Tensor, c: float) -> torch.Tensor:
+    """t / c in one IEEE division on every device (a Python-number divisor is t * (1 / c) on
+    CUDA)."""
+    return t / torch.full_like(t, c)
 
 
 def rows(x: torch.Tensor) -> torch.Tensor:
@@ -41,7 +49,7 @@ def static_fp8(x, scale):
 
 
 def dynamic_fp8(x):
-    scale = torch.clamp(nanless_amax(x.float()) / FP8_MAX, min=FP8_MIN_SCALE).reshape(1)
+    scale = torch.clamp(div(nanless_amax(x.float()), FP8_MAX), min=FP8_MIN_SCALE).reshape(1)
     return static_fp8(x, scale), scale
 
 
@@ -50,7 +58,7 @@ def per_token_fp8(x, scale_ub=None):
     amax = nanless_amax(xr, dim=-1)
     if scale_ub is not None:
         amax = torch.minimum(amax, scale_ub.float().reshape(()))
-    scale = torch.clamp(amax / FP8_MAX, min=FP8_MIN_SCALE)
+    scale = torch.clamp(div(amax, FP8_MAX), min=FP8_MIN_SCALE)
     return fp8(xr / scale).reshape(x.shape), scale
 
 
@@ -76,7 +84,7 @@ def per_token_int8_sym(x):
     # full_like(127) / amax, not 127.0 / amax: Tensor.__rtruediv__ is reciprocal() * 127, which
     # rounds twice (127 / 8.4375 came out one ulp low and flipped a rounding of x * mul).
     mul = torch.where(amax == 0, torch.zeros_like(amax), torch.full_like(amax, 127.0) / amax)
-    return int8_sat(xr * mul).reshape(x.shape), amax / 127.0
+    return int8_sat(xr * mul).reshape(x.shape), div(amax, 127.0)
 
 
 def per_token_int8_asym(x):
@@ -93,7 +101,7 @@ def per_token_int8_asym(x):
     constant = mn == mx
     mn = torch.where(constant, torch.clamp(mn, max=0.0), mn)
     mx = torch.where(constant, torch.clamp(mx, min=0.0), mx)
-    scale = (mx - mn) / 255.0
+    scale = div(mx - mn, 255.0)
     zero = scale == 0
     safe = torch.where(zero, torch.ones_like(scale), scale)
     z = torch.round(-128.0 - mn / safe)
@@ -111,7 +119,7 @@ def per_token_int8_asym(x):
 def group_fp8(x, group_size, eps=1e-10, ue8m0=False):
     xg = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
     amax = torch.nan_to_num(xg.abs(), nan=0.0).amax(dim=-1, keepdim=True)
-    scale = torch.clamp(amax, min=eps) / FP8_MAX
+    scale = div(torch.clamp(amax, min=eps), FP8_MAX)
     if ue8m0:
         # The smallest power of two >= scale, exactly (log2 in fp32 may round s = 2^k (1 + ulp)
         # down to k): frexp gives scale = m * 2^e with m in [0.5, 1).

@@ -143,6 +143,30 @@ def test_static_int8(kernel, device, dtype, shape, azp):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.parametrize("mode", ["fp8", "int8_sym", "int8_asym"])
+def test_per_token_block_shapes(kernel, fp8_device, mode):
+    """On CUDA the per-token launcher gives each thread one vector of the row when there are
+    fewer rows than SMs and 4 (kRowCache) otherwise: one row count on each side of the switch,
+    with hidden 4096 (512 bf16 vectors: 512 threads against 128). The SHAPES above all have
+    fewer rows than any fp8 GPU has SMs."""
+    sms = 2
+    if fp8_device != "cpu":
+        sms = torch.cuda.get_device_properties(fp8_device).multi_processor_count
+    for rows in (sms - 1, sms):
+        x = make_input((rows, 4096), torch.bfloat16, fp8_device, seed=rows)
+        if mode == "fp8":
+            got = kernel.scaled_fp8_quant(x, use_per_token_if_dynamic=True)
+            want = ref.per_token_fp8(x.cpu())
+        elif mode == "int8_sym":
+            got = kernel.scaled_int8_quant(x)[:2]
+            want = ref.per_token_int8_sym(x.cpu())
+        else:
+            got = kernel.scaled_int8_quant(x, symmetric=False)
+            want = ref.per_token_int8_asym(x.cpu())
+        for g, w in zip(got, want):
+            assert_bitwise(g, w)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "asymmetric"])
