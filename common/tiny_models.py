@@ -99,8 +99,11 @@ def flux() -> torch.nn.Module:
     )
 
 
-def run_flux(model: torch.nn.Module, device, dtype=torch.float32) -> torch.Tensor:
-    """`flux()`'s output on fixed random inputs of `dtype`, without autograd."""
+def run_flux(model: torch.nn.Module, device, dtype=torch.float32, inputs_like=None) -> torch.Tensor:
+    """`flux()`'s output on fixed random inputs of `dtype`, without autograd. The inputs are
+    rounded to `inputs_like` (default `dtype`) first: the float64 twin of a bfloat16 model,
+    run with ``inputs_like=torch.bfloat16``, takes exactly the values the model took."""
+    like = dtype if inputs_like is None else inputs_like
     g = torch.Generator().manual_seed(5)
     inputs = dict(
         hidden_states=torch.randn(1, 16, 4, generator=g),
@@ -111,4 +114,5 @@ def run_flux(model: torch.nn.Module, device, dtype=torch.float32) -> torch.Tenso
         txt_ids=torch.zeros(8, 3),
     )
     with torch.no_grad():
-        return model(**{k: v.to(device, dtype) for k, v in inputs.items()}, return_dict=False)[0]
+        inputs = {k: v.to(like).to(device, dtype) for k, v in inputs.items()}
+        return model(**inputs, return_dict=False)[0]

@@ -144,28 +144,30 @@ def test_diffusers_layer_flags(kernel, layer_name):
 
 
 @pytest.mark.kernels_ci
-def test_nothing_matched_raises_and_touches_nothing(kernel):
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+def test_nothing_matched_raises_and_touches_nothing(kernel, device):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).to(device)
     with pytest.raises(
         ValueError,
         match=r"attach_layers: no module .*looked for transformers.SiLUActivation, .*torch.nn.modules.activation.ReLU",
     ):
         kernel.attach_layers(model)
-    llama = causal_lm("llama")
+    llama = causal_lm("llama").to(device)
     with pytest.raises(ValueError, match="looked for diffusers.GELU; .*SiLUActivation"):
         kernel.attach_layers(llama, classes=["diffusers.GELU"])
     assert not any("forward" in vars(m) for m in llama.modules())
 
 
 @pytest.mark.kernels_ci
-def test_mode_needs_the_layer_flags(kernel):
+def test_mode_needs_the_layer_flags(kernel, device):
     class Plain(torch.nn.Module):
         has_backward = False
 
         def forward(self, x):
             return x
 
-    llama = causal_lm("llama")
+    # On the device the kernel was built for: attach_layers refuses a device without kernels
+    # (the CUDA build has no CPU kernels), and the last call below must succeed.
+    llama = causal_lm("llama").to(device)
     hosts = {"transformers.SiLUActivation": Plain}
     with pytest.raises(ValueError, match="Plain .*no backward; mode asks TRAINING"):
         kernel.attach_layers(llama, mode=Mode.TRAINING, classes=hosts)

@@ -7,7 +7,7 @@ interleaved views that share no element run.
 
 import pytest
 import torch
-from activation_cases import make_input
+from activation_cases import ALL_NAMES, make_input
 
 
 def _raises(arg):
@@ -55,15 +55,21 @@ def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
 
 @pytest.mark.kernels_ci
 def test_errors_name_the_public_function_called(kernel, device):
-    public = [n for n in kernel.__all__ if callable(getattr(kernel, n))]
-    assert len(public) == 12
+    """One bad call per public function, whose error starts with that function's name: each
+    activation in both call forms, attach_layers (which takes a model) given a tensor."""
+    public = {n for n in kernel.__all__ if callable(getattr(kernel, n))}
+    assert public == set(ALL_NAMES) | {"attach_layers"}, "one bad call per public function"
     x = make_input((3, 8), torch.float32, device)
-    for name in public:
+    for name in ALL_NAMES:
         fn = getattr(kernel, name)
         with pytest.raises(RuntimeError, match=rf"^{name}: input must be float32, float16"):
             fn(x.to(torch.int32))  # functional form: through the {name}_functional custom op
         with pytest.raises(RuntimeError, match=rf"^{name}: out must have the dtype of input"):
             fn(torch.empty(3, 8, dtype=torch.float16, device=device), x)
+    with pytest.raises(
+        TypeError, match=r"^attach_layers: model must be a torch.nn.Module, got Tensor"
+    ):
+        kernel.attach_layers(x)
 
 
 @pytest.mark.kernels_ci

@@ -343,10 +343,12 @@ def test_thread_count_does_not_change_results(kernel, device, shape):
 
 @pytest.mark.kernels_ci
 def test_public_api(kernel):
-    assert sorted(kernel.__all__) == sorted(ALL_NAMES + ["layers"])
+    # attach_layers puts the layers on a model's modules by host class
+    assert sorted(kernel.__all__) == sorted(ALL_NAMES + ["layers", "attach_layers"])
     assert "ops" not in kernel.__all__ and hasattr(kernel, "ops")
-    for name in ALL_NAMES:
+    for name in ALL_NAMES + ["attach_layers"]:
         assert callable(getattr(kernel, name))
+    assert kernel.attach_layers.__doc__
 
 
 @pytest.mark.kernels_ci

@@ -9,6 +9,7 @@ read or written out of range and NaN for the offending sequence, and the next ca
 (or check_kvcache_errors) raises. dropout and any backward raise NotImplementedError.
 """
 
+import inspect
 import os
 
 import pytest
@@ -474,11 +475,27 @@ def _public_calls(kernel, device):
     ]
 
 
+# Public functions without parameters: no argument of theirs can be wrong, so they have no entry
+# in _public_calls. The test checks that each really takes none (one that gains a parameter
+# needs a bad call) and that a call with an argument is refused, naming it, before its body
+# runs. use_with_diffusers' one error (a diffusers without the flash_hub registry) is tested
+# below.
+ARGUMENT_FREE = {"use_with_diffusers"}
+
+
 @pytest.mark.kernels_ci
 def test_errors_name_the_public_function_called(kernel, device):
     calls = _public_calls(kernel, device)
     public = {n for n in kernel.__all__ if callable(getattr(kernel, n))}
-    assert public <= {name for name, _, _ in calls}, "one bad call per public function"
+    assert ARGUMENT_FREE <= public, "ARGUMENT_FREE names a function that is not public"
+    assert public - ARGUMENT_FREE <= {name for name, _, _ in calls}, (
+        "one bad call per public function"
+    )
+    for name in sorted(ARGUMENT_FREE):
+        fn = getattr(kernel, name)
+        assert not inspect.signature(fn).parameters, f"{name} takes arguments: give it a bad call"
+        with pytest.raises(TypeError, match=rf"^{name}\(\) takes 0 positional arguments"):
+            fn(None)
     for name, message, call in calls:
         with pytest.raises(RuntimeError, match=rf"^{name}: {message}"):
             call()
@@ -487,6 +504,13 @@ def test_errors_name_the_public_function_called(kernel, device):
     k = randn((2, 5, 3, 32), dtypes_for(device)[-1], device, seed=1)
     with pytest.raises(RuntimeError, match="^fwd: the number of heads of q"):
         kernel.ops.fwd(q, k, k, None, None, 0.0, 1.0, False, -1, -1, 0.0, False, None, None)
+
+
+def test_use_with_diffusers_without_the_hub_registry_names_itself(kernel, monkeypatch):
+    ad = pytest.importorskip("diffusers.models.attention_dispatch")
+    monkeypatch.setattr(ad, "_HUB_KERNELS_REGISTRY", {})  # a diffusers without the entries
+    with pytest.raises(RuntimeError, match="^use_with_diffusers: this diffusers has no flash_hub"):
+        kernel.use_with_diffusers()
 
 
 @pytest.mark.kernels_ci

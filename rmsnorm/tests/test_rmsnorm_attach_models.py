@@ -128,19 +128,21 @@ def test_flux_transformer(kernel, device):
 
 
 @pytest.mark.kernels_ci
-def test_nothing_matched_raises_and_touches_nothing(kernel):
-    model = causal_lm("llama")
+def test_nothing_matched_raises_and_touches_nothing(kernel, device):
+    model = causal_lm("llama").to(device)
     with pytest.raises(ValueError, match=r"attach_layers: no module .*GemmaRMSNorm.*LlamaRMSNorm"):
         kernel.attach_layers(model, classes=["GemmaRMSNorm"])
-    plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).to(device)
     with pytest.raises(ValueError, match=r"looked for LlamaRMSNorm, .*LayerNorm"):
         kernel.attach_layers(plain)
     assert not any("forward" in vars(m) for m in model.modules())
 
 
 @pytest.mark.kernels_ci
-def test_argument_errors(kernel):
-    model = causal_lm("llama")
+def test_argument_errors(kernel, device):
+    # On the device the kernel was built for: attach_layers refuses a device without kernels
+    # (the CUDA build has no CPU kernels), and the last call below must succeed.
+    model = causal_lm("llama").to(device)
 
     class NoBackward(torch.nn.Module):
         has_backward = False

@@ -54,31 +54,44 @@ def test_disjoint_strided_views_of_one_buffer_run(kernel, device):
 
 
 def _public_calls(kernel, device):
-    """(public function, call with a weight of the wrong hidden size) for every entry point."""
+    """(public function, exception, message, call): a weight of the wrong hidden size for every
+    entry point that takes a weight, and for attach_layers (which takes a model) a tensor where
+    the model goes."""
     x = make_input((3, HIDDEN), F32, device)
     res = make_input((3, HIDDEN), F32, device, seed=1)
     out = torch.empty_like(x)
     mod = make_input((3, HIDDEN), F32, device, seed=2)
     w = make_weight("same", HIDDEN - 1, F32, device)
     k = kernel
+    weight = (RuntimeError, rf"weight must have shape \[{HIDDEN}\]")
     return [
-        ("rms_norm", lambda: k.rms_norm(out, x, w, EPS)),
-        ("fused_add_rms_norm", lambda: k.fused_add_rms_norm(x, res, w, EPS)),
-        ("gemma_rms_norm", lambda: k.gemma_rms_norm(out, x, w, EPS)),
-        ("gemma_fused_add_rms_norm", lambda: k.gemma_fused_add_rms_norm(x, res, w, EPS)),
-        ("rmsnorm", lambda: k.rmsnorm(x, w)),
-        ("rmsnorm", lambda: k.rmsnorm(x, w, out=out)),  # the general op rms_norm_fwd
-        ("fused_add_rmsnorm", lambda: k.fused_add_rmsnorm(x, res, w)),
-        ("gemma_rmsnorm", lambda: k.gemma_rmsnorm(x, w)),
-        ("gemma_rmsnorm", lambda: k.gemma_rmsnorm(x, w, out=out)),
-        ("gemma_fused_add_rmsnorm", lambda: k.gemma_fused_add_rmsnorm(x, res, w)),
-        ("rms_norm_func", lambda: k.rms_norm_func(x, w)),
-        ("rms_norm_func", lambda: k.rms_norm_func(x, w, gemma=True)),
-        ("add_rms_norm", lambda: k.add_rms_norm(x, res, w)),
-        ("add_rms_norm", lambda: k.add_rms_norm(x, res, w, gemma=True)),
-        ("rms_norm_modulate", lambda: k.rms_norm_modulate(x, w, mod, mod)),
-        ("apply_rms_norm", lambda: k.apply_rms_norm(x, w, EPS)),
-        ("apply_rms_norm_backward", lambda: k.apply_rms_norm_backward(x, x, w, None, None, EPS)),
+        ("rms_norm", *weight, lambda: k.rms_norm(out, x, w, EPS)),
+        ("fused_add_rms_norm", *weight, lambda: k.fused_add_rms_norm(x, res, w, EPS)),
+        ("gemma_rms_norm", *weight, lambda: k.gemma_rms_norm(out, x, w, EPS)),
+        ("gemma_fused_add_rms_norm", *weight, lambda: k.gemma_fused_add_rms_norm(x, res, w, EPS)),
+        ("rmsnorm", *weight, lambda: k.rmsnorm(x, w)),
+        ("rmsnorm", *weight, lambda: k.rmsnorm(x, w, out=out)),  # the general op rms_norm_fwd
+        ("fused_add_rmsnorm", *weight, lambda: k.fused_add_rmsnorm(x, res, w)),
+        ("gemma_rmsnorm", *weight, lambda: k.gemma_rmsnorm(x, w)),
+        ("gemma_rmsnorm", *weight, lambda: k.gemma_rmsnorm(x, w, out=out)),
+        ("gemma_fused_add_rmsnorm", *weight, lambda: k.gemma_fused_add_rmsnorm(x, res, w)),
+        ("rms_norm_func", *weight, lambda: k.rms_norm_func(x, w)),
+        ("rms_norm_func", *weight, lambda: k.rms_norm_func(x, w, gemma=True)),
+        ("add_rms_norm", *weight, lambda: k.add_rms_norm(x, res, w)),
+        ("add_rms_norm", *weight, lambda: k.add_rms_norm(x, res, w, gemma=True)),
+        ("rms_norm_modulate", *weight, lambda: k.rms_norm_modulate(x, w, mod, mod)),
+        ("apply_rms_norm", *weight, lambda: k.apply_rms_norm(x, w, EPS)),
+        (
+            "apply_rms_norm_backward",
+            *weight,
+            lambda: k.apply_rms_norm_backward(x, x, w, None, None, EPS),
+        ),
+        (
+            "attach_layers",
+            TypeError,
+            "model must be a torch.nn.Module, got Tensor",
+            lambda: k.attach_layers(x),
+        ),
     ]
 
 
@@ -86,9 +99,9 @@ def _public_calls(kernel, device):
 def test_errors_name_the_public_function_called(kernel, device):
     calls = _public_calls(kernel, device)
     public = {n for n in kernel.__all__ if callable(getattr(kernel, n))}
-    assert {name for name, _ in calls} == public, "one bad call per public function"
-    for name, call in calls:
-        with pytest.raises(RuntimeError, match=rf"^{name}: weight must have shape \[{HIDDEN}\]"):
+    assert {name for name, *_ in calls} == public, "one bad call per public function"
+    for name, error, message, call in calls:
+        with pytest.raises(error, match=rf"^{name}: {message}"):
             call()
 
 

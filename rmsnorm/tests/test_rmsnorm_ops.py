@@ -890,6 +890,7 @@ PUBLIC = [
     "rms_norm_modulate",
     "apply_rms_norm",
     "apply_rms_norm_backward",
+    "attach_layers",  # puts the layers on a model's modules by host class
 ]
 
 
