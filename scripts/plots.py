@@ -283,6 +283,16 @@ NOMINAL_FLOPS_PER_ELEMENT = {
         "rotary_embedding": 3,
         "apply_rotary_transformers": 3,
     },
+    "quant": {
+        # static: times 1/scale, clamp (2); dynamic: |x| and max for the amax pass besides (4)
+        "fp8_static": 2,
+        "int8_static": 2,
+        "fp8_per_tensor": 4,
+        "fp8_per_token": 4,
+        "fp8_group128": 4,
+        "int8_sym": 4,
+        "int8_asym": 5,  # min and max, then the zero point
+    },
 }
 
 
@@ -293,6 +303,8 @@ def _elements(kernel: str, r: dict) -> int | None:
         return r["tokens"] * r["hidden"]
     if kernel == "rope":
         return r["tokens"] * (r["q_heads"] + r["kv_heads"]) * r["head_dim"]
+    if kernel == "quant":
+        return r["tokens"] * r["hidden"]
     return None
 
 
