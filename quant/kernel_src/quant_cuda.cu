@@ -62,49 +62,104 @@ __device__ __forceinline__ void store_vec(const Rows& m, int64_t r, int64_t j, c
 
 __device__ __forceinline__ uint8_t fp8_bits(float x) { return cutlass::float_e4m3_t(x).storage; }
 
+// Two fp8 bytes (lo in the low byte) from two already clamped floats. Where CUTLASS converts with
+// cvt.rn.satfinite.e4m3x2.f32 (CUDA_PTX_FP8_CVT_ENABLED, from cutlass/float8.h: sm_89+), it
+// converts one element per instruction (the other input a dummy 0) in a volatile asm the
+// compiler cannot schedule; the same instruction on a real pair halves the conversions (the
+// conversion pipe is quarter rate, and with the divisions it bounds the fp8 kernels) and gives
+// the same bits. Elsewhere, element by element through CUTLASS as before.
+__device__ __forceinline__ uint16_t fp8x2_bits(float lo, float hi) {
+#if defined(CUDA_PTX_FP8_CVT_ENABLED)
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint16_t>(fp8_bits(lo) | (static_cast<uint16_t>(fp8_bits(hi)) << 8));
+#endif
+}
+
+// math::int8_rn_sat in one instruction: cvt.rni.sat.s8.f32 rounds half to even, saturates to
+// [-128, 127] and turns NaN into 0, the documented rule. The portable form is rintf (FRND) and a
+// float-to-int conversion, two quarter-rate instructions per element.
+__device__ __forceinline__ int8_t int8_rn_sat(float v) {
+  int32_t r;
+  asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return static_cast<int8_t>(r);
+}
+
+// math::int8_rn_azp_sat with one conversion: cvt.rni.s32.f32 (__float2int_rn) rounds half to even,
+// saturates to int32 and gives 0 for NaN, i.e. sat32(rn(v)); the zero point is then added in 64
+// bits (no overflow) and the sum saturated to int8, as in quant_math.h. The portable form goes
+// through rintf and a 64-bit conversion.
+__device__ __forceinline__ int8_t int8_rn_azp_sat(float v, int32_t azp) {
+  const int64_t q = static_cast<int64_t>(__float2int_rn(v)) + azp;
+  return static_cast<int8_t>(q > 127 ? 127 : (q < -128 ? -128 : q));
+}
+
 // ---- element quantizers (float in, output byte out) ----
 
+// fp8 quantizers give the clamped float (kFp8: quantize() converts pairs of them); int8 ones
+// give the output byte.
 struct Fp8Mul {  // static and dynamic per tensor: x * (1 / scale)
+  static constexpr bool kFp8 = true;
   float inv;
-  __device__ uint8_t operator()(float x) const {
-    return fp8_bits(math::clamp_keep_nan(x * inv, -math::kFp8Max, math::kFp8Max));
+  __device__ float operator()(float x) const {
+    return math::clamp_keep_nan(x * inv, -math::kFp8Max, math::kFp8Max);
   }
 };
 struct Fp8Div {  // per token and per group: x / scale, clamped to [lo, hi]
+  static constexpr bool kFp8 = true;
   float s, lo, hi;
-  __device__ uint8_t operator()(float x) const {
-    return fp8_bits(math::clamp_keep_nan(x / s, lo, hi));
-  }
+  __device__ float operator()(float x) const { return math::clamp_keep_nan(x / s, lo, hi); }
 };
-struct Int8Div {  // static: x / scale [+ azp]
+// Static int8, symmetric and with a zero point as two types (it was one with a runtime flag, so
+// both paths were compiled into the loop).
+struct Int8DivSym {  // static: x / scale
+  static constexpr bool kFp8 = false;
+  float s;
+  __device__ uint8_t operator()(float x) const { return static_cast<uint8_t>(int8_rn_sat(x / s)); }
+};
+struct Int8DivAzp {  // static: x / scale + azp
+  static constexpr bool kFp8 = false;
   float s;
   int32_t azp;
-  bool has_azp;
   __device__ uint8_t operator()(float x) const {
-    return static_cast<uint8_t>(has_azp ? math::int8_rn_azp_sat(x / s, azp)
-                                        : math::int8_rn_sat(x / s));
+    return static_cast<uint8_t>(int8_rn_azp_sat(x / s, azp));
   }
 };
 struct Int8Mul {  // dynamic symmetric: x * (127 / amax)
+  static constexpr bool kFp8 = false;
   float mul;
   __device__ uint8_t operator()(float x) const {
-    return static_cast<uint8_t>(math::int8_rn_sat(x * mul));
+    return static_cast<uint8_t>(int8_rn_sat(x * mul));
   }
 };
 struct Int8Azp {  // dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp
+  static constexpr bool kFp8 = false;
   float s;
   int32_t azp;
   __device__ uint8_t operator()(float x) const {
-    return static_cast<uint8_t>(s == 0.0f ? static_cast<int8_t>(azp)
-                                          : math::int8_rn_azp_sat(x / s, azp));
+    return static_cast<uint8_t>(s == 0.0f ? static_cast<int8_t>(azp) : int8_rn_azp_sat(x / s, azp));
   }
 };
 
 template <typename T, int V, typename Q>
 __device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
   Bytes<V> out;
+  if constexpr (Q::kFp8 && V % 2 == 0) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) out.b[i] = q(to_float(v.v[i]));
+    for (int i = 0; i < V; i += 2) {
+      const uint16_t b = fp8x2_bits(q(to_float(v.v[i])), q(to_float(v.v[i + 1])));
+      out.b[i] = static_cast<uint8_t>(b & 0xffu);
+      out.b[i + 1] = static_cast<uint8_t>(b >> 8);
+    }
+  } else if constexpr (Q::kFp8) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.b[i] = fp8_bits(q(to_float(v.v[i])));
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.b[i] = q(to_float(v.v[i]));
+  }
   return out;
 }
 
@@ -140,23 +195,46 @@ struct StaticFp8 {
   const float* scale;
   __device__ Fp8Mul operator()() const { return {1.0f / *scale}; }
 };
-struct StaticInt8 {
+struct StaticInt8Sym {
+  const float* scale;
+  __device__ Int8DivSym operator()() const { return {*scale}; }
+};
+struct StaticInt8Azp {
   const float* scale;
   const int32_t* azp;
-  __device__ Int8Div operator()() const {
-    return {*scale, azp != nullptr ? *azp : 0, azp != nullptr};
-  }
+  __device__ Int8DivAzp operator()() const { return {*scale, *azp}; }
 };
+
+// Vectors per thread per iteration of the static kernel: all kStaticUnroll loads are issued
+// before the first is used, so each thread has that many 16-byte loads in flight instead of one
+// (the loop body used to load, convert and store one vector, and the next load waited for it).
+constexpr int kStaticUnroll = 4;
 
 template <typename T, int V, typename MakeQ>
 __global__ void __launch_bounds__(kThreads) static_quant_kernel(const Rows m, const MakeQ make) {
   const auto q = make();
   const int64_t nvec = m.hidden / V;
   const int64_t total = m.rows * nvec;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / nvec, j = idx - r * nvec;
-    store_vec<V>(m, r, j, quantize(load_vec<T, V>(m, r, j), q));
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // Consecutive threads still take consecutive vectors (coalesced); a thread's kStaticUnroll
+  // vectors are one grid stride apart.
+  for (int64_t base = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; base < total;
+       base += stride * kStaticUnroll) {
+    Vec<T, V> v[kStaticUnroll];
+    int64_t r[kStaticUnroll], j[kStaticUnroll];
+#pragma unroll
+    for (int k = 0; k < kStaticUnroll; ++k) {
+      const int64_t idx = base + k * stride;
+      if (idx < total) {
+        r[k] = idx / nvec;
+        j[k] = idx - r[k] * nvec;
+        v[k] = load_vec<T, V>(m, r[k], j[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStaticUnroll; ++k) {
+      if (base + k * stride < total) store_vec<V>(m, r[k], j[k], quantize(v[k], q));
+    }
   }
 }
 
@@ -250,10 +328,13 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 // A team of `lanes` threads (a power of two <= 32, so teams never straddle a warp) per group.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    group_quant_kernel(const Rows m, const GroupFp8Params p, int lanes, int64_t total_groups) {
+    group_quant_kernel(const Rows m, const GroupFp8Params p, int lane_bits, int64_t total_groups) {
+  // lanes = 2^lane_bits: the team index and the lane by shift and mask (a runtime 64-bit division
+  // and modulo here cost more instructions than the quantize pass of a bf16 lane's 8 elements).
+  const int lanes = 1 << lane_bits;
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t g = t / lanes;
-  const int lane = static_cast<int>(t % lanes);
+  const int64_t g = t >> lane_bits;
+  const int lane = static_cast<int>(t & (lanes - 1));
   const bool active = g < total_groups;
   const int64_t groups_per_row = m.hidden / p.group_size;
   const int64_t r = active ? g / groups_per_row : 0;
@@ -326,7 +407,8 @@ cudaError_t launch_static(DType dtype, const Rows& m, const MakeQ& make, cudaStr
     using T = typename decltype(tag)::type;
     constexpr int V = decltype(vec)::value;
     static_quant_kernel<T, V, MakeQ>
-        <<<grid_blocks(m.rows * (m.hidden / V)), kThreads, 0, stream>>>(m, make);
+        <<<grid_blocks(ceil_div(m.rows * (m.hidden / V), kStaticUnroll)), kThreads, 0, stream>>>(
+            m, make);
     return cudaGetLastError();
   });
 }
@@ -383,7 +465,8 @@ cudaError_t dynamic_per_token_scaled_fp8_quant(DType dtype, const PerTokenFp8Par
 
 cudaError_t static_scaled_int8_quant(DType dtype, const StaticInt8Params& p, cudaStream_t stream) {
   if (p.m.rows == 0 || p.m.hidden == 0) return cudaSuccess;
-  return launch_static(dtype, p.m, StaticInt8{p.scale, p.azp}, stream);
+  if (p.azp != nullptr) return launch_static(dtype, p.m, StaticInt8Azp{p.scale, p.azp}, stream);
+  return launch_static(dtype, p.m, StaticInt8Sym{p.scale}, stream);
 }
 
 cudaError_t dynamic_scaled_int8_quant(DType dtype, const DynamicInt8Params& p,
@@ -402,11 +485,11 @@ cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cuda
     using T = typename decltype(tag)::type;
     constexpr int V = decltype(vec)::value;
     const int64_t nvec = p.group_size / V;
-    int lanes = 1;
-    while (lanes < 32 && lanes < nvec) lanes *= 2;
-    const int64_t blocks = ceil_div(total_groups * lanes, kThreads);
+    int lane_bits = 0;
+    while (lane_bits < 5 && (int64_t{1} << lane_bits) < nvec) ++lane_bits;
+    const int64_t blocks = ceil_div(total_groups << lane_bits, kThreads);
     group_quant_kernel<T, V>
-        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lanes, total_groups);
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
     return cudaGetLastError();
   });
 }
