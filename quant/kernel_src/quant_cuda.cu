@@ -205,10 +205,10 @@ struct StaticInt8Azp {
   __device__ Int8DivAzp operator()() const { return {*scale, *azp}; }
 };
 
-// Vectors per thread per iteration of the static kernel: all kStaticUnroll loads are issued
-// before the first is used, so each thread has that many 16-byte loads in flight instead of one
-// (the loop body used to load, convert and store one vector, and the next load waited for it).
-constexpr int kStaticUnroll = 4;
+// Vectors per thread per iteration of the static kernel (all its loads issued before the first
+// is used). 4 was measured slower than 1 on an H200 (fp8 static 4096 x 4096 bf16: 23.4 against
+// 15.0 us, benchmarks/NOTES.md): the grid shrinks by 4 and the SMs hold fewer loads in flight.
+constexpr int kStaticUnroll = 1;
 
 template <typename T, int V, typename MakeQ>
 __global__ void __launch_bounds__(kThreads) static_quant_kernel(const Rows m, const MakeQ make) {
