@@ -229,8 +229,8 @@ _DEFAULT_NOTE = (
 NOTES = {
     "quant": (
         "GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
-        "contender); a ratio is the baseline's time over ours (above 1: ours is faster). At 4096 "
-        "tokens the ops stay below the 90%-of-copy bar of the quant issue (quant/benchmarks/NOTES.md)."
+        "contender); a ratio is the baseline's time over ours (above 1: ours is faster). Only "
+        "int8_sym reaches the 90%-of-copy bar of the quant issue yet (quant/benchmarks/NOTES.md)."
     ),
     "attention": (
         "GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
