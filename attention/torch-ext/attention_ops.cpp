@@ -186,31 +186,35 @@ DeviceErrorRecord* device_error_records() {
   return static_cast<DeviceErrorRecord*>(ptr);
 }
 
+// The ops that report to the device error record, by the name their checks use (one table for
+// both directions: the id a launch records and the name an error message prints).
+constexpr std::pair<const char*, DeviceErrorOp> kErrorOps[] = {
+    {"attn_fwd", DeviceErrorOp::kAttnFwd},
+    {"fwd", DeviceErrorOp::kFwd},
+    {"varlen_fwd", DeviceErrorOp::kVarlenFwd},
+    {"fwd_kvcache", DeviceErrorOp::kFwdKvcache},
+    {"reshape_and_cache", DeviceErrorOp::kReshapeAndCache},
+    {"reshape_and_cache_flash", DeviceErrorOp::kReshapeAndCacheFlash}};
+
 DeviceErrorOp error_op_of(const char* op) {
-  const std::pair<const char*, DeviceErrorOp> ops[] = {
-      {"attn_fwd", DeviceErrorOp::kAttnFwd},
-      {"fwd", DeviceErrorOp::kFwd},
-      {"varlen_fwd", DeviceErrorOp::kVarlenFwd},
-      {"fwd_kvcache", DeviceErrorOp::kFwdKvcache},
-      {"reshape_and_cache", DeviceErrorOp::kReshapeAndCache},
-      {"reshape_and_cache_flash", DeviceErrorOp::kReshapeAndCacheFlash}};
-  for (const auto& [name, id] : ops) {
+  for (const auto& [name, id] : kErrorOps) {
     if (std::strcmp(name, op) == 0) return id;
   }
   return DeviceErrorOp::kNone;
+}
+
+const char* error_op_name(DeviceErrorOp op) {
+  for (const auto& [name, id] : kErrorOps) {
+    if (id == op) return name;
+  }
+  return "an attention op";
 }
 
 // What a record says, as a sentence naming the arguments of the op that reported it.
 std::string describe_device_error(const DeviceErrorRecord& r, const at::Device& device) {
   const auto op = static_cast<DeviceErrorOp>(r.op);
   const bool kvcache = op == DeviceErrorOp::kFwdKvcache;
-  const char* op_name = op == DeviceErrorOp::kAttnFwd                ? "attn_fwd"
-                        : op == DeviceErrorOp::kFwd                  ? "fwd"
-                        : op == DeviceErrorOp::kVarlenFwd            ? "varlen_fwd"
-                        : kvcache                                    ? "fwd_kvcache"
-                        : op == DeviceErrorOp::kReshapeAndCache      ? "reshape_and_cache"
-                        : op == DeviceErrorOp::kReshapeAndCacheFlash ? "reshape_and_cache_flash"
-                                                                     : "an attention op";
+  const char* op_name = error_op_name(op);
   const char* lengths = kvcache ? "cache_seqlens + new keys - cache_leftpad"
                                 : "seqused_k, or the cu_seqlens_k difference";
   const char* cache = kvcache ? "k_cache" : "k";
