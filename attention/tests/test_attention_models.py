@@ -32,7 +32,7 @@ from dataclasses import replace
 import pytest
 import torch
 from attention_cases import BF16, F32, dtype_id, randn
-from attention_tiny_models import assert_as_accurate, float64_twin, flux, run_flux
+from attention_tiny_models import LM_SIZES, assert_as_accurate, float64_twin, flux, run_flux
 
 transformers = pytest.importorskip("transformers")
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -47,15 +47,7 @@ LOGIT_FLOOR = 2.0**-20
 def _config(device):
     # head_dim 16 on the CPU (the config); CUDA instantiates head_dim >= 32.
     return LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        head_dim=16 if device == "cpu" else 32,
+        **dict(LM_SIZES, max_position_embeddings=256), head_dim=16 if device == "cpu" else 32
     )
 
 
