@@ -54,7 +54,7 @@ struct BlockScaledMmParams {
   void* d;
   int64_t m, n, k;
   int64_t lda, ldb, ldd;
-  const float* scale_a;  // (m, kb) at scale_a[kb * m + m]: [K / 128, M] contiguous (M-major)
+  const float* scale_a;  // (m, kb) at scale_a[kb * M + m]: [K / 128, M] contiguous (M-major)
   const float* scale_b;  // (kb, nb) at scale_b[nb * (K / 128) + kb]: [ceil(N / 128), K / 128]
                          // contiguous (K-major, the checkpoints' weight_scale_inv layout)
   const void* bias;      // [N] of out_dtype, or nullptr
