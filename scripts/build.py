@@ -427,31 +427,36 @@ def _cap_key(cap: str) -> tuple[int, int]:
 def cuda_archs(
     project: KernelProject, tc: Toolchain, all_archs: bool, override: list[str] | None
 ) -> list[str]:
-    """The capabilities to compile, kernel-builder style (build.toml cuda-capabilities, intersected with the toolkit's)."""
+    """The capabilities of the components that declare none: --cuda-archs, else every toolkit
+    capability with --all-archs (or without a local GPU), else the local GPU's, as kernel-builder's
+    CMake does without BUILD_ALL_SUPPORTED_ARCHS."""
     if override:
         return sorted(set(override), key=_cap_key)
-    declared = next(
-        (
-            c.cuda_capabilities
-            for c in project.components
-            if c.backend == "cuda" and c.cuda_capabilities
-        ),
-        None,
-    )
     if all_archs or tc.local_capability is None:
-        toolkit = next(archs for minver, archs in DEFAULT_CUDA_ARCHS if tc.cuda_version >= minver)
-        if declared is None:
-            return toolkit
-        # "Loose intersection": a declared capability survives if the toolkit knows its number.
-        known = {_cap_key(a) for a in toolkit}
-        chosen = [a for a in declared if _cap_key(a) in known]
-        if not chosen:
-            raise BuildError(
-                f"{project.name}: empty set of capabilities for CUDA {tc.cuda_version}"
-            )
-        return chosen
-    # Default: only the GPU present, as kernel-builder's CMake does without BUILD_ALL_SUPPORTED_ARCHS.
+        return next(archs for minver, archs in DEFAULT_CUDA_ARCHS if tc.cuda_version >= minver)
     return [tc.local_capability]
+
+
+def component_archs(
+    project: KernelProject, comp: Component, tc: Toolchain, base: list[str]
+) -> list[str]:
+    """A component's capabilities: its build.toml cuda-capabilities, kernel-builder's "loose
+    intersection" with the toolkit's (a declared capability survives if the toolkit knows its
+    number), narrowed to those of `base` where any match. A component whose capabilities miss
+    `base` entirely (Hopper-only kernels on another GPU) still compiles for its own, so that the
+    host code that calls it links."""
+    if not comp.cuda_capabilities:
+        return base
+    toolkit = next(archs for minver, archs in DEFAULT_CUDA_ARCHS if tc.cuda_version >= minver)
+    known = {_cap_key(a) for a in toolkit}
+    declared = [a for a in comp.cuda_capabilities if _cap_key(a) in known]
+    if not declared:
+        raise BuildError(
+            f"{project.name}: [kernel.{comp.name}] has an empty set of capabilities for "
+            f"CUDA {tc.cuda_version}"
+        )
+    wanted = {_cap_key(a) for a in base}
+    return [a for a in declared if _cap_key(a) in wanted] or declared
 
 
 def gencode_flags(archs: list[str]) -> list[str]:
@@ -614,12 +619,10 @@ def write_ninja(
 
     includes = [project.path / inc for inc in project.torch_include]
     cxx_extra = list(project.torch_cxx_flags)
-    cuda_extra: list[str] = []
     for comp in project.components:
         if comp.backend == backend:
             includes += [project.path / inc for inc in comp.include]
             cxx_extra += comp.cxx_flags
-            cuda_extra += comp.cuda_flags
     system_includes = [*tc.torch_includes, tc.python_include]
     if backend == "cuda":
         system_includes.append(str(Path(tc.nvcc).resolve().parent.parent / "include"))
@@ -656,10 +659,8 @@ def write_ninja(
             "-Xcompiler=-fPIC",
             "-Xcompiler=-fno-gnu-unique",
             f"--threads={os.environ.get('NVCC_THREADS', '4')}",
-            *gencode_flags(archs or []),
             *defines,
             *include_flags,
-            *cuda_extra,
         ]
     link_libs = [f"-L{tc.torch_lib_dir}", "-lc10", "-ltorch", "-ltorch_cpu"]
     if backend == "cuda":
@@ -685,13 +686,16 @@ def write_ninja(
             f"nvcc = {tc.nvcc}",
             f"nvccflags = {_shell_join(nvcc_flags)}",
             "rule nvcc",
-            "  command = $nvcc -MD -MF $out.d $nvccflags -c $in -o $out",
+            # $archflags: each component's gencode and cuda-flags (component_archs).
+            "  command = $nvcc -MD -MF $out.d $nvccflags $archflags -c $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",
             "  description = compile $src",
         ]
     objects: dict[str, str] = {}
-    for rel in project.sources(backend):
+    units = [(rel, None) for rel in project.torch_src]
+    units += [(rel, c) for c in project.components if c.backend == backend for rel in c.src]
+    for rel, comp in units:
         suffix = Path(rel).suffix
         if suffix in (".h", ".hpp", ".cuh", ".inc"):
             continue  # headers are listed for Nix's source filter; ninja tracks them via depfiles
@@ -702,6 +706,10 @@ def write_ninja(
         objects[obj] = rel
         lines.append(f"build {_ninja_escape(obj)}: {rule} {_ninja_escape(str(project.path / rel))}")
         lines.append(f"  src = {rel}")
+        if rule == "nvcc":
+            comp_archs = component_archs(project, comp, tc, archs or []) if comp else archs or []
+            flags = [*gencode_flags(comp_archs), *(comp.cuda_flags if comp else [])]
+            lines.append(f"  archflags = {_shell_join(flags)}")
     so_path = scratch / f"{ops_name}.abi3.so"
     lines.append(
         f"build {_ninja_escape(so_path.name)}: link {' '.join(_ninja_escape(o) for o in objects)}"
@@ -800,6 +808,11 @@ def build_variant(
     archs = cuda_archs(project, tc, all_archs, archs_override) if backend == "cuda" else None
     if archs:
         log(prefix, "CUDA capabilities: " + ", ".join(archs))
+        for comp in project.components:
+            if comp.backend == backend and comp.cuda_capabilities:
+                own = component_archs(project, comp, tc, archs)
+                if own != archs:
+                    log(prefix, f"  [kernel.{comp.name}]: " + ", ".join(own))
     cutlass_line = describe_cutlass(project, backend)
     if cutlass_line:
         log(prefix, cutlass_line)
@@ -831,7 +844,15 @@ def build_variant(
             shutil.copy2(src, staging / rel)
         (staging / "_ops.py").write_text(OPS_PY.format(ops_name=ops_name))
         shutil.copy2(so_path, staging / so_path.name)
-        meta = make_metadata(project, backend, ops_name, archs)
+        built = None
+        if archs is not None:  # every capability some component compiled
+            built = [
+                a
+                for c in project.components
+                if c.backend == backend
+                for a in component_archs(project, c, tc, archs)
+            ]
+        meta = make_metadata(project, backend, ops_name, built)
         meta = add_digest_and_provenance(meta, staging, ident)
         (staging / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         import kernels._rust as kernels_rust

@@ -464,3 +464,35 @@ def test_missing_cutlass_headers_fail_naming_the_fix(monkeypatch, tmp_path: Path
     (tmp_path / "include" / "cutlass").mkdir(parents=True)
     (tmp_path / "include" / "cutlass" / "numeric_types.h").write_text("")
     assert build_script.cutlass_includes(project, "cuda") == [tmp_path / "include"]
+
+
+def _component(caps):
+    return build_script.Component(name="k", backend="cuda", src=[], cuda_capabilities=caps)
+
+
+@pytest.mark.parametrize(
+    "caps,base,expected",
+    [
+        # No declared capabilities: the build's own (local GPU, --cuda-archs or the toolkit's).
+        (None, ["8.0", "9.0"], ["8.0", "9.0"]),
+        # Declared ones narrow to the build's by number, keeping their suffix ...
+        (["8.0", "9.0", "10.0"], ["9.0"], ["9.0"]),
+        (["9.0a"], ["9.0"], ["9.0a"]),
+        (["9.0a"], ["9.0a"], ["9.0a"]),
+        # ... and a component for other GPUs still compiles for its own, so its callers link.
+        (["9.0a"], ["8.6"], ["9.0a"]),
+        # Capabilities the toolkit does not know drop out (kernel-builder's loose intersection).
+        (["9.0a", "6.1"], ["9.0", "10.0"], ["9.0a"]),
+    ],
+)
+def test_component_capabilities(caps, base, expected):
+    project = build_script.load_project(REPO / "quant")
+    tc = type("Toolchain", (), {"cuda_version": (13, 0)})()
+    assert build_script.component_archs(project, _component(caps), tc, base) == expected
+
+
+def test_component_without_known_capabilities_fails_naming_it():
+    project = build_script.load_project(REPO / "quant")
+    tc = type("Toolchain", (), {"cuda_version": (13, 0)})()
+    with pytest.raises(build_script.BuildError, match=r"\[kernel\.k\] has an empty set"):
+        build_script.component_archs(project, _component(["6.1"]), tc, ["9.0"])

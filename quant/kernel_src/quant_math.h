@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "scaled_mm_params.h"
+
 #if defined(__CUDACC__)
 #define QUANT_HD __host__ __device__ __forceinline__
 #else
@@ -101,6 +103,23 @@ QUANT_HD AzpParams int8_azp_params(float mn, float mx) {
                      : z < -2147483648.0f ? INT64_C(-2147483648)
                                           : static_cast<int64_t>(z);
   return {s, static_cast<int32_t>(zi)};
+}
+
+// The GEMM epilogue activations (Activation of scaled_mm_params.h), in float32: gelu in its erf
+// form, gelu_tanh with the tanh approximation, silu = x * sigmoid(x).
+QUANT_HD float activation(Activation kind, float x) {
+  switch (kind) {
+    case Activation::kGelu:
+      return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case Activation::kGeluTanh: {
+      const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + tanhf(inner));
+    }
+    case Activation::kSilu:
+      return x / (1.0f + expf(-x));
+    default:
+      return x;
+  }
 }
 
 }  // namespace math

@@ -1,0 +1,80 @@
+"""The generated instance files of the CUDA kernels match their generators.
+
+attention/kernel_src/generate_instances.py and quant/kernel_src/generate_instances.py each write one
+translation unit per group of kernel instances and the declarations their host dispatcher
+compiles against; a hand edit or a generator change without regenerating would build kernels the
+dispatcher does not expect (or fail to link).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# kernel -> file-name prefix of its generated translation units
+KERNELS = {"attention": "attention_fwd_", "quant": "scaled_mm_sm90_"}
+
+
+def _generator(kernel: str):
+    spec = importlib.util.spec_from_file_location(
+        f"{kernel}_generate_instances", REPO / kernel / "kernel_src" / "generate_instances.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATED = {k: _generator(k).generated_files() for k in KERNELS}
+
+
+@pytest.mark.parametrize(
+    "kernel,name", [(k, n) for k, files in GENERATED.items() for n in sorted(files)]
+)
+def test_checked_in_file_matches_the_generator(kernel: str, name: str):
+    path = REPO / kernel / "kernel_src" / name
+    assert path.is_file(), f"{name} is missing: run {kernel}/kernel_src/generate_instances.py"
+    assert path.read_text() == GENERATED[kernel][name], (
+        f"{name} differs from what generate_instances.py writes: rerun it (do not edit by hand)"
+    )
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_no_stale_generated_file(kernel: str):
+    on_disk = {
+        p.name
+        for p in (REPO / kernel / "kernel_src").iterdir()
+        if p.name.startswith(KERNELS[kernel]) and p.suffix == ".cu"
+    }
+    generated = {n for n in GENERATED[kernel] if n.endswith(".cu")}
+    # Hand-written files that share the prefix: the quant dispatcher.
+    assert on_disk - {"scaled_mm_sm90.cu"} == generated
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_every_generated_unit_is_built(kernel: str):
+    build_toml = (REPO / kernel / "build.toml").read_text()
+    for name in GENERATED[kernel]:
+        assert f'"kernel_src/{name}"' in build_toml, f"{name} is not listed in {kernel}/build.toml"
+
+
+def test_every_attention_tile_config_is_instantiated():
+    config = (REPO / "attention" / "kernel_src" / "attention_fwd_config.h").read_text()
+    aliases = set(re.findall(r"^using ((?:Prefill|Decode)\w+) = TileConfig<", config, re.M))
+    instantiated = {cfg for cfgs in _generator("attention").CONFIGS.values() for cfg in cfgs}
+    assert aliases and aliases == instantiated
+
+
+def test_every_quant_tile_config_is_instantiated():
+    config = (REPO / "quant" / "kernel_src" / "scaled_mm_sm90_configs.cuh").read_text()
+    structs = set(re.findall(r"^struct (Config\w+)", config, re.M))
+    generator = _generator("quant")
+    assert structs and structs == set(generator.CONFIGS) | set(generator.BLOCK_CONFIGS)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_generator_check_mode_passes(kernel: str):
+    assert _generator(kernel).main(["--check"]) == 0
