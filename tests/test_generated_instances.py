@@ -72,7 +72,9 @@ def test_every_quant_tile_config_is_instantiated():
     config = (REPO / "quant" / "kernel_src" / "scaled_mm_sm90_configs.cuh").read_text()
     structs = set(re.findall(r"^struct (Config\w+)", config, re.M))
     generator = _generator("quant")
-    assert structs and structs == set(generator.CONFIGS) | set(generator.BLOCK_CONFIGS)
+    assert structs and structs == (
+        set(generator.CONFIGS) | set(generator.BLOCK_CONFIGS) | set(generator.GATED_CONFIGS)
+    )
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))

@@ -12,8 +12,9 @@
 
 namespace quant {
 
-// Element type of A and B (both the same).
-enum class GemmOperand : int { kFp8E4m3 = 0, kInt8 = 1 };
+// Element type of A and B (both the same). The 16-bit ones serve linear_act (unquantized weights
+// with the same epilogue; scales null, D of the operands' type).
+enum class GemmOperand : int { kFp8E4m3 = 0, kInt8 = 1, kBFloat16 = 2, kFloat16 = 3 };
 
 // Applied to each output element after scaling and bias (quant_math.h spells them out):
 // gelu is the erf form, gelu_tanh the tanh approximation, silu x * sigmoid(x).
@@ -32,15 +33,24 @@ struct ScaledMmParams {
   void* d;          // D[m, n] at d[m * ldd + n]
   int64_t m, n, k;  // m >= 0; n, k multiples of 16 (checked by torch-ext/)
   int64_t lda, ldb, ldd;
-  const float* scale_a;  // [M] when scale_a_per_row, else [1]
-  const float* scale_b;  // [N] when scale_b_per_col, else [1]
+  const float* scale_a;  // [M] when scale_a_per_row, else [1]; nullptr reads as 1
+  const float* scale_b;  // [N] when scale_b_per_col, else [1]; nullptr reads as 1
   bool scale_a_per_row;
   bool scale_b_per_col;
   const void* bias;        // [N] of out_dtype, or nullptr
   const int32_t* azp_adj;  // [N] or nullptr (int8 only)
   const int32_t* azp;      // [M] or nullptr (needs azp_adj)
   Activation activation;
+  // Gated MLP form: B holds the gate and up projections in alternating blocks of kGateBlock
+  // columns (gate block j, then up block j: pack_gate_up), so B is [K, 2N] and scale_b / bias
+  // follow that packed order. D[m, n] = act(g[m, n]) * u[m, n], with g and u the scaled and
+  // biased products of the two halves; n < N (D has N columns).
+  bool gated;
 };
+
+// Width of the gate / up blocks of a packed gated weight (one wgmma accumulator tile holds a gate
+// block and its up block).
+constexpr int64_t kGateBlock = 64;
 
 // Blockwise fp8 (DeepSeek-V3 / Qwen3-FP8 checkpoints): A scaled per 1 x 128 group of each row,
 // B per 128 x 128 block. With kb = k / 128 and nb = n / 128:

@@ -16,29 +16,46 @@ struct Tag {
   using type = T;
 };
 
-// Calls f(TypeTag<ElementAB>, TypeTag<ElementD>, TypeTag<Config>, bool_constant<kAzp>) for the
-// instance that serves p. The buckets are where the measured best configuration changes
-// (benchmarks/NOTES.md).
+// Calls f(Tag<ElementAB>, Tag<ElementD>, Tag<Config>, bool_constant<kAzp>) for the instance that
+// serves p (the gated form has no zero points) (scaled_mm_sm90_instances.h lists them). The M buckets are where the measured best
+// configuration changes (benchmarks/NOTES.md).
 template <class Fn>
 auto with_instance(const ScaledMmParams& p, Fn&& f) {
-  const bool azp = p.azp_adj != nullptr;
-  auto by_output = [&](auto ab, auto config, auto has_azp) {
-    if (p.out_dtype == DType::kBFloat16) return f(ab, Tag<cutlass::bfloat16_t>{}, config, has_azp);
-    return f(ab, Tag<cutlass::half_t>{}, config, has_azp);
-  };
-  auto by_config = [&](auto ab) {
-    if (azp) {
-      if (p.m <= 64) return by_output(ab, Tag<ConfigM64>{}, std::true_type{});
-      return by_output(ab, Tag<ConfigM2K>{}, std::true_type{});
+  auto by_config = [&](auto ab, auto out) {
+    using AB = typename decltype(ab)::type;
+    if (p.gated) {
+      if (p.m <= 64) return f(ab, out, Tag<ConfigGatedM64<AB>>{}, std::false_type{});
+      return f(ab, out, Tag<ConfigGated<AB>>{}, std::false_type{});
     }
-    if (p.m <= 16) return by_output(ab, Tag<ConfigM16>{}, std::false_type{});
-    if (p.m <= 64) return by_output(ab, Tag<ConfigM64>{}, std::false_type{});
-    if (p.m <= 128) return by_output(ab, Tag<ConfigM128>{}, std::false_type{});
-    if (p.m < 2048) return by_output(ab, Tag<ConfigM2K>{}, std::false_type{});
-    return by_output(ab, Tag<ConfigLarge>{}, std::false_type{});
+    if constexpr (std::is_same_v<AB, int8_t>) {
+      if (p.azp_adj != nullptr) {
+        if (p.m <= 64) return f(ab, out, Tag<ConfigM64<AB>>{}, std::true_type{});
+        return f(ab, out, Tag<ConfigM2K<AB>>{}, std::true_type{});
+      }
+    }
+    if (p.m <= 16) return f(ab, out, Tag<ConfigM16<AB>>{}, std::false_type{});
+    if (p.m <= 64) return f(ab, out, Tag<ConfigM64<AB>>{}, std::false_type{});
+    if (p.m <= 128) return f(ab, out, Tag<ConfigM128<AB>>{}, std::false_type{});
+    if constexpr (!std::is_same_v<AB, Fp8>) {  // fp8 has no ConfigLarge (configs header)
+      if (p.m >= 2048) return f(ab, out, Tag<ConfigLarge<AB>>{}, std::false_type{});
+    }
+    return f(ab, out, Tag<ConfigM2K<AB>>{}, std::false_type{});
   };
-  if (p.operand == GemmOperand::kInt8) return by_config(Tag<int8_t>{});
-  return by_config(Tag<cutlass::float_e4m3_t>{});
+  // Quantized operands write bf16 or fp16; 16-bit ones (linear_act) their own type.
+  auto by_output = [&](auto ab) {
+    if (p.out_dtype == DType::kBFloat16) return by_config(ab, Tag<Bf16>{});
+    return by_config(ab, Tag<Fp16>{});
+  };
+  switch (p.operand) {
+    case GemmOperand::kInt8:
+      return by_output(Tag<int8_t>{});
+    case GemmOperand::kBFloat16:
+      return by_config(Tag<Bf16>{}, Tag<Bf16>{});
+    case GemmOperand::kFloat16:
+      return by_config(Tag<Fp16>{}, Tag<Fp16>{});
+    default:
+      return by_output(Tag<Fp8>{});
+  }
 }
 
 }  // namespace
@@ -48,8 +65,8 @@ size_t workspace_size(const ScaledMmParams& p, int sm_count) {
     using AB = typename decltype(ab)::type;
     using Out = typename decltype(out)::type;
     using Config = typename decltype(config)::type;
-    if constexpr (decltype(azp)::value && !std::is_same_v<AB, int8_t>) {
-      return 0;  // fp8 has no zero-point form (torch-ext/ rejects it)
+    if constexpr (std::is_base_of_v<GatedConfig, Config>) {
+      return GatedInstance<AB, Out, Config>::workspace_size(p, sm_count);
     } else {
       return ScaledInstance<AB, Out, Config, decltype(azp)::value>::workspace_size(p, sm_count);
     }
@@ -73,18 +90,18 @@ cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count, cu
 
 size_t block_workspace_size(const BlockScaledMmParams& p, int sm_count) {
   if (p.out_dtype == DType::kBFloat16) {
-    return BlockInstance<cutlass::bfloat16_t, ConfigBlock>::workspace_size(p, sm_count);
+    return BlockInstance<Bf16, ConfigBlock<Fp8>>::workspace_size(p, sm_count);
   }
-  return BlockInstance<cutlass::half_t, ConfigBlock>::workspace_size(p, sm_count);
+  return BlockInstance<Fp16, ConfigBlock<Fp8>>::workspace_size(p, sm_count);
 }
 
 cudaError_t block_scaled_mm(const BlockScaledMmParams& p, void* workspace, int sm_count,
                             cudaStream_t stream) {
   if (p.m == 0) return cudaSuccess;
   if (p.out_dtype == DType::kBFloat16) {
-    return BlockInstance<cutlass::bfloat16_t, ConfigBlock>::run(p, workspace, sm_count, stream);
+    return BlockInstance<Bf16, ConfigBlock<Fp8>>::run(p, workspace, sm_count, stream);
   }
-  return BlockInstance<cutlass::half_t, ConfigBlock>::run(p, workspace, sm_count, stream);
+  return BlockInstance<Fp16, ConfigBlock<Fp8>>::run(p, workspace, sm_count, stream);
 }
 
 }  // namespace sm90

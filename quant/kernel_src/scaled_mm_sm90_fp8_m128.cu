@@ -7,8 +7,8 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct ScaledInstance<Fp8, Bf16, ConfigM128, false>;
-template struct ScaledInstance<Fp8, Fp16, ConfigM128, false>;
+template struct ScaledInstance<Fp8, Bf16, ConfigM128<Fp8>, false>;
+template struct ScaledInstance<Fp8, Fp16, ConfigM128<Fp8>, false>;
 
 }  // namespace sm90
 }  // namespace cuda

@@ -82,6 +82,16 @@ struct OperandTraits<int8_t> {
   using ElementAB = int8_t;
   using ElementAcc = int32_t;
 };
+template <>
+struct OperandTraits<cutlass::bfloat16_t> {
+  using ElementAB = cutlass::bfloat16_t;
+  using ElementAcc = float;
+};
+template <>
+struct OperandTraits<cutlass::half_t> {
+  using ElementAB = cutlass::half_t;
+  using ElementAcc = float;
+};
 
 // The epilogue visitor tree. "Token" vectors vary along the activations' rows (M), "channel"
 // vectors along the weight's rows (N); which GEMM mode that is depends on kSwapAB.

@@ -30,6 +30,14 @@ struct ScaledInstance {
                          cudaStream_t stream);
 };
 
+// Sm90GatedGemm<ElementAB, ElementD, Config>.
+template <class ElementAB, class ElementD, class Config>
+struct GatedInstance {
+  static size_t workspace_size(const ScaledMmParams& p, int sm_count);
+  static cudaError_t run(const ScaledMmParams& p, void* workspace, int sm_count,
+                         cudaStream_t stream);
+};
+
 // Sm90BlockScaledGemm<ElementD, Config>.
 template <class ElementD, class Config>
 struct BlockInstance {
@@ -39,42 +47,75 @@ struct BlockInstance {
 };
 
 // scaled_mm_sm90_fp8_m16.cu
-extern template struct ScaledInstance<Fp8, Bf16, ConfigM16, false>;
-extern template struct ScaledInstance<Fp8, Fp16, ConfigM16, false>;
+extern template struct ScaledInstance<Fp8, Bf16, ConfigM16<Fp8>, false>;
+extern template struct ScaledInstance<Fp8, Fp16, ConfigM16<Fp8>, false>;
 // scaled_mm_sm90_fp8_m64.cu
-extern template struct ScaledInstance<Fp8, Bf16, ConfigM64, false>;
-extern template struct ScaledInstance<Fp8, Fp16, ConfigM64, false>;
+extern template struct ScaledInstance<Fp8, Bf16, ConfigM64<Fp8>, false>;
+extern template struct ScaledInstance<Fp8, Fp16, ConfigM64<Fp8>, false>;
 // scaled_mm_sm90_fp8_m128.cu
-extern template struct ScaledInstance<Fp8, Bf16, ConfigM128, false>;
-extern template struct ScaledInstance<Fp8, Fp16, ConfigM128, false>;
+extern template struct ScaledInstance<Fp8, Bf16, ConfigM128<Fp8>, false>;
+extern template struct ScaledInstance<Fp8, Fp16, ConfigM128<Fp8>, false>;
 // scaled_mm_sm90_fp8_m2k.cu
-extern template struct ScaledInstance<Fp8, Bf16, ConfigM2K, false>;
-extern template struct ScaledInstance<Fp8, Fp16, ConfigM2K, false>;
-// scaled_mm_sm90_fp8_large.cu
-extern template struct ScaledInstance<Fp8, Bf16, ConfigLarge, false>;
-extern template struct ScaledInstance<Fp8, Fp16, ConfigLarge, false>;
+extern template struct ScaledInstance<Fp8, Bf16, ConfigM2K<Fp8>, false>;
+extern template struct ScaledInstance<Fp8, Fp16, ConfigM2K<Fp8>, false>;
 // scaled_mm_sm90_int8_m16.cu
-extern template struct ScaledInstance<int8_t, Bf16, ConfigM16, false>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigM16, false>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigM16<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigM16<int8_t>, false>;
 // scaled_mm_sm90_int8_m64.cu
-extern template struct ScaledInstance<int8_t, Bf16, ConfigM64, false>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigM64, false>;
-extern template struct ScaledInstance<int8_t, Bf16, ConfigM64, true>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigM64, true>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigM64<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigM64<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigM64<int8_t>, true>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigM64<int8_t>, true>;
 // scaled_mm_sm90_int8_m128.cu
-extern template struct ScaledInstance<int8_t, Bf16, ConfigM128, false>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigM128, false>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigM128<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigM128<int8_t>, false>;
 // scaled_mm_sm90_int8_m2k.cu
-extern template struct ScaledInstance<int8_t, Bf16, ConfigM2K, false>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigM2K, false>;
-extern template struct ScaledInstance<int8_t, Bf16, ConfigM2K, true>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigM2K, true>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigM2K<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigM2K<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigM2K<int8_t>, true>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigM2K<int8_t>, true>;
 // scaled_mm_sm90_int8_large.cu
-extern template struct ScaledInstance<int8_t, Bf16, ConfigLarge, false>;
-extern template struct ScaledInstance<int8_t, Fp16, ConfigLarge, false>;
+extern template struct ScaledInstance<int8_t, Bf16, ConfigLarge<int8_t>, false>;
+extern template struct ScaledInstance<int8_t, Fp16, ConfigLarge<int8_t>, false>;
+// scaled_mm_sm90_bf16_m16.cu
+extern template struct ScaledInstance<Bf16, Bf16, ConfigM16<Bf16>, false>;
+// scaled_mm_sm90_bf16_m64.cu
+extern template struct ScaledInstance<Bf16, Bf16, ConfigM64<Bf16>, false>;
+// scaled_mm_sm90_bf16_m128.cu
+extern template struct ScaledInstance<Bf16, Bf16, ConfigM128<Bf16>, false>;
+// scaled_mm_sm90_bf16_m2k.cu
+extern template struct ScaledInstance<Bf16, Bf16, ConfigM2K<Bf16>, false>;
+// scaled_mm_sm90_bf16_large.cu
+extern template struct ScaledInstance<Bf16, Bf16, ConfigLarge<Bf16>, false>;
+// scaled_mm_sm90_fp16_m16.cu
+extern template struct ScaledInstance<Fp16, Fp16, ConfigM16<Fp16>, false>;
+// scaled_mm_sm90_fp16_m64.cu
+extern template struct ScaledInstance<Fp16, Fp16, ConfigM64<Fp16>, false>;
+// scaled_mm_sm90_fp16_m128.cu
+extern template struct ScaledInstance<Fp16, Fp16, ConfigM128<Fp16>, false>;
+// scaled_mm_sm90_fp16_m2k.cu
+extern template struct ScaledInstance<Fp16, Fp16, ConfigM2K<Fp16>, false>;
+// scaled_mm_sm90_fp16_large.cu
+extern template struct ScaledInstance<Fp16, Fp16, ConfigLarge<Fp16>, false>;
+// scaled_mm_sm90_fp8_gated.cu
+extern template struct GatedInstance<Fp8, Bf16, ConfigGatedM64<Fp8>>;
+extern template struct GatedInstance<Fp8, Fp16, ConfigGatedM64<Fp8>>;
+extern template struct GatedInstance<Fp8, Bf16, ConfigGated<Fp8>>;
+extern template struct GatedInstance<Fp8, Fp16, ConfigGated<Fp8>>;
+// scaled_mm_sm90_int8_gated.cu
+extern template struct GatedInstance<int8_t, Bf16, ConfigGatedM64<int8_t>>;
+extern template struct GatedInstance<int8_t, Fp16, ConfigGatedM64<int8_t>>;
+extern template struct GatedInstance<int8_t, Bf16, ConfigGated<int8_t>>;
+extern template struct GatedInstance<int8_t, Fp16, ConfigGated<int8_t>>;
+// scaled_mm_sm90_bf16_gated.cu
+extern template struct GatedInstance<Bf16, Bf16, ConfigGatedM64<Bf16>>;
+extern template struct GatedInstance<Bf16, Bf16, ConfigGated<Bf16>>;
+// scaled_mm_sm90_fp16_gated.cu
+extern template struct GatedInstance<Fp16, Fp16, ConfigGatedM64<Fp16>>;
+extern template struct GatedInstance<Fp16, Fp16, ConfigGated<Fp16>>;
 // scaled_mm_sm90_block.cu
-extern template struct BlockInstance<Bf16, ConfigBlock>;
-extern template struct BlockInstance<Fp16, ConfigBlock>;
+extern template struct BlockInstance<Bf16, ConfigBlock<Fp8>>;
+extern template struct BlockInstance<Fp16, ConfigBlock<Fp8>>;
 
 }  // namespace sm90
 }  // namespace cuda

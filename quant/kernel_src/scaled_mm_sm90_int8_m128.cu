@@ -7,8 +7,8 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct ScaledInstance<int8_t, Bf16, ConfigM128, false>;
-template struct ScaledInstance<int8_t, Fp16, ConfigM128, false>;
+template struct ScaledInstance<int8_t, Bf16, ConfigM128<int8_t>, false>;
+template struct ScaledInstance<int8_t, Fp16, ConfigM128<int8_t>, false>;
 
 }  // namespace sm90
 }  // namespace cuda

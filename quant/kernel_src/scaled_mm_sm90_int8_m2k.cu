@@ -7,10 +7,10 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct ScaledInstance<int8_t, Bf16, ConfigM2K, false>;
-template struct ScaledInstance<int8_t, Fp16, ConfigM2K, false>;
-template struct ScaledInstance<int8_t, Bf16, ConfigM2K, true>;
-template struct ScaledInstance<int8_t, Fp16, ConfigM2K, true>;
+template struct ScaledInstance<int8_t, Bf16, ConfigM2K<int8_t>, false>;
+template struct ScaledInstance<int8_t, Fp16, ConfigM2K<int8_t>, false>;
+template struct ScaledInstance<int8_t, Bf16, ConfigM2K<int8_t>, true>;
+template struct ScaledInstance<int8_t, Fp16, ConfigM2K<int8_t>, true>;
 
 }  // namespace sm90
 }  // namespace cuda

@@ -7,10 +7,10 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct ScaledInstance<int8_t, Bf16, ConfigM64, false>;
-template struct ScaledInstance<int8_t, Fp16, ConfigM64, false>;
-template struct ScaledInstance<int8_t, Bf16, ConfigM64, true>;
-template struct ScaledInstance<int8_t, Fp16, ConfigM64, true>;
+template struct ScaledInstance<int8_t, Bf16, ConfigM64<int8_t>, false>;
+template struct ScaledInstance<int8_t, Fp16, ConfigM64<int8_t>, false>;
+template struct ScaledInstance<int8_t, Bf16, ConfigM64<int8_t>, true>;
+template struct ScaledInstance<int8_t, Fp16, ConfigM64<int8_t>, true>;
 
 }  // namespace sm90
 }  // namespace cuda

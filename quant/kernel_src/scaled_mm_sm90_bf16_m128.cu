@@ -7,8 +7,7 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct ScaledInstance<Fp8, Bf16, ConfigLarge, false>;
-template struct ScaledInstance<Fp8, Fp16, ConfigLarge, false>;
+template struct ScaledInstance<Bf16, Bf16, ConfigM128<Bf16>, false>;
 
 }  // namespace sm90
 }  // namespace cuda
