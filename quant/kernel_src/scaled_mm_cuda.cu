@@ -5,6 +5,7 @@
 
 #include "scaled_mm_sm80.h"
 #include "scaled_mm_sm90.h"
+#include "scaled_mm_support.h"
 
 namespace quant {
 namespace cuda {
@@ -38,10 +39,12 @@ bool use_hopper_kernels(const DeviceInfo& info, GemmPath path) {
 }  // namespace
 
 bool scaled_mm_supported(int capability, GemmOperand operand) {
-  return capability == kHopper || sm80::supported(capability, operand);
+  return scaled_mm_capability_supports(capability, operand);
 }
 
-bool block_scaled_mm_supported(int capability) { return capability == kHopper; }
+bool block_scaled_mm_supported(int capability) {
+  return block_scaled_mm_capability_supports(capability);
+}
 
 size_t scaled_mm_workspace_size(const ScaledMmParams& p, int device, GemmPath path) {
   const DeviceInfo info = device_info(device);

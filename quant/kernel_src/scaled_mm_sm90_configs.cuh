@@ -45,11 +45,20 @@ struct CooperativeConfig {
   static void tune(SchedulerArgs&, const ScaledMmParams&) {}
 };
 
-// Decode, M <= 16: swapped, so the weight fills the 64-row wgmma and the tokens a 16-wide tile.
+// Decode, M <= 16: swapped, so the weight fills the wgmma rows and the tokens a 16-wide tile.
+// Decode weights have too few 128-row tiles to give every SM one (4096 outputs: 32 tiles on 132
+// SMs), so the stream-K scheduler also splits K when that fills the machine (its heuristic;
+// deterministic reduction of the partial tiles in the workspace).
 template <class AB>
-struct ConfigM16 : PingpongConfig {
-  using TileShape = cute::Shape<cute::_64, cute::_16, KTile<AB, 256>>;
+struct ConfigM16 {
+  using TileShape = cute::Shape<cute::_128, cute::_16, KTile<AB, 256>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::StreamKScheduler;
   static constexpr bool kSwapAB = true;
+  template <class SchedulerArgs>
+  static void tune(SchedulerArgs&, const ScaledMmParams&) {}
 };
 
 // 16 < M <= 64: swapped, the tokens in a 64-wide tile.

@@ -121,7 +121,7 @@ class GatedEpilogue {
             const int64_t packed_gate = int64_t(n_tile) * kBlockN + col + pair;
             const float gate = affine(accumulators(g_at), sa, packed_gate);
             const float up = affine(accumulators(u_at), sa, packed_gate + kGateBlock);
-            out[pair] = ElementD(math::activation(act, gate) * up);
+            out[pair] = ElementD(math::activate(act, gate) * up);
           }
           const int64_t n_out = int64_t(n_tile) * kGateBlock + col;
           *reinterpret_cast<cutlass::Array<ElementD, 2>*>(params_.d + row * params_.ldd + n_out) =

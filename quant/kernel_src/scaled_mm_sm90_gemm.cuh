@@ -51,7 +51,7 @@ template <class T>
 struct RuntimeActivation {
   using Arguments = ActivationArgs;
   CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
-    return T(math::activation(static_cast<Activation>(args.kind), float(x)));
+    return T(math::activate(static_cast<Activation>(args.kind), float(x)));
   }
 };
 
@@ -64,7 +64,7 @@ struct RuntimeActivation<cutlass::Array<T, N>> {
     cutlass::Array<T, N> y;
     if (kind == Activation::kNone) return x;  // the common case skips the per-element switch
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = T(math::activation(kind, float(x[i])));
+    for (int i = 0; i < N; ++i) y[i] = T(math::activate(kind, float(x[i])));
     return y;
   }
 };
