@@ -177,7 +177,7 @@ def gated_unit(operand: str) -> str:
 def block_unit() -> str:
     return translation_unit(
         [
-            f"template struct BlockInstance<{out}, {cfg}>;"
+            f"template struct BlockInstance<{out}, {cfg}<Fp8>>;"
             for cfg in BLOCK_CONFIGS
             for out in OUTPUTS
         ]

@@ -185,7 +185,7 @@ void block_scaled_mm(const BlockScaledMmParams& p) {
         float acc = 0.0f;
         for (int64_t kb = 0; kb < kb_count; ++kb) {
           const float dot = dot_f32(tile.a(i, kb * kBlock), tile.b(j, kb * kBlock), kBlock);
-          acc += p.scale_a[kb * p.m + i] * scale_b[kb] * dot;
+          acc += p.scale_a[kb * p.scale_a_ld + i] * scale_b[kb] * dot;
         }
         store(p.d, p.out_dtype, p.ldd, i, j, acc, p.bias, p.activation);
       }

@@ -64,7 +64,8 @@ struct BlockScaledMmParams {
   void* d;
   int64_t m, n, k;
   int64_t lda, ldb, ldd;
-  const float* scale_a;  // (m, kb) at scale_a[kb * M + m]: [K / 128, M] contiguous (M-major)
+  const float* scale_a;  // (m, kb) at scale_a[kb * scale_a_ld + m]: M-major
+  int64_t scale_a_ld;    // >= M and a multiple of 4 (16-byte rows: the kernels read them by TMA)
   const float* scale_b;  // (kb, nb) at scale_b[nb * (K / 128) + kb]: [ceil(N / 128), K / 128]
                          // contiguous (K-major, the checkpoints' weight_scale_inv layout)
   const void* bias;      // [N] of out_dtype, or nullptr

@@ -79,8 +79,8 @@ cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count, cu
     using AB = typename decltype(ab)::type;
     using Out = typename decltype(out)::type;
     using Config = typename decltype(config)::type;
-    if constexpr (decltype(azp)::value && !std::is_same_v<AB, int8_t>) {
-      return cudaErrorInvalidValue;
+    if constexpr (std::is_base_of_v<GatedConfig, Config>) {
+      return GatedInstance<AB, Out, Config>::run(p, workspace, sm_count, stream);
     } else {
       return ScaledInstance<AB, Out, Config, decltype(azp)::value>::run(p, workspace, sm_count,
                                                                         stream);

@@ -7,8 +7,8 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct BlockInstance<Bf16, ConfigBlock>;
-template struct BlockInstance<Fp16, ConfigBlock>;
+template struct BlockInstance<Bf16, ConfigBlock<Fp8>>;
+template struct BlockInstance<Fp16, ConfigBlock<Fp8>>;
 
 }  // namespace sm90
 }  // namespace cuda

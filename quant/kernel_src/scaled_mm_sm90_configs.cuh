@@ -1,7 +1,9 @@
 // scaled_mm_sm90_configs.cuh: the tile configurations of the Hopper scaled GEMMs, one per M
-// bucket (scaled_mm_sm90.cu picks them), each a template on the operand type: tiles span a fixed
-// number of bytes of K (128 or 256, whole 128-byte swizzle rows), so 16-bit operands get half the
-// elements of fp8 / int8 ones. Measured choices: benchmarks/NOTES.md.
+// bucket (scaled_mm_sm90.cu picks them), each a template on the operand type: tiles span 128
+// bytes of K (one 128-byte swizzle row), so 16-bit operands get half the elements of fp8 / int8
+// ones. fp8 also needs it: CUTLASS promotes its partial sums every 4 wgmma k-steps of 32, so a K
+// tile of 256 fp8 elements (8 k-steps) is rejected by can_implement. Measured choices:
+// benchmarks/NOTES.md.
 //
 // fp8 accumulates exactly (CUTLASS promotes the tensor cores' partial sums into float32 every
 // four k-steps), which keeps a second accumulator per thread: a warpgroup's share of a tile stays
@@ -45,26 +47,19 @@ struct CooperativeConfig {
   static void tune(SchedulerArgs&, const ScaledMmParams&) {}
 };
 
-// Decode, M <= 16: swapped, so the weight fills the wgmma rows and the tokens a 16-wide tile.
-// Decode weights have too few 128-row tiles to give every SM one (4096 outputs: 32 tiles on 132
-// SMs), so the stream-K scheduler also splits K when that fills the machine (its heuristic;
-// deterministic reduction of the partial tiles in the workspace).
+// Decode, M <= 16: swapped, so the weight fills the 64-row wgmma and the tokens a 16-wide tile.
+// (A cooperative 128 x 16 tile on the stream-K scheduler, which also splits K, took 17.4 us at
+// M = 1 for 6144 x 4096 on an H100, slower than this tile's 64-wide sibling at M = 64.)
 template <class AB>
-struct ConfigM16 {
-  using TileShape = cute::Shape<cute::_128, cute::_16, KTile<AB, 256>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using TileScheduler = cutlass::gemm::StreamKScheduler;
+struct ConfigM16 : PingpongConfig {
+  using TileShape = cute::Shape<cute::_64, cute::_16, KTile<AB, 128>>;
   static constexpr bool kSwapAB = true;
-  template <class SchedulerArgs>
-  static void tune(SchedulerArgs&, const ScaledMmParams&) {}
 };
 
 // 16 < M <= 64: swapped, the tokens in a 64-wide tile.
 template <class AB>
 struct ConfigM64 : PingpongConfig {
-  using TileShape = cute::Shape<cute::_64, cute::_64, KTile<AB, 256>>;
+  using TileShape = cute::Shape<cute::_64, cute::_64, KTile<AB, 128>>;
   static constexpr bool kSwapAB = true;
 };
 

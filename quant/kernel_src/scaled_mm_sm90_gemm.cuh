@@ -330,6 +330,9 @@ struct Sm90BlockScaledGemm {
     using StrideB = typename Kernel::StrideB;
     using StrideD = typename Kernel::StrideD;
     const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+    // The activation scales' K-block rows are scale_a_ld apart (16-byte aligned for their TMA
+    // loads); the rows past M are never used.
+    const int sfa_rows = static_cast<int>(p.scale_a_ld);
     const StrideD stride_d{p.ldd, _1{}, int64_t(0)};
     typename Bias::Arguments bias{};
     bias.ptr_row = static_cast<const ElementD*>(p.bias);  // null reads as 0
@@ -340,7 +343,7 @@ struct Sm90BlockScaledGemm {
         {m, n, k, 1},
         {static_cast<const ElementAB*>(p.a), StrideA{p.lda, _1{}, int64_t(0)},
          static_cast<const ElementAB*>(p.b), StrideB{p.ldb, _1{}, int64_t(0)}, p.scale_a,
-         ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1)), p.scale_b,
+         ScaleConfig::tile_atom_to_shape_SFA(make_shape(sfa_rows, n, k, 1)), p.scale_b,
          ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1))},
         {{{{}, bias, {}}, ActivationArgs{static_cast<int>(p.activation)}},
          nullptr,

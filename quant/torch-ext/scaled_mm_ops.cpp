@@ -113,8 +113,7 @@ Gemm check_gemm(const char* op, const at::Tensor& out, const at::Tensor& a, cons
               out.strides());
   g.ldd = g.m > 1 ? out.stride(0) : g.n;
   TORCH_CHECK(g.ldd >= g.n && g.ldd % kOutRowStrideMultiple == 0, op,
-              ": out's row stride must be a multiple of 8 and at least N = ", g.n, ", got ",
-              g.ldd);
+              ": out's row stride must be a multiple of 8 and at least N = ", g.n, ", got ", g.ldd);
   TORCH_CHECK(aligned(out.const_data_ptr(), kOperandAlignBytes), op,
               ": out must start on a 16-byte boundary");
   torch_checks::check_no_overlap(op, "out", out, "a", a);
@@ -157,8 +156,8 @@ bool is_blockwise(const char* op, const Gemm& g, const at::Tensor& a_scales,
   const int64_t kb = g.k / kScaleBlock;
   const int64_t nb = (g.n + kScaleBlock - 1) / kScaleBlock;
   const bool blocks = g.k % kScaleBlock == 0 && a_scales.dim() == 2 && b_scales.dim() == 2 &&
-                      a_scales.size(0) == g.m && a_scales.size(1) == kb &&
-                      b_scales.size(0) == kb && b_scales.size(1) == nb;
+                      a_scales.size(0) == g.m && a_scales.size(1) == kb && b_scales.size(0) == kb &&
+                      b_scales.size(1) == nb;
   TORCH_CHECK(blocks, op, ": scales of shapes ", a_scales.sizes(), " and ", b_scales.sizes(),
               " match no scale mode for M = ", g.m, ", N = ", g.n, ", K = ", g.k, " (",
               kScaleShapes, ")");
@@ -172,8 +171,9 @@ Activation parse_activation(const char* op, const std::string& name) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "gelu_tanh") return Activation::kGeluTanh;
   if (name == "silu") return Activation::kSilu;
-  TORCH_CHECK(false, op, ": activation must be one of \"none\", \"gelu\", \"gelu_tanh\", \"silu\", ",
-              "got \"", name, "\"");
+  TORCH_CHECK(false, op,
+              ": activation must be one of \"none\", \"gelu\", \"gelu_tanh\", \"silu\", ", "got \"",
+              name, "\"");
   return Activation::kNone;
 }
 
@@ -185,8 +185,8 @@ void check_capability(const char* op, const at::Device& device, GemmOperand oper
   const int cap = prop->major * 10 + prop->minor;
   if (operand == GemmOperand::kFp8E4m3) {
     TORCH_CHECK(cap >= quant::kFp8MinCapability, op,
-                ": float8_e4m3fn needs a GPU of compute capability 8.9 or newer, got ",
-                prop->major, ".", prop->minor, " (", prop->name, ")");
+                ": float8_e4m3fn needs a GPU of compute capability 8.9 or newer, got ", prop->major,
+                ".", prop->minor, " (", prop->name, ")");
   } else {
     TORCH_CHECK(cap >= quant::kInt8MinCapability, op,
                 ": int8 needs a GPU of compute capability 7.5 or newer, got ", prop->major, ".",
@@ -296,10 +296,21 @@ quant::ScaledMmParams plain_params(const char* op, const Gemm& g, at::Tensor& ou
 }
 
 // cutlass_scaled_mm and cutlass_scaled_mm_act: the mode from the scale shapes, then run.
-void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a,
-                        const at::Tensor& b, const at::Tensor& a_scales,
-                        const at::Tensor& b_scales, const std::optional<at::Tensor>& bias,
-                        Activation activation) {
+// [M, K / 128] activation scales as the [K / 128, M] M-major matrix the kernels read, its row
+// stride (>= M) a multiple of 4: a view when a_scales already is one, else a padded copy.
+at::Tensor m_major_scales(const at::Tensor& a_scales) {
+  const at::Tensor t = a_scales.t();
+  const int64_t m = t.size(1);
+  if (t.stride(1) == 1 && t.stride(0) >= m && t.stride(0) % 4 == 0) return t;
+  const int64_t ld = (m + 3) / 4 * 4;
+  at::Tensor padded = at::empty({t.size(0), ld}, a_scales.options());
+  padded.narrow(1, 0, m).copy_(t);
+  return padded.narrow(1, 0, m);
+}
+
+void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                        const at::Tensor& a_scales, const at::Tensor& b_scales,
+                        const std::optional<at::Tensor>& bias, Activation activation) {
   const Gemm g = check_gemm(op, out, a, b);
   if (!is_blockwise(op, g, a_scales, b_scales)) {
     run(op, out.device(), plain_params(op, g, out, a, b, a_scales, b_scales, bias, activation));
@@ -311,14 +322,16 @@ void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a,
   torch_checks::check_device_of(op, "b_scales", b_scales, "out", out);
   torch_checks::check_no_overlap(op, "out", out, "a_scales", a_scales);
   torch_checks::check_no_overlap(op, "out", out, "b_scales", b_scales);
-  // The kernels read scale_a M-major ([K / 128, M]) and scale_b K-major ([N / 128, K / 128]):
-  // the transposes are free for column-major activation scales (per_token_group_quant_fp8's
-  // column_major_scales) and for the .t() of a checkpoint's weight_scale_inv; others are copied.
-  const at::Tensor scale_a = a_scales.t().contiguous();
+  // The kernels read scale_a M-major with 16-byte aligned K-block rows ([K / 128, M] with a row
+  // stride that is a multiple of 4) and scale_b K-major ([N / 128, K / 128]): column-major
+  // activation scales with such a stride (per_token_group_quant_fp8's column_major_scales) and
+  // the .t() of a checkpoint's weight_scale_inv are read in place; others are copied.
+  const at::Tensor scale_a = m_major_scales(a_scales);
   const at::Tensor scale_b = b_scales.t().contiguous();
   quant::BlockScaledMmParams p{};
   set_operands(p, g, out, a, b);
   p.scale_a = scale_a.const_data_ptr<float>();
+  p.scale_a_ld = scale_a.stride(0);
   p.scale_b = scale_b.const_data_ptr<float>();
   p.bias = check_bias(op, bias, g, out);
   p.activation = activation;
@@ -330,8 +343,7 @@ void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a,
 void cutlass_scaled_mm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor& a_scales, const at::Tensor& b_scales,
                        const std::optional<at::Tensor>& bias) {
-  scaled_mm_any_mode("cutlass_scaled_mm", out, a, b, a_scales, b_scales, bias,
-                     Activation::kNone);
+  scaled_mm_any_mode("cutlass_scaled_mm", out, a, b, a_scales, b_scales, bias, Activation::kNone);
 }
 
 void cutlass_scaled_mm_act(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
@@ -359,8 +371,8 @@ void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tenso
   p.azp_adj = azp_adj.const_data_ptr<int32_t>();
   if (present(azp)) {
     check_vector(op, "azp", *azp, at::kInt, out);
-    TORCH_CHECK(azp->numel() == g.m && azp->dim() <= 2 && (azp->dim() < 2 || azp->size(1) == 1),
-                op, ": azp must have M = ", g.m, " elements ([M] or [M, 1], one per token), got ",
+    TORCH_CHECK(azp->numel() == g.m && azp->dim() <= 2 && (azp->dim() < 2 || azp->size(1) == 1), op,
+                ": azp must have M = ", g.m, " elements ([M] or [M, 1], one per token), got ",
                 "shape ", azp->sizes());
     p.azp = azp->const_data_ptr<int32_t>();
   }
