@@ -270,6 +270,42 @@ def test_matmul_2d(kernel, device, mode):
     assert half.dtype == torch.float16 and half.shape == (2, 5, n)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture(kernel, device, path):
+    """The GEMMs capture (no host sync, workspace from the caching allocator) and replay with new
+    operand values, matching eager."""
+    cases = [("int8", False)]
+    if fp8_ok(device):
+        cases.append(("fp8", False))
+        major, minor = torch.cuda.get_device_capability()
+        if path == "auto" and kernel.cutlass_scaled_mm_supports_block_fp8(major * 10 + minor):
+            cases.append(("fp8", True))
+    m, n, k = 64, 400, 256
+    inputs = []
+    for operand, blockwise in cases:
+        a, b = operands(operand, m, n, k, device)
+        if blockwise:
+            sa, sb = block_scales(m, n, k, device)
+        else:
+            sa, sb = scales(operand, m, n, "token", "channel", device)
+        inputs.append((a, b, sa, sb))
+
+    def run_all():
+        return [kernel.cutlass_scaled_mm(*x, torch.bfloat16, activation="gelu") for x in inputs]
+
+    run_all()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run_all()
+    for (operand, _), (a, _, _, _) in zip(cases, inputs):
+        a.copy_(operands(operand, m, n, k, device, seed=99)[0])
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, expected in zip(captured, run_all()):
+        assert torch.equal(got, expected)
+
+
 def test_supports_probes(kernel):
     """The CPU build answers what a CUDA build supports (kernel_src/scaled_mm_support.h)."""
     fp8 = {cap: kernel.cutlass_scaled_mm_supports_fp8(cap) for cap in (75, 80, 86, 89, 90, 100)}
