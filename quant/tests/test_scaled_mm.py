@@ -224,7 +224,7 @@ def test_blockwise_bias_activation_and_poison(kernel, device, activation):
 
 
 def test_blockwise_empty_m(kernel, device):
-    dev = operand_device(device, "fp8")
+    dev = block_device(kernel, operand_device(device, "fp8"))
     a, b = operands("fp8", 0, 256, 256, dev)
     sa, sb = block_scales(0, 256, 256, dev)
     assert kernel.cutlass_scaled_mm(a, b, sa, sb, torch.bfloat16).shape == (0, 256)

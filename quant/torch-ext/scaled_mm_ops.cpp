@@ -221,14 +221,18 @@ void no_device(const char* op, const at::Device& device) {
   TORCH_CHECK(false, op, ": no implementation for device ", device, " in this build");
 }
 
+// Empty M launches nothing, after the device checks (a GPU without fp8 rejects every fp8 call).
 void run(const char* op, const at::Device& device, const quant::ScaledMmParams& p) {
-  if (p.m == 0) return;
 #if defined(CPU_KERNEL)
-  if (device.is_cpu()) return quant::cpu::scaled_mm(p);
+  if (device.is_cpu()) {
+    if (p.m > 0) quant::cpu::scaled_mm(p);
+    return;
+  }
 #endif
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
     check_capability(op, device, p.operand, false);
+    if (p.m == 0) return;
     const auto path = static_cast<quant::cuda::GemmPath>(g_scaled_mm_path.load());
     const int index = device.index();
     return launch_cuda(op, device, quant::cuda::scaled_mm_workspace_size(p, index, path),
@@ -241,13 +245,16 @@ void run(const char* op, const at::Device& device, const quant::ScaledMmParams& 
 }
 
 void run(const char* op, const at::Device& device, const quant::BlockScaledMmParams& p) {
-  if (p.m == 0) return;
 #if defined(CPU_KERNEL)
-  if (device.is_cpu()) return quant::cpu::block_scaled_mm(p);
+  if (device.is_cpu()) {
+    if (p.m > 0) quant::cpu::block_scaled_mm(p);
+    return;
+  }
 #endif
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
     check_capability(op, device, GemmOperand::kFp8E4m3, true);
+    if (p.m == 0) return;
     const int index = device.index();
     return launch_cuda(op, device, quant::cuda::block_scaled_mm_workspace_size(p, index),
                        [&](void* ws, cudaStream_t stream) {
