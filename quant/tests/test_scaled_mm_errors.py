@@ -87,6 +87,9 @@ def test_out(kernel, device, args):
         raw(out(device, shape=(N, M)).t(), a, b, sa, sb, None)
     with raises(RuntimeError, r"^cutlass_scaled_mm: out's row stride must be a multiple of 8 .*36"):
         raw(out(device, shape=(M, N + 4))[:, :N], a, b, sa, sb, None)
+    shifted = out(device, shape=(M * N + 8,))[4 : 4 + M * N].view(M, N)  # 8 bytes in
+    with raises(RuntimeError, r"^cutlass_scaled_mm: out must start on a 16-byte boundary"):
+        raw(shifted, a, b, sa, sb, None)
     buffer = torch.zeros(2 * M * K, dtype=torch.int8, device=device)
     overlapping = buffer.view(torch.bfloat16)[: M * N].view(M, N)
     with raises(RuntimeError, r"^cutlass_scaled_mm: out must not share memory with a"):
