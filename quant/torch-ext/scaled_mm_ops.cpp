@@ -221,14 +221,18 @@ void no_device(const char* op, const at::Device& device) {
   TORCH_CHECK(false, op, ": no implementation for device ", device, " in this build");
 }
 
+// Empty M launches nothing, after the device checks (a GPU without fp8 rejects every fp8 call).
 void run(const char* op, const at::Device& device, const quant::ScaledMmParams& p) {
-  if (p.m == 0) return;
 #if defined(CPU_KERNEL)
-  if (device.is_cpu()) return quant::cpu::scaled_mm(p);
+  if (device.is_cpu()) {
+    if (p.m > 0) quant::cpu::scaled_mm(p);
+    return;
+  }
 #endif
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
     check_capability(op, device, p.operand, false);
+    if (p.m == 0) return;
     const auto path = static_cast<quant::cuda::GemmPath>(g_scaled_mm_path.load());
     const int index = device.index();
     return launch_cuda(op, device, quant::cuda::scaled_mm_workspace_size(p, index, path),
@@ -241,13 +245,16 @@ void run(const char* op, const at::Device& device, const quant::ScaledMmParams& 
 }
 
 void run(const char* op, const at::Device& device, const quant::BlockScaledMmParams& p) {
-  if (p.m == 0) return;
 #if defined(CPU_KERNEL)
-  if (device.is_cpu()) return quant::cpu::block_scaled_mm(p);
+  if (device.is_cpu()) {
+    if (p.m > 0) quant::cpu::block_scaled_mm(p);
+    return;
+  }
 #endif
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
     check_capability(op, device, GemmOperand::kFp8E4m3, true);
+    if (p.m == 0) return;
     const int index = device.index();
     return launch_cuda(op, device, quant::cuda::block_scaled_mm_workspace_size(p, index),
                        [&](void* ws, cudaStream_t stream) {
@@ -295,7 +302,6 @@ quant::ScaledMmParams plain_params(const char* op, const Gemm& g, at::Tensor& ou
   return p;
 }
 
-// cutlass_scaled_mm and cutlass_scaled_mm_act: the mode from the scale shapes, then run.
 // [M, K / 128] activation scales as the [K / 128, M] M-major matrix the kernels read, its row
 // stride (>= M) a multiple of 4: a view when a_scales already is one, else a padded copy.
 at::Tensor m_major_scales(const at::Tensor& a_scales) {
@@ -308,6 +314,7 @@ at::Tensor m_major_scales(const at::Tensor& a_scales) {
   return padded.narrow(1, 0, m);
 }
 
+// cutlass_scaled_mm and cutlass_scaled_mm_act: the mode from the scale shapes, then run.
 void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                         const at::Tensor& a_scales, const at::Tensor& b_scales,
                         const std::optional<at::Tensor>& bias, Activation activation) {

@@ -58,7 +58,7 @@ void cutlass_scaled_mm(at::Tensor& out,                         // [M, N] float1
                        const at::Tensor& a,                     // [M, K]
                        const at::Tensor& b,                     // [K, N], column-major
                        const at::Tensor& a_scales,              // 1, M or [M, K / 128]
-                       const at::Tensor& b_scales,              // 1, N or [K / 128, N / 128]
+                       const at::Tensor& b_scales,              // 1, N or [K / 128, ceil(N / 128)]
                        const std::optional<at::Tensor>& bias);  // [N] of out's dtype
 // out = act(scale_a * scale_b * (a @ b) + bias), activation "none", "gelu", "gelu_tanh", "silu"
 void cutlass_scaled_mm_act(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
