@@ -22,6 +22,10 @@ Rounding (vLLM's, the same on CPU and CUDA, bit for bit):
   gets scale 0 and azp -128.
 * ``amax``, ``min`` and ``max`` skip NaN.
 
+W8A8 linear layers (quantized_linear.py): ``QuantizedLinear`` (an 8-bit weight, activations
+quantized at each call, the GEMM ``cutlass_scaled_mm``), ``replace_linear_with_quantized(model)``
+and ``calibrate_input_scales(model)`` for static activation scales.
+
 fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell). Every CUDA call
 runs on the current stream of the input's device, synchronizes nothing and allocates only its
 outputs, so it can be captured in a CUDA graph; torch.compile(fullgraph=True) traces them.
@@ -31,14 +35,27 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _custom_ops, _reference
+from . import _custom_ops, _reference, quantized_linear
 from ._ops import add_op_namespace_prefix, ops
+
+# The layers reach the functions below through the package, at call time.
+from .quantized_linear import (
+    QuantizedLinear,
+    ReplaceReport,
+    calibrate_input_scales,
+    replace_linear_with_quantized,
+)
 
 __all__ = [
     "scaled_fp8_quant",
     "scaled_int8_quant",
     "per_token_group_quant_fp8",
     "fp8_act_quant",
+    # W8A8 linear layers (quantized_linear.py)
+    "QuantizedLinear",
+    "ReplaceReport",
+    "replace_linear_with_quantized",
+    "calibrate_input_scales",
 ]
 
 FP8_MAX = 448.0
@@ -205,7 +222,9 @@ def fp8_act_quant(x: torch.Tensor, block_size: int = 128) -> Tuple[torch.Tensor,
     return per_token_group_quant_fp8(x, group_size=block_size)
 
 
-# An error raised through a public function names it, not the op it reached (_public_errors.py).
+# An error raised through a public function or QuantizedLinear.forward names it, not the op it
+# reached (_public_errors.py).
 from . import _public_errors  # noqa: E402
 
 _public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)
+_public_errors.wrap_layers(quantized_linear, add_op_namespace_prefix)
