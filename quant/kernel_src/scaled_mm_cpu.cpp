@@ -45,8 +45,8 @@ const float* fp8_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
     for (int bits = 0; bits < 256; ++bits) {
-      t[bits] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(bits),
-                                                      c10::Float8_e4m3fn::from_bits()));
+      t[bits] = static_cast<float>(
+          c10::Float8_e4m3fn(static_cast<uint8_t>(bits), c10::Float8_e4m3fn::from_bits()));
     }
     return t;
   }();
@@ -97,8 +97,9 @@ struct DecodedTile {
 // Bias[n] widened to float32 (0 without a bias).
 float bias_at(const void* bias, DType out_dtype, int64_t n) {
   if (bias == nullptr) return 0.0f;
-  return out_dtype == DType::kFloat16 ? static_cast<float>(static_cast<const c10::Half*>(bias)[n])
-                                      : static_cast<float>(static_cast<const c10::BFloat16*>(bias)[n]);
+  return out_dtype == DType::kFloat16
+             ? static_cast<float>(static_cast<const c10::Half*>(bias)[n])
+             : static_cast<float>(static_cast<const c10::BFloat16*>(bias)[n]);
 }
 
 // act(v + bias[n]) rounded once to the output dtype, stored at d[m * ldd + n].
