@@ -49,8 +49,9 @@ def test_tiny_llama(kernel, gemm_device, quant):
 
 @pytest.mark.kernels_ci
 def test_tiny_llama_compiles(kernel, gemm_device):
-    """torch.compile(fullgraph=True) of the fp8 model gives the eager logits (every mode's layer
-    is compiled on its own in test_quant_linear_layers.py; the model takes seconds per mode)."""
+    """torch.compile(fullgraph=True) of the fp8 model gives the eager logits (CUDA: up to
+    Inductor's own rounding). Every mode's layer is compiled on its own in
+    test_quant_linear_layers.py; the whole model takes seconds per mode."""
     model = tiny_llama("fp8", gemm_device)
     kernel.replace_linear_with_quantized(model, "fp8")
     ids = random_ids(gemm_device)
@@ -58,4 +59,12 @@ def test_tiny_llama_compiles(kernel, gemm_device):
         eager = model(ids).logits
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND[gemm_device])
-        torch.testing.assert_close(compiled(ids).logits, eager, rtol=0, atol=0)
+        got = compiled(ids).logits
+    if gemm_device == "cpu":
+        torch.testing.assert_close(got, eager, rtol=0, atol=0)  # aot_eager runs the eager ops
+    else:
+        # Inductor fuses the float ops between the layers (norms, rotary, softmax), which then
+        # round differently, and a bf16 input one ulp off can move an 8-bit value by a step: the
+        # difference is of the size of the quantization error itself (1 - cos <= 1.5e-3 above),
+        # far below what a wrong trace (a missed scale, a stale buffer) costs.
+        assert cosine(got, eager) >= 0.999
