@@ -59,7 +59,7 @@ USERS: dict[str, Users] = {
         "tests/{kernel}_fixture.py", ("activation", "attention", "quant", "rmsnorm", "rope")
     ),
     "tiny_models.py": Users(
-        "tests/{kernel}_tiny_models.py", ("activation", "attention", "rmsnorm")
+        "tests/{kernel}_tiny_models.py", ("activation", "attention", "quant", "rmsnorm")
     ),
 }
 

@@ -4,8 +4,13 @@ probes) and transformers' finegrained-fp8 ``fp8_act_quant`` and ``matmul_2d``.
 
 The GEMMs compute ``act(scale_a * scale_b * (a @ b - zp) + bias)`` with exact int32 (int8) or
 float32 (fp8) accumulation, scales per tensor, token, channel or 128-blocks (fp8), and one
-rounding to float16 / bfloat16; their docstrings give the layouts. What follows is about the
-quantize ops.
+rounding to float16 / bfloat16; their docstrings give the layouts.
+
+W8A8 linear layers (quantized_linear.py): ``QuantizedLinear`` (an 8-bit weight, activations
+quantized at each call, the GEMM ``cutlass_scaled_mm``), ``replace_linear_with_quantized(model)``
+and ``calibrate_input_scales(model)`` for static activation scales.
+
+What follows is about the quantize ops.
 
 Inputs are float32, float16 or bfloat16 of shape ``[..., hidden]`` (any leading dimensions; rows
 with any stride between them are read in place, other layouts through a contiguous copy).
@@ -37,8 +42,16 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _custom_ops, _reference
+from . import _custom_ops, _reference, quantized_linear
 from ._ops import add_op_namespace_prefix, ops
+
+# The layers reach the functions below through the package, at call time.
+from .quantized_linear import (
+    QuantizedLinear,
+    ReplaceReport,
+    calibrate_input_scales,
+    replace_linear_with_quantized,
+)
 
 __all__ = [
     "scaled_fp8_quant",
@@ -50,6 +63,11 @@ __all__ = [
     "cutlass_scaled_mm_supports_fp8",
     "cutlass_scaled_mm_supports_block_fp8",
     "matmul_2d",
+    # W8A8 linear layers (quantized_linear.py)
+    "QuantizedLinear",
+    "ReplaceReport",
+    "replace_linear_with_quantized",
+    "calibrate_input_scales",
 ]
 
 FP8_MAX = 448.0
@@ -386,7 +404,9 @@ def matmul_2d(
     return out.reshape(*A.shape[:-1], n)
 
 
-# An error raised through a public function names it, not the op it reached (_public_errors.py).
+# An error raised through a public function or QuantizedLinear.forward names it, not the op it
+# reached (_public_errors.py).
 from . import _public_errors  # noqa: E402
 
 _public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)
+_public_errors.wrap_layers(quantized_linear, add_op_namespace_prefix)

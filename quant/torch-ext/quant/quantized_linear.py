@@ -1,0 +1,460 @@
+"""W8A8 linear layers over the package's scaled GEMMs: ``QuantizedLinear``, putting it in a model
+(``replace_linear_with_quantized``) and static activation scales (``calibrate_input_scales``).
+
+Weights are quantized once, activations at every call:
+
+============  =====================================  ==========================================
+quant         weight [N, K] (stored row-major)       activation [M, K]
+============  =====================================  ==========================================
+``fp8``       float8_e4m3fn, one scale per output    dynamic per token (``amax / 448``), or
+              row: ``amax / 448``                    static per tensor (``input_scale``)
+``int8``      int8, one scale per output row:        dynamic per token (``amax / 127``), or
+              ``amax / 127``, symmetric               static per tensor (``input_scale``)
+``fp8_block`` float8_e4m3fn, one scale per 128x128   dynamic per 1x128 group of each row
+              block (``max(amax, 1e-10) / 448``)
+============  =====================================  ==========================================
+
+These are not the ``kernelize`` layers of the package (those replace a host module's forward and
+hold no state); a QuantizedLinear owns its quantized weight, so it replaces the nn.Linear itself.
+"""
+
+import contextlib
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+# The package itself: the forward calls its public functions by attribute at call time, so this
+# module can be imported from __init__ before every function of the package is defined.
+_package = importlib.import_module(__package__)
+
+QUANT_MODES = ("fp8", "int8", "fp8_block")
+ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8_MAX = 448.0
+INT8_MAX = 127.0
+BLOCK = 128  # fp8_block: weight blocks of BLOCK x BLOCK, activation groups of 1 x BLOCK
+GEMM_ALIGN = 16  # the scaled GEMMs need K and N multiples of 16
+BLOCK_EPS = 1e-10  # floor of a block's amax, as per_token_group_quant_fp8's eps
+SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # floor of an fp8 scale, as the quantize ops'
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def shape_problem(in_features: int, out_features: int, quant: str) -> Optional[str]:
+    """Why a [out_features, in_features] weight cannot be quantized with `quant`, or None."""
+    if in_features % GEMM_ALIGN or out_features % GEMM_ALIGN:
+        return (
+            f"in_features ({in_features}) and out_features ({out_features}) must be multiples "
+            f"of {GEMM_ALIGN}"
+        )
+    if quant == "fp8_block" and in_features % BLOCK:
+        return f"fp8_block needs in_features ({in_features}) to be a multiple of {BLOCK}"
+    return None
+
+
+def _check_config(name: str, in_features, out_features, quant, activation, dtype) -> None:
+    for arg, value in (("in_features", in_features), ("out_features", out_features)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}")
+    if quant not in QUANT_MODES:
+        raise ValueError(f"{name}: quant must be one of {QUANT_MODES}, got {quant!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{name}: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if dtype not in OUT_DTYPES:
+        raise ValueError(f"{name}: dtype must be bfloat16 or float16, got {dtype}")
+    problem = shape_problem(in_features, out_features, quant)
+    if problem is not None:
+        raise ValueError(f"{name}: {problem}")
+
+
+def _static_scale(name: str, act_scale, quant: str, device) -> Optional[torch.Tensor]:
+    """act_scale (None, a positive number or a one-element tensor) as a float32 [1] buffer."""
+    if act_scale is None:
+        return None
+    if quant == "fp8_block":
+        raise ValueError(
+            f"{name}: act_scale must be None with quant='fp8_block' (its activations are scaled "
+            "per 1x128 group, dynamically)"
+        )
+    scale = torch.as_tensor(act_scale, dtype=torch.float32).reshape(-1)
+    if scale.numel() != 1 or not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError(
+            f"{name}: act_scale must be one positive finite number (a per-tensor scale), got "
+            f"{act_scale!r}"
+        )
+    return scale.to(device)
+
+
+def quantize_weight_per_row(weight: torch.Tensor, quant: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q [N, K], scale [N]) with one scale per output row, through the package's per-token
+    quantize ops (fp8: ``amax / 448`` floored at 1 / (448 * 512); int8: ``amax / 127``)."""
+    w = weight.detach().float()
+    if quant == "fp8":
+        q, scale = _package.scaled_fp8_quant(w, use_per_token_if_dynamic=True)
+    else:
+        q, scale, _ = _package.scaled_int8_quant(w)
+    return q, scale.reshape(-1)
+
+
+def quantize_weight_blocks(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q [N, K] float8_e4m3fn, scale [ceil(N / 128), K / 128]): one scale per 128x128 block,
+    ``max(amax, 1e-10) / 448``, the layout of the checkpoints' ``weight_scale_inv``; the last
+    row of blocks may be partial. K must be a multiple of 128."""
+    w = weight.detach().float()
+    n, k = w.shape
+    n_blocks = math.ceil(n / BLOCK)
+    padded = torch.zeros(n_blocks * BLOCK, k, dtype=torch.float32, device=w.device)
+    padded[:n] = w
+    blocks = padded.view(n_blocks, BLOCK, k // BLOCK, BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = amax.clamp(min=BLOCK_EPS) / torch.full_like(amax, FP8_MAX)
+    per_element = scale[:, None, :, None].expand_as(blocks).reshape(n_blocks * BLOCK, k)[:n]
+    q = (w / per_element).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+class QuantizedLinear(nn.Module):
+    """``y = act(x @ dequant(weight).T + bias)`` with an 8-bit weight and 8-bit activations,
+    computed by ``cutlass_scaled_mm`` (exact int32 or float32 accumulation, rounded once).
+
+    Args:
+        in_features, out_features: K and N, multiples of 16 (``fp8_block``: K a multiple of 128).
+        bias: whether the layer adds a bias (stored in ``dtype``).
+        quant: ``"fp8"``, ``"int8"`` or ``"fp8_block"`` (module docstring).
+        activation: None, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``, fused into the GEMM.
+        act_scale: None for dynamic activation scales; a positive number for a static
+            per-tensor scale (``fp8`` and ``int8``), kept in the ``input_scale`` buffer.
+        device: where the buffers live.
+        dtype: bfloat16 or float16: the dtype of ``bias``, and of the GEMM's result for float32
+            inputs (which are quantized directly; the result is cast back to float32).
+
+    Buffers (the state_dict): ``weight`` [N, K] (float8_e4m3fn or int8, row-major; the GEMM
+    reads ``weight.t()``), ``weight_scale`` float32 ([N], or [ceil(N / 128), K / 128] for
+    ``fp8_block``), ``bias`` [N], and ``input_scale`` [1] when static. A fresh layer is zero; fill
+    it with ``quantize_from_float`` or ``load_state_dict`` (which turns a dynamic layer static
+    when the state holds an ``input_scale``), or build it with ``from_linear``.
+
+    ``forward(x)``: x ``[..., K]`` of bfloat16, float16 or float32 -> ``[..., N]`` of x's dtype.
+    ``.to(dtype)`` / ``.half()`` keep the 8-bit weight and float32 scales (only the bias follows).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        quant: str = "fp8",
+        activation: Optional[str] = None,
+        *,
+        act_scale: Union[None, float, torch.Tensor] = None,
+        device=None,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        name = "QuantizedLinear"
+        _check_config(name, in_features, out_features, quant, activation, dtype)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.quant = quant
+        self.activation = activation
+        self.dtype = dtype
+        storage = torch.int8 if quant == "int8" else torch.float8_e4m3fn
+        if quant == "fp8_block":
+            scale_shape = (math.ceil(out_features / BLOCK), in_features // BLOCK)
+        else:
+            scale_shape = (out_features,)
+        self.register_buffer(
+            "weight", torch.zeros(out_features, in_features, dtype=storage, device=device)
+        )
+        self.register_buffer(
+            "weight_scale", torch.zeros(scale_shape, dtype=torch.float32, device=device)
+        )
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
+        self.register_buffer("input_scale", _static_scale(name, act_scale, quant, device))
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        quant: str = "fp8",
+        activation: Optional[str] = None,
+        *,
+        act_scale: Union[None, float, torch.Tensor] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> "QuantizedLinear":
+        """A QuantizedLinear holding `linear`'s weight and bias, quantized, on its device.
+        ``dtype`` None: the linear's dtype when bfloat16 or float16, else bfloat16."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(
+                f"QuantizedLinear.from_linear: linear must be a torch.nn.Linear, got "
+                f"{type(linear).__name__}"
+            )
+        if dtype is None:
+            dtype = linear.weight.dtype if linear.weight.dtype in OUT_DTYPES else torch.bfloat16
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            quant=quant,
+            activation=activation,
+            act_scale=act_scale,
+            device=linear.weight.device,
+            dtype=dtype,
+        )
+        return layer.quantize_from_float(linear.weight, linear.bias)
+
+    @torch.no_grad()
+    def quantize_from_float(
+        self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
+    ) -> "QuantizedLinear":
+        """Quantize a float ``weight`` [N, K] (and copy ``bias`` [N]) into this layer; returns
+        the layer. The layer keeps its device; a bias is required exactly when it has one."""
+        name = "QuantizedLinear.quantize_from_float"
+        expected = (self.out_features, self.in_features)
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            raise TypeError(f"{name}: weight must be a floating-point tensor, got {weight!r:.80}")
+        if tuple(weight.shape) != expected:
+            raise ValueError(
+                f"{name}: weight must have shape {list(expected)} [out_features, in_features], "
+                f"got {list(weight.shape)}"
+            )
+        if (bias is None) != (self.bias is None):
+            raise ValueError(
+                f"{name}: bias must be given exactly when the layer has one (bias="
+                f"{self.bias is not None}), got {'None' if bias is None else 'a tensor'}"
+            )
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(
+                f"{name}: bias must have shape [{self.out_features}], got {list(bias.shape)}"
+            )
+        if not bool(torch.isfinite(weight).all()):
+            raise ValueError(f"{name}: weight must be finite (it holds inf or NaN)")
+        weight = weight.to(self.weight.device)
+        if self.quant == "fp8_block":
+            q, scale = quantize_weight_blocks(weight)
+        else:
+            q, scale = quantize_weight_per_row(weight, self.quant)
+        self.weight.copy_(q)
+        self.weight_scale.copy_(scale)
+        if bias is not None:
+            self.bias.copy_(bias)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in INPUT_DTYPES:
+            raise ValueError(
+                f"QuantizedLinear.forward: x must be bfloat16, float16 or float32, got "
+                f"{_dtype_name(x.dtype)}"
+            )
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"QuantizedLinear.forward: x must have shape [..., {self.in_features}] "
+                f"(in_features last), got {list(x.shape)}"
+            )
+        # float32 inputs are quantized as they are; the GEMM only writes 16-bit results.
+        out_dtype = x.dtype if x.dtype in OUT_DTYPES else self.dtype
+        rows = x.reshape(-1, self.in_features)
+        if self.quant == "fp8_block":
+            # The GEMM reads the group scales token-major: [M, K / 128] with unit stride over M.
+            a, scale_a = _package.per_token_group_quant_fp8(rows, BLOCK, column_major_scales=True)
+            scale_b = self.weight_scale.t()
+        elif self.quant == "fp8":
+            a, scale_a = _package.scaled_fp8_quant(
+                rows, self.input_scale, use_per_token_if_dynamic=True
+            )
+            scale_b = self.weight_scale
+        else:
+            a, scale_a, _ = _package.scaled_int8_quant(rows, self.input_scale)
+            scale_b = self.weight_scale
+        bias = self.bias
+        if bias is not None and bias.dtype != out_dtype:
+            bias = bias.to(out_dtype)
+        out = _package.cutlass_scaled_mm(
+            a, self.weight.t(), scale_a, scale_b, out_dtype, bias, activation=self.activation
+        )
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to(dtype) / .half() / .float() cast every floating-point tensor, fp8 included:
+        # they would turn the weight into floats and round the scales. Move those buffers only.
+        kept = {}
+        for name in ("weight", "weight_scale", "input_scale"):
+            buf = self._buffers.get(name)
+            if buf is not None:
+                kept[name] = buf
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers[name]
+            if after.dtype != before.dtype:
+                self._buffers[name] = before.to(after.device)
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A calibrated (static) state loads into a layer built dynamic: it becomes static.
+        if self.input_scale is None and prefix + "input_scale" in state_dict:
+            if self.quant == "fp8_block":
+                raise ValueError(
+                    "QuantizedLinear.load_state_dict: an input_scale does not apply to "
+                    "quant='fp8_block' (dynamic 1x128 groups)"
+                )
+            self.input_scale = torch.ones(1, dtype=torch.float32, device=self.weight.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        scales = "dynamic" if self.input_scale is None else "static"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, quant={self.quant}, activation={self.activation}, "
+            f"input_scale={scales}, dtype={_dtype_name(self.dtype)}"
+        )
+
+
+@dataclass
+class ReplaceReport:
+    """What ``replace_linear_with_quantized`` did: the qualified names of the modules it
+    replaced, and of those it left, each with the reason."""
+
+    replaced: Tuple[str, ...] = ()
+    skipped: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_replaced(self) -> int:
+        return len(self.replaced)
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+    def __str__(self) -> str:
+        lines = [f"replaced {self.num_replaced} linear(s), skipped {self.num_skipped}"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _skip_reason(name: str, module: nn.Module, quant: str, skip: Tuple[str, ...]) -> Optional[str]:
+    matched = [pattern for pattern in skip if pattern in name]
+    if matched:
+        return f"name matches skip pattern {matched[0]!r}"
+    if type(module) is not nn.Linear:
+        # Subclasses (nn.MultiheadAttention's out_proj) are read by their owner, not called.
+        return f"a subclass of nn.Linear ({type(module).__name__})"
+    if not module.weight.is_floating_point() or module.weight.device.type == "meta":
+        return f"weight of {module.weight.dtype} on {module.weight.device} (not a float weight)"
+    return shape_problem(module.in_features, module.out_features, quant)
+
+
+@torch.no_grad()
+def replace_linear_with_quantized(
+    model: nn.Module,
+    quant: str = "fp8",
+    *,
+    skip: Iterable[str] = ("lm_head",),
+    dtype: Optional[torch.dtype] = None,
+) -> ReplaceReport:
+    """Replace, in place, every ``torch.nn.Linear`` of `model` by a ``QuantizedLinear`` with its
+    weight and bias quantized (``quant``: ``"fp8"``, ``"int8"`` or ``"fp8_block"``; dynamic
+    activation scales: ``calibrate_input_scales`` makes them static); returns a
+    ``ReplaceReport``. Prints nothing.
+
+    Left as they are, with the reason in the report: modules whose qualified name contains one
+    of the ``skip`` substrings (default: ``lm_head``, whose logits are the most sensitive),
+    subclasses of nn.Linear, and linears whose shape the GEMM cannot take (K or N not a multiple
+    of 16; ``fp8_block``: K not a multiple of 128). ``dtype``: as in
+    ``QuantizedLinear.from_linear``.
+    """
+    name = "replace_linear_with_quantized"
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
+    if quant not in QUANT_MODES:
+        raise ValueError(f"{name}: quant must be one of {QUANT_MODES}, got {quant!r}")
+    if isinstance(skip, str):
+        skip = (skip,)
+    skip = tuple(skip)
+    replaced, skipped = [], {}
+    for qualified, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or not qualified:
+            continue
+        reason = _skip_reason(qualified, module, quant, skip)
+        if reason is not None:
+            skipped[qualified] = reason
+            continue
+        parent_name, _, child = qualified.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, QuantizedLinear.from_linear(module, quant=quant, dtype=dtype))
+        replaced.append(qualified)
+    return ReplaceReport(tuple(replaced), skipped)
+
+
+@contextlib.contextmanager
+def calibrate_input_scales(model: nn.Module) -> Iterator[Dict[str, float]]:
+    """Record the activation amax of every ``fp8`` / ``int8`` QuantizedLinear of `model` over
+    the forward passes run inside the block, then make its activation scale static:
+    ``input_scale = amax / 448`` (fp8, floored at 1 / (448 * 512)) or ``amax / 127`` (int8).
+
+        with quant.calibrate_input_scales(model) as scales:
+            for batch in batches:
+                model(**batch)
+        # scales: {qualified name: input_scale}
+
+    Inside the block the layers run with dynamic scales (a layer already static included). A
+    layer no forward reached keeps its previous scale (the block raises ValueError when no
+    layer was reached); on an exception nothing changes. ``fp8_block`` layers are left out.
+    """
+    name = "calibrate_input_scales"
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
+    layers = {
+        qualified: module
+        for qualified, module in model.named_modules()
+        if isinstance(module, QuantizedLinear) and module.quant != "fp8_block"
+    }
+    if not layers:
+        raise ValueError(f"{name}: the model has no fp8 or int8 QuantizedLinear to calibrate")
+    amax: Dict[str, torch.Tensor] = {}
+    previous = {qualified: layer.input_scale for qualified, layer in layers.items()}
+
+    def recorder(qualified):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs["x"]
+            seen = x.detach().abs().amax().float()
+            amax[qualified] = (
+                seen if qualified not in amax else torch.maximum(amax[qualified], seen)
+            )
+
+        return hook
+
+    handles = [
+        layer.register_forward_pre_hook(recorder(q), with_kwargs=True)
+        for q, layer in layers.items()
+    ]
+    scales: Dict[str, float] = {}
+    try:
+        for layer in layers.values():
+            layer.input_scale = None
+        yield scales
+    except BaseException:
+        for qualified, layer in layers.items():
+            layer.input_scale = previous[qualified]
+        raise
+    finally:
+        for handle in handles:
+            handle.remove()
+    for qualified, layer in layers.items():
+        if qualified not in amax:
+            layer.input_scale = previous[qualified]
+            continue
+        top = FP8_MAX if layer.quant == "fp8" else INT8_MAX
+        scale = (amax[qualified] / top).clamp(min=SCALE_FLOOR).reshape(1)
+        layer.input_scale = scale.to(device=layer.weight.device, dtype=torch.float32)
+        scales[qualified] = float(scale)
+    if not scales:
+        raise ValueError(f"{name}: no forward pass inside the block reached a QuantizedLinear")
