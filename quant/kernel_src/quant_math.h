@@ -1,5 +1,6 @@
-// quant_math.h: the rounding rules of the quantize ops, shared by the CPU and CUDA
-// implementations (host and device; no Torch or CUDA headers needed), so both round alike.
+// quant_math.h: the rounding rules of the quantize ops and the activations of the scaled GEMM
+// epilogue, shared by the CPU and CUDA implementations (host and device; no Torch or CUDA
+// headers needed), so both round and activate alike.
 //
 // The rules are vLLM's (csrc/quantization/{fp8,compressed_tensors}): fp8 e4m3fn saturates, i.e.
 // the value is clamped to [-448, 448] before the round-to-nearest-even conversion (NaN stays
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "scaled_mm_params.h"
 
 #if defined(__CUDACC__)
 #define QUANT_HD __host__ __device__ __forceinline__
@@ -101,6 +104,36 @@ QUANT_HD AzpParams int8_azp_params(float mn, float mx) {
                      : z < -2147483648.0f ? INT64_C(-2147483648)
                                           : static_cast<int64_t>(z);
   return {s, static_cast<int32_t>(zi)};
+}
+
+// ---- activations of the scaled GEMM epilogue (scaled_mm_params.h, Activation) ----
+//
+// The formulas of PyTorch's GELU (approximate="none" and "tanh") and SiLU, in float32.
+
+// 0.5 * x * (1 + erf(x / sqrt(2)))
+QUANT_HD float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+// 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+QUANT_HD float gelu_tanh(float x) {
+  const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// x / (1 + exp(-x)): x * sigmoid(x)
+QUANT_HD float silu(float x) { return x / (1.0f + expf(-x)); }
+
+QUANT_HD float activate(Activation activation, float x) {
+  switch (activation) {
+    case Activation::kGelu:
+      return gelu_erf(x);
+    case Activation::kGeluTanh:
+      return gelu_tanh(x);
+    case Activation::kSilu:
+      return silu(x);
+    case Activation::kNone:
+    default:
+      return x;
+  }
 }
 
 }  // namespace math

@@ -36,6 +36,26 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, int "
       "group_size, float eps, float fp8_min, float fp8_max, bool scale_ue8m0) -> ()");
   QUANT_IMPL(per_token_group_fp8_quant);
+
+  // Scaled GEMMs: vLLM's schemas for the first four, then ours (scaled_mm_ops.cpp). The ops
+  // without tensors have one implementation for every device.
+  ops.def(
+      "cutlass_scaled_mm(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor? bias) -> ()");
+  QUANT_IMPL(cutlass_scaled_mm);
+  ops.def(
+      "cutlass_scaled_mm_azp(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor azp_adj, Tensor? azp, Tensor? bias) -> ()");
+  QUANT_IMPL(cutlass_scaled_mm_azp);
+  ops.def("cutlass_scaled_mm_supports_fp8(int cuda_device_capability) -> bool",
+          &cutlass_scaled_mm_supports_fp8);
+  ops.def("cutlass_scaled_mm_supports_block_fp8(int cuda_device_capability) -> bool",
+          &cutlass_scaled_mm_supports_block_fp8);
+  ops.def(
+      "cutlass_scaled_mm_act(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor? bias, str activation) -> ()");
+  QUANT_IMPL(cutlass_scaled_mm_act);
+  ops.def("_set_scaled_mm_path(str path) -> ()", &_set_scaled_mm_path);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

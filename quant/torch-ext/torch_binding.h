@@ -10,7 +10,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <optional>
+#include <string>
 
 // result = fp8(clamp(input * (1 / scale), -448, 448))
 void static_scaled_fp8_quant(at::Tensor& result,        // [..., hidden] float8_e4m3fn
@@ -42,3 +44,38 @@ void per_token_group_fp8_quant(const at::Tensor& input,  // [..., hidden]
                                                          // whose leading dimensions collapse
                                int64_t group_size, double eps, double fp8_min, double fp8_max,
                                bool scale_ue8m0);
+
+// ---- scaled GEMMs (scaled_mm_ops.cpp; formulas: kernel_src/scaled_mm_params.h) ----
+//
+// out = a @ b with float32 scales, vLLM's cutlass_scaled_mm family. a [M, K] row-major and b
+// [K, N] column-major (the .t() of a row-major [N, K] weight), both float8_e4m3fn or both int8;
+// K and N multiples of 16. Scales select the mode: a_scales with 1 or M elements (per tensor /
+// per token) and b_scales with 1 or N (per tensor / per channel), or blockwise fp8, a_scales
+// [M, K / 128] and b_scales [K / 128, ceil(N / 128)].
+
+// out = scale_a * scale_b * (a @ b) + bias
+void cutlass_scaled_mm(at::Tensor& out,                         // [M, N] float16 / bfloat16
+                       const at::Tensor& a,                     // [M, K]
+                       const at::Tensor& b,                     // [K, N], column-major
+                       const at::Tensor& a_scales,              // 1, M or [M, K / 128]
+                       const at::Tensor& b_scales,              // 1, N or [K / 128, N / 128]
+                       const std::optional<at::Tensor>& bias);  // [N] of out's dtype
+// out = act(scale_a * scale_b * (a @ b) + bias), activation "none", "gelu", "gelu_tanh", "silu"
+void cutlass_scaled_mm_act(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                           const at::Tensor& a_scales, const at::Tensor& b_scales,
+                           const std::optional<at::Tensor>& bias, const std::string& activation);
+// int8 with asymmetric activations: out = scale_a * scale_b * (a @ b - zp) + bias, zp[m, n] =
+// azp[m] * azp_adj[n] (per-token zero points) or azp_adj[n] (per-tensor, folded into azp_adj)
+void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                           const at::Tensor& a_scales,              // 1 or M
+                           const at::Tensor& b_scales,              // 1 or N
+                           const at::Tensor& azp_adj,               // [N] int32
+                           const std::optional<at::Tensor>& azp,    // [M] int32
+                           const std::optional<at::Tensor>& bias);  // [N] of out's dtype
+// Whether a CUDA build of this kernel has fp8 (blockwise fp8) GEMMs for a GPU of capability
+// major * 10 + minor (the CPU build answers for a CUDA build: kernel_src/scaled_mm_support.h).
+bool cutlass_scaled_mm_supports_fp8(int64_t cuda_device_capability);
+bool cutlass_scaled_mm_supports_block_fp8(int64_t cuda_device_capability);
+// Process-wide choice of CUDA GEMM family: "auto" or "sm80" (the mma.sync kernels on any GPU
+// that runs them). Accepted and ignored by the CPU build.
+void _set_scaled_mm_path(const std::string& path);

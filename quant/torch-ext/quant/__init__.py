@@ -1,5 +1,11 @@
-"""Activation quantization for fp8 / int8 GEMMs: vLLM's quantize ops and transformers'
-finegrained-fp8 `fp8_act_quant`, on CPU and CUDA.
+"""fp8 / int8 GEMMs and the activation quantization they need, on CPU and CUDA: vLLM's quantize
+ops and scaled GEMMs (``cutlass_scaled_mm``, ``cutlass_scaled_mm_azp``, the ``supports_*``
+probes) and transformers' finegrained-fp8 ``fp8_act_quant`` and ``matmul_2d``.
+
+The GEMMs compute ``act(scale_a * scale_b * (a @ b - zp) + bias)`` with exact int32 (int8) or
+float32 (fp8) accumulation, scales per tensor, token, channel or 128-blocks (fp8), and one
+rounding to float16 / bfloat16; their docstrings give the layouts. What follows is about the
+quantize ops.
 
 Inputs are float32, float16 or bfloat16 of shape ``[..., hidden]`` (any leading dimensions; rows
 with any stride between them are read in place, other layouts through a contiguous copy).
@@ -39,9 +45,16 @@ __all__ = [
     "scaled_int8_quant",
     "per_token_group_quant_fp8",
     "fp8_act_quant",
+    "cutlass_scaled_mm",
+    "cutlass_scaled_mm_azp",
+    "cutlass_scaled_mm_supports_fp8",
+    "cutlass_scaled_mm_supports_block_fp8",
+    "matmul_2d",
 ]
 
 FP8_MAX = 448.0
+# K and N extent of one block of blockwise fp8 scales (matmul_2d's block_size).
+_BLOCK = 128
 
 
 def _check_input(name: str, x) -> None:
@@ -203,6 +216,174 @@ def fp8_act_quant(x: torch.Tensor, block_size: int = 128) -> Tuple[torch.Tensor,
     all-zero block gets the scale 1e-10 / 448 instead of 0 (and zeros instead of NaN).
     """
     return per_token_group_quant_fp8(x, group_size=block_size)
+
+
+def _check_gemm_args(name: str, a, b, out_dtype) -> None:
+    """What the wrappers need before allocating out (the op checks the rest)."""
+    for arg, what in ((a, "a"), (b, "b")):
+        if not isinstance(arg, torch.Tensor):
+            raise TypeError(f"{name}: {what} must be a tensor, got {type(arg).__name__}")
+    if a.dim() != 2:
+        raise ValueError(f"{name}: a must be 2-D [M, K], got shape {list(a.shape)}")
+    if b.dim() != 2:
+        raise ValueError(f"{name}: b must be 2-D [K, N], got shape {list(b.shape)}")
+    if out_dtype not in _custom_ops.GEMM_OUT_DTYPES:
+        raise ValueError(
+            f"{name}: out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}"
+        )
+
+
+def cutlass_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    activation: Optional[str] = None,
+) -> torch.Tensor:
+    """``act(scale_a * scale_b * (a @ b) + bias)`` as a new [M, N] tensor of ``out_dtype``
+    (vLLM's ``cutlass_scaled_mm``, plus a fused ``activation``).
+
+    * ``a`` [M, K] row-major (rows any stride), ``b`` [K, N] column-major (the ``.t()`` of a
+      row-major [N, K] weight), both float8_e4m3fn or both int8; K and N multiples of 16; rows
+      and columns start on 16-byte boundaries.
+    * Scales (float32): ``scale_a`` with 1 element (per tensor) or M ([M, 1], per token),
+      ``scale_b`` with 1 or N (per channel), contiguous; or blockwise fp8 (DeepSeek-V3 style),
+      ``scale_a`` [M, K / 128] (1 x 128 groups, e.g. from ``per_token_group_quant_fp8``) and
+      ``scale_b`` [K / 128, ceil(N / 128)] (128 x 128 blocks, the ``.t()`` of a checkpoint's
+      ``weight_scale_inv``).
+    * ``bias`` [N] of ``out_dtype``; ``out_dtype`` float16 or bfloat16.
+    * ``activation``: None (or "none"), "gelu" (erf), "gelu_tanh" or "silu", applied in float32
+      before the one rounding to ``out_dtype``.
+
+    int8 accumulates exactly in int32, fp8 in float32. On CUDA: int8 from compute capability
+    7.5, fp8 from 8.9, blockwise fp8 on 9.0 (``cutlass_scaled_mm_supports_*``).
+    """
+    name = "cutlass_scaled_mm"
+    _check_gemm_args(name, a, b, out_dtype)
+    if activation not in _custom_ops.ACTIVATIONS:
+        raise ValueError(
+            f'{name}: activation must be None, "none", "gelu", "gelu_tanh" or "silu", got '
+            f"{activation!r}"
+        )
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    if activation is None or activation == "none":
+        ops.cutlass_scaled_mm(out, a, b, scale_a, scale_b, bias)
+    else:
+        ops.cutlass_scaled_mm_act(out, a, b, scale_a, scale_b, bias, activation)
+    return out
+
+
+def cutlass_scaled_mm_azp(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    azp_adj: torch.Tensor,
+    azp: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """int8 GEMM with asymmetric (zero-point) activations, vLLM's ``cutlass_scaled_mm_azp``:
+    ``scale_a * scale_b * (a @ b - zp) + bias`` with ``zp[m, n] = azp[m] * azp_adj[n]``
+    (per-token zero points ``azp`` [M] int32, ``azp_adj[n]`` the column sums of b) or
+    ``zp[m, n] = azp_adj[n]`` (per-tensor zero point folded into ``azp_adj`` [N] int32).
+    Operands, scales (not blockwise) and bias as in ``cutlass_scaled_mm``.
+    """
+    name = "cutlass_scaled_mm_azp"
+    _check_gemm_args(name, a, b, out_dtype)
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    ops.cutlass_scaled_mm_azp(out, a, b, scale_a, scale_b, azp_adj, azp, bias)
+    return out
+
+
+def cutlass_scaled_mm_supports_fp8(cuda_device_capability: int) -> bool:
+    """Whether a CUDA build of this kernel has fp8 GEMMs for a GPU of capability
+    ``major * 10 + minor`` (8.9 and newer). The CPU build gives the same answer."""
+    return ops.cutlass_scaled_mm_supports_fp8(int(cuda_device_capability))
+
+
+def cutlass_scaled_mm_supports_block_fp8(cuda_device_capability: int) -> bool:
+    """Whether a CUDA build of this kernel has blockwise fp8 GEMMs for a GPU of capability
+    ``major * 10 + minor`` (9.0). The CPU build gives the same answer."""
+    return ops.cutlass_scaled_mm_supports_block_fp8(int(cuda_device_capability))
+
+
+def matmul_2d(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    Bs: torch.Tensor,
+    block_size,
+    output_dtype: Optional[torch.dtype] = None,
+    activation_scale: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """transformers' finegrained-fp8 ``matmul_2d`` for fp8 weights: ``A @ dequant(B).T`` as
+    [..., N] in ``output_dtype`` (default ``A.dtype``; float16 or bfloat16).
+
+    * ``A`` [..., K] float32 / float16 / bfloat16, quantized here to float8_e4m3fn;
+      ``B`` [N, K] float8_e4m3fn (row-major weight).
+    * Blockwise: ``Bs`` [ceil(N / 128), ceil(K / 128)] float32 with ``block_size`` [128, 128]
+      (K a multiple of 128); A is quantized per 1 x 128 group (``fp8_act_quant``), or per
+      tensor with the static ``activation_scale`` (one element).
+    * Tensor scale: ``Bs`` with one element; A is quantized per token (dynamic), or per tensor
+      with ``activation_scale``.
+
+    Other weight formats (MXFP8, MXFP4, other block sizes) raise NotImplementedError.
+    """
+    name = "matmul_2d"
+    for arg, what in ((A, "A"), (B, "B"), (Bs, "Bs")):
+        if not isinstance(arg, torch.Tensor):
+            raise TypeError(f"{name}: {what} must be a tensor, got {type(arg).__name__}")
+    supported = (
+        "supported: B float8_e4m3fn [N, K] with Bs of one element (tensor scale) or "
+        "[ceil(N / 128), K / 128] and block_size [128, 128]"
+    )
+    if B.dtype != _custom_ops.FP8 or B.dim() != 2:
+        raise NotImplementedError(
+            f"{name}: B of dtype {_custom_ops.dtype_name(B.dtype)} and shape {list(B.shape)} is "
+            f"not supported ({supported})"
+        )
+    _check_input(name, A)
+    n, k = B.shape
+    if A.shape[-1] != k:
+        raise ValueError(
+            f"{name}: A must have K = {k} (B is [N, K]) in its last dimension, got shape "
+            f"{list(A.shape)}"
+        )
+    out_dtype = A.dtype if output_dtype is None else output_dtype
+    if out_dtype not in _custom_ops.GEMM_OUT_DTYPES:
+        raise ValueError(
+            f"{name}: output_dtype must be torch.float16 or torch.bfloat16 (the GEMM writes "
+            f"16-bit outputs), got {out_dtype}"
+        )
+    if activation_scale is not None and activation_scale.numel() != 1:
+        raise ValueError(
+            f"{name}: activation_scale must have one element (a static per-tensor scale), got "
+            f"shape {list(activation_scale.shape)}"
+        )
+    a = A.reshape(-1, k)
+    if Bs.numel() == 1:
+        if activation_scale is None:
+            q, scale_a = scaled_fp8_quant(a, use_per_token_if_dynamic=True)
+        else:
+            q, scale_a = scaled_fp8_quant(a, activation_scale)
+        out = cutlass_scaled_mm(q, B.t(), scale_a, Bs, out_dtype)
+        return out.reshape(*A.shape[:-1], n)
+    blocks = [int(s) for s in block_size] if isinstance(block_size, (list, tuple)) else None
+    if blocks != [_BLOCK, _BLOCK]:
+        raise NotImplementedError(
+            f"{name}: block_size {block_size!r} with Bs of shape {list(Bs.shape)} is not "
+            f"supported ({supported})"
+        )
+    if activation_scale is None:
+        q, scale_a = per_token_group_quant_fp8(a, _BLOCK, column_major_scales=True)
+    else:
+        q, scale = scaled_fp8_quant(a, activation_scale)
+        scale_a = scale.reshape(1, 1).expand(a.shape[0], k // _BLOCK)
+    out = cutlass_scaled_mm(q, B.t(), scale_a, Bs.t(), out_dtype)
+    return out.reshape(*A.shape[:-1], n)
 
 
 # An error raised through a public function names it, not the op it reached (_public_errors.py).

@@ -2,7 +2,9 @@
 
 The C++ library defines vLLM's out-param ops (torch_binding.cpp); none returns a tensor, so the
 fakes only validate what a trace can see (dtypes, devices, shapes), with messages that start
-with the op name like the C++ checks. Each registration passes `add_op_namespace_prefix(...)`
+with the op name like the C++ checks. The ops without tensor arguments
+(cutlass_scaled_mm_supports_*, _set_scaled_mm_path) have one C++ implementation for every
+dispatch key, so they need no fake. Each registration passes `add_op_namespace_prefix(...)`
 directly (kernel-builder's registration check).
 """
 
@@ -14,6 +16,9 @@ from ._ops import add_op_namespace_prefix
 
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn
+GEMM_OUT_DTYPES = (torch.float16, torch.bfloat16)
+# Values of cutlass_scaled_mm's `activation` (None and "none": no activation).
+ACTIVATIONS = (None, "none", "gelu", "gelu_tanh", "silu")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -146,3 +151,72 @@ def _per_token_group_fp8_quant_fake(
         (*input.shape[:-1], hidden // group_size),
         "the input shape with the last dimension divided by group_size",
     )
+
+
+def _check_gemm(op: str, out, a, b) -> None:
+    """The checks of scaled_mm_ops.cpp's check_gemm that a trace can see."""
+    torch._check(
+        (a.dtype == FP8 and b.dtype == FP8) or (a.dtype == torch.int8 and b.dtype == torch.int8),
+        lambda: (
+            f"{op}: a and b must both be float8_e4m3fn or both int8, got "
+            f"{dtype_name(a.dtype)} and {dtype_name(b.dtype)}"
+        ),
+    )
+    torch._check(a.dim() == 2, lambda: f"{op}: a must be 2-D [M, K], got shape {list(a.shape)}")
+    torch._check(b.dim() == 2, lambda: f"{op}: b must be 2-D [K, N], got shape {list(b.shape)}")
+    m, k = a.shape
+    n = b.shape[1]
+    torch._check(
+        b.shape[0] == k,
+        lambda: (
+            f"{op}: b must have K = {k} rows (a is [M, K], b [K, N]), got shape {list(b.shape)}"
+        ),
+    )
+    torch._check(
+        out.dtype in GEMM_OUT_DTYPES,
+        lambda: f"{op}: out must be float16 or bfloat16, got {dtype_name(out.dtype)}",
+    )
+    _check_shape(op, "out", out, (m, n), "[M, N]")
+
+
+def _check_scales(op: str, out, a_scales, b_scales, bias) -> None:
+    for name, t in (("a_scales", a_scales), ("b_scales", b_scales)):
+        _check_dtype(op, name, t, torch.float32)
+    if bias is not None:
+        _check_dtype(op, "bias", bias, out.dtype)
+        _check_shape(op, "bias", bias, (out.shape[1],), "[N], one per output column")
+
+
+@torch.library.register_fake(add_op_namespace_prefix("cutlass_scaled_mm"))
+def _cutlass_scaled_mm_fake(out, a, b, a_scales, b_scales, bias) -> None:
+    op = "cutlass_scaled_mm"
+    _check_gemm(op, out, a, b)
+    _check_scales(op, out, a_scales, b_scales, bias)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("cutlass_scaled_mm_act"))
+def _cutlass_scaled_mm_act_fake(out, a, b, a_scales, b_scales, bias, activation) -> None:
+    op = "cutlass_scaled_mm_act"
+    _check_gemm(op, out, a, b)
+    _check_scales(op, out, a_scales, b_scales, bias)
+    torch._check(
+        activation in ACTIVATIONS[1:],
+        lambda: (
+            f'{op}: activation must be one of "none", "gelu", "gelu_tanh", "silu", got '
+            f'"{activation}"'
+        ),
+    )
+
+
+@torch.library.register_fake(add_op_namespace_prefix("cutlass_scaled_mm_azp"))
+def _cutlass_scaled_mm_azp_fake(out, a, b, a_scales, b_scales, azp_adj, azp, bias) -> None:
+    op = "cutlass_scaled_mm_azp"
+    _check_gemm(op, out, a, b)
+    torch._check(
+        a.dtype == torch.int8, lambda: f"{op}: zero points need int8 operands, got float8_e4m3fn"
+    )
+    _check_scales(op, out, a_scales, b_scales, bias)
+    _check_dtype(op, "azp_adj", azp_adj, torch.int32)
+    _check_shape(op, "azp_adj", azp_adj, (out.shape[1],), "[N], one per output column")
+    if azp is not None:
+        _check_dtype(op, "azp", azp, torch.int32)
