@@ -155,7 +155,8 @@ def make_operands(kernel, case: Case, device, l2_bytes, generator) -> Operands:
     a_fp8_token, sa_token = kernel.scaled_fp8_quant(x, use_per_token_if_dynamic=True)
     a_fp8_tensor, sa_tensor = kernel.scaled_fp8_quant(x)
     a_int8, sa_int8, _ = kernel.scaled_int8_quant(x)
-    a_fp8_group, sa_group = kernel.per_token_group_quant_fp8(x, BLOCK)
+    # Column-major (M-major) group scales, the layout the blockwise kernel reads without a copy.
+    a_fp8_group, sa_group = kernel.per_token_group_quant_fp8(x, BLOCK, column_major_scales=True)
     # Per output channel = per row of w: the per-token quantize of w gives those scales.
     wq8, ws8 = kernel.scaled_fp8_quant(w, use_per_token_if_dynamic=True)
     wqt, wst = kernel.scaled_fp8_quant(w)
@@ -175,7 +176,7 @@ def make_operands(kernel, case: Case, device, l2_bytes, generator) -> Operands:
         a_int8=a_int8,
         sa_int8=sa_int8,
         a_fp8_group=a_fp8_group,
-        sa_group=sa_group.t().contiguous().t(),
+        sa_group=sa_group,
         bf16=[c[0] for c in copies(w)],
         fp8_channel=[(b.t(), s.reshape(1, -1)) for b, s in copies(wq8, ws8)],
         fp8_tensor=[(b.t(), s.reshape(1)) for b, s in copies(wqt, wst)],
