@@ -186,3 +186,27 @@ def test_a_failing_baseline_is_dropped_not_fatal(sweep, kernel, fp8_device, monk
     assert set(failed) == {"scaled_mm_tensor", "scaled_mm_row"}
     assert "verification failed for scaled_mm_row" in failed["scaled_mm_row"]
     assert "ours" in each and not {"scaled_mm_tensor", "scaled_mm_row"} & set(each)
+
+
+def test_run_case_makes_a_result_row(sweep, kernel, fp8_device, monkeypatch):
+    """run_case end to end with the timing replaced (CUDA graphs need a GPU): every contender
+    gets a time, the ratios and rates follow from them, and summary / bars read the row."""
+    timed = []
+
+    def fake_time(contender, copies):
+        timed.append(len(copies))
+        return 10.0
+
+    monkeypatch.setattr(sweep, "rotated_time_us", fake_time)
+    case = _tiny_case(sweep)
+    row = sweep.run_case(
+        StandIn(kernel), case, 4 * case.n * case.k, device=fp8_device, with_compile=False
+    )
+    assert row["us"]["int_mm_compile"] is None and row["us"]["ours"] == 10.0
+    assert len(timed) == len(sweep.CONTENDERS) - 1
+    assert row["weight_copies"]["ours"] == 9 and row["weight_copies"]["bf16"] == 5
+    assert row["speedup"]["fp8_token_vs_bf16"] == 1.0
+    assert row["speedup"]["int8_vs_int_mm_compile"] is None
+    assert row["tflops"]["ours"] == pytest.approx(2 * 32 * 384 * 256 / 10e-6 / 1e12)
+    assert "gate_up  M=   32" in sweep.summary(row)
+    assert all(v["pass"] in (True, None) for v in sweep.bar_verdicts([row]))
