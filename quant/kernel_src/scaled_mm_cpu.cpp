@@ -1,9 +1,11 @@
 // scaled_mm_cpu.cpp: the scaled GEMMs on the CPU (scaled_mm_cpu.h), the formulas of
 // scaled_mm_params.h evaluated directly: the reference CPU users and CI run, fast enough for
-// tests and small models (a 1024^3 int8 GEMM takes a fraction of a second on two cores).
+// tests and small models (a 1024^3 int8 GEMM takes a fraction of a second).
 //
-// Work split: the output is cut into kTileM x kTileN tiles spread over ATen's thread pool
-// (at::parallel_for, so torch.set_num_threads applies). Each output element is one dot product
+// Work split: the output is cut into kTileM x kTileN tiles handed to at::parallel_for, which
+// spreads them over ATen's OpenMP pool when this file is compiled with OpenMP and runs them in
+// order otherwise (scripts/build.py passes no -fopenmp: 0.2 s for 1024^3 on one core). Each
+// output element is one dot product
 // of a row of A and a column of B, both contiguous along K:
 // * int8: exact int32 products and sums (the loop vectorizes; K * 128 * 128 fits int32 for every
 //   K below 2^17);
@@ -45,8 +47,8 @@ const float* fp8_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
     for (int bits = 0; bits < 256; ++bits) {
-      t[bits] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(bits),
-                                                      c10::Float8_e4m3fn::from_bits()));
+      t[bits] = static_cast<float>(
+          c10::Float8_e4m3fn(static_cast<uint8_t>(bits), c10::Float8_e4m3fn::from_bits()));
     }
     return t;
   }();
@@ -97,8 +99,9 @@ struct DecodedTile {
 // Bias[n] widened to float32 (0 without a bias).
 float bias_at(const void* bias, DType out_dtype, int64_t n) {
   if (bias == nullptr) return 0.0f;
-  return out_dtype == DType::kFloat16 ? static_cast<float>(static_cast<const c10::Half*>(bias)[n])
-                                      : static_cast<float>(static_cast<const c10::BFloat16*>(bias)[n]);
+  return out_dtype == DType::kFloat16
+             ? static_cast<float>(static_cast<const c10::Half*>(bias)[n])
+             : static_cast<float>(static_cast<const c10::BFloat16*>(bias)[n]);
 }
 
 // act(v + bias[n]) rounded once to the output dtype, stored at d[m * ldd + n].

@@ -4,6 +4,7 @@ capture (GPU only)."""
 
 import pytest
 import torch
+from op_conformance import assert_only_declared_arguments_change, opcheck_all
 from test_quant_ops import assert_bitwise, fp8_capable, make_input
 
 
@@ -43,36 +44,14 @@ def _raw_cases(device):
     ]
 
 
-# opcheck's test_schema compares tensors with arithmetic PyTorch lacks for float8_e4m3fn on the
-# CPU ("mul_cpu_reduced_float" not implemented); ops writing fp8 run the other three checks, and
-# test_only_declared_arguments_change covers what test_schema would (mutation annotations).
-FP8_OPCHECKS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-
-
 @pytest.mark.kernels_ci
 def test_opcheck_raw_ops(kernel, fp8_device):
-    for name, args in _raw_cases(fp8_device):
-        writes_fp8 = any(
-            isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args
-        )
-        utils = FP8_OPCHECKS if writes_fp8 else None
-        if utils is None:
-            torch.library.opcheck(getattr(kernel.ops, name).default, args)
-        else:
-            torch.library.opcheck(getattr(kernel.ops, name).default, args, test_utils=utils)
+    opcheck_all(kernel, _raw_cases(fp8_device))
 
 
 @pytest.mark.kernels_ci
 def test_only_declared_arguments_change(kernel, fp8_device):
-    """Arguments the schemas do not mark mutable (Tensor, not Tensor!) keep their bytes."""
-    for name, args in _raw_cases(fp8_device):
-        schema = getattr(kernel.ops, name).default._schema
-        before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        getattr(kernel.ops, name)(*args)
-        for arg, old, formal in zip(args, before, schema.arguments):
-            mutable = formal.alias_info is not None and formal.alias_info.is_write
-            if isinstance(arg, torch.Tensor) and not mutable:
-                assert torch.equal(arg.view(torch.uint8), old.view(torch.uint8)), (name, formal)
+    assert_only_declared_arguments_change(kernel, _raw_cases(fp8_device))
 
 
 def _all_modes(kernel, x, static_scale, azp):

@@ -113,8 +113,7 @@ Gemm check_gemm(const char* op, const at::Tensor& out, const at::Tensor& a, cons
               out.strides());
   g.ldd = g.m > 1 ? out.stride(0) : g.n;
   TORCH_CHECK(g.ldd >= g.n && g.ldd % kOutRowStrideMultiple == 0, op,
-              ": out's row stride must be a multiple of 8 and at least N = ", g.n, ", got ",
-              g.ldd);
+              ": out's row stride must be a multiple of 8 and at least N = ", g.n, ", got ", g.ldd);
   TORCH_CHECK(aligned(out.const_data_ptr(), kOperandAlignBytes), op,
               ": out must start on a 16-byte boundary");
   torch_checks::check_no_overlap(op, "out", out, "a", a);
@@ -157,8 +156,8 @@ bool is_blockwise(const char* op, const Gemm& g, const at::Tensor& a_scales,
   const int64_t kb = g.k / kScaleBlock;
   const int64_t nb = (g.n + kScaleBlock - 1) / kScaleBlock;
   const bool blocks = g.k % kScaleBlock == 0 && a_scales.dim() == 2 && b_scales.dim() == 2 &&
-                      a_scales.size(0) == g.m && a_scales.size(1) == kb &&
-                      b_scales.size(0) == kb && b_scales.size(1) == nb;
+                      a_scales.size(0) == g.m && a_scales.size(1) == kb && b_scales.size(0) == kb &&
+                      b_scales.size(1) == nb;
   TORCH_CHECK(blocks, op, ": scales of shapes ", a_scales.sizes(), " and ", b_scales.sizes(),
               " match no scale mode for M = ", g.m, ", N = ", g.n, ", K = ", g.k, " (",
               kScaleShapes, ")");
@@ -172,8 +171,9 @@ Activation parse_activation(const char* op, const std::string& name) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "gelu_tanh") return Activation::kGeluTanh;
   if (name == "silu") return Activation::kSilu;
-  TORCH_CHECK(false, op, ": activation must be one of \"none\", \"gelu\", \"gelu_tanh\", \"silu\", ",
-              "got \"", name, "\"");
+  TORCH_CHECK(false, op,
+              ": activation must be one of \"none\", \"gelu\", \"gelu_tanh\", \"silu\", ", "got \"",
+              name, "\"");
   return Activation::kNone;
 }
 
@@ -185,8 +185,8 @@ void check_capability(const char* op, const at::Device& device, GemmOperand oper
   const int cap = prop->major * 10 + prop->minor;
   if (operand == GemmOperand::kFp8E4m3) {
     TORCH_CHECK(cap >= quant::kFp8MinCapability, op,
-                ": float8_e4m3fn needs a GPU of compute capability 8.9 or newer, got ",
-                prop->major, ".", prop->minor, " (", prop->name, ")");
+                ": float8_e4m3fn needs a GPU of compute capability 8.9 or newer, got ", prop->major,
+                ".", prop->minor, " (", prop->name, ")");
   } else {
     TORCH_CHECK(cap >= quant::kInt8MinCapability, op,
                 ": int8 needs a GPU of compute capability 7.5 or newer, got ", prop->major, ".",
@@ -296,10 +296,9 @@ quant::ScaledMmParams plain_params(const char* op, const Gemm& g, at::Tensor& ou
 }
 
 // cutlass_scaled_mm and cutlass_scaled_mm_act: the mode from the scale shapes, then run.
-void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a,
-                        const at::Tensor& b, const at::Tensor& a_scales,
-                        const at::Tensor& b_scales, const std::optional<at::Tensor>& bias,
-                        Activation activation) {
+void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                        const at::Tensor& a_scales, const at::Tensor& b_scales,
+                        const std::optional<at::Tensor>& bias, Activation activation) {
   const Gemm g = check_gemm(op, out, a, b);
   if (!is_blockwise(op, g, a_scales, b_scales)) {
     run(op, out.device(), plain_params(op, g, out, a, b, a_scales, b_scales, bias, activation));
@@ -330,8 +329,7 @@ void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a,
 void cutlass_scaled_mm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor& a_scales, const at::Tensor& b_scales,
                        const std::optional<at::Tensor>& bias) {
-  scaled_mm_any_mode("cutlass_scaled_mm", out, a, b, a_scales, b_scales, bias,
-                     Activation::kNone);
+  scaled_mm_any_mode("cutlass_scaled_mm", out, a, b, a_scales, b_scales, bias, Activation::kNone);
 }
 
 void cutlass_scaled_mm_act(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
@@ -359,8 +357,8 @@ void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tenso
   p.azp_adj = azp_adj.const_data_ptr<int32_t>();
   if (present(azp)) {
     check_vector(op, "azp", *azp, at::kInt, out);
-    TORCH_CHECK(azp->numel() == g.m && azp->dim() <= 2 && (azp->dim() < 2 || azp->size(1) == 1),
-                op, ": azp must have M = ", g.m, " elements ([M] or [M, 1], one per token), got ",
+    TORCH_CHECK(azp->numel() == g.m && azp->dim() <= 2 && (azp->dim() < 2 || azp->size(1) == 1), op,
+                ": azp must have M = ", g.m, " elements ([M] or [M, 1], one per token), got ",
                 "shape ", azp->sizes());
     p.azp = azp->const_data_ptr<int32_t>();
   }
