@@ -7,6 +7,7 @@
 The end-to-end tables (scripts/e2e_table.py, from results/e2e/*.json) are regenerated too.
 
 Each kernel's table sits between `<!-- BEGIN bench:<kernel> -->` and `<!-- END bench:<kernel> -->`.
+A suite of its own (`SUITES`: quant's GEMM sweep) has its own markers and result folder.
 Numbers are never typed into the README: tests/test_bench_table.py fails on any drift.
 """
 
@@ -72,12 +73,30 @@ def _attention_rows(result: dict) -> bool:
     } and result["layout"] in ("contiguous", "paged16")
 
 
+def _gemm_rows(result: dict) -> bool:
+    """Llama-3-8B's layers (the qkv and o rows are Qwen3-8B's too) at decode (1, 16), mid (128)
+    and prefill (2048, 8192) token counts, and the squares."""
+    if result["layer"] == "square":
+        return True
+    return "llama" in result["model"] and result["m"] in (1, 16, 128, 2048, 8192)
+
+
 ROW_FILTERS = {
     "activation": _activation_rows,
     "rmsnorm": _rmsnorm_rows,
     "rope": _rope_rows,
     "attention": _attention_rows,
+    "quant-gemm": _gemm_rows,
 }
+
+# suite -> (its kernel folder, its results folder in there, the script that writes them)
+SUITES = {"quant-gemm": ("quant", "benchmarks/results/gemm", "benchmarks/gemm_sweep.py")}
+
+
+def results_dir(kernel: str) -> str:
+    """Where a kernel's (or a suite's) result files are, relative to the repository root."""
+    folder, results, _ = SUITES.get(kernel, (kernel, "benchmarks/results", None))
+    return f"{folder}/{results}"
 
 
 def _speedup(key: str):
@@ -222,6 +241,71 @@ COLUMNS["attention"] = [
     ("peak MiB at 16K: ours / flash", "---:", _attention_peak),
 ]
 
+
+def _gemm_ratio(*keys: str):
+    """Speed-ups of ours from the row's `speedup` (null: a contender did not run the shape)."""
+
+    def cell(r: dict) -> str:
+        values = [r["speedup"].get(k) for k in keys]
+        return " / ".join("–" if v is None else f"{v:.2f}×" for v in values)
+
+    return cell
+
+
+def _gemm_weight_rate(r: dict, copy_gbs: float) -> str:
+    """Weight GB/s of ours and its share of the copy ceiling, at decode sizes (M <= 16) only."""
+    if r["m"] > 16:
+        return "–"
+    return f"{r['gbs']['ours']:.0f} ({100 * r['gbs']['ours'] / copy_gbs:.0f}%)"
+
+
+COLUMNS["quant-gemm"] = [
+    ("layer (K→N)", "---", lambda r: f"{r['model']} {r['layer']} ({r['k']}→{r['n']})"),
+    ("M", "---:", lambda r: str(r["m"])),
+    ("ours fp8 (µs)", "---:", lambda r: f"{r['us']['ours']:.2f}"),
+    ("TFLOP/s", "---:", lambda r: f"{r['tflops']['ours']:.0f}"),
+    ("weights GB/s (% copy)", "---:", None),  # filled by render: needs the payload's ceiling
+    ("fp8 token / tensor vs bf16", "---:", _gemm_ratio("fp8_token_vs_bf16", "fp8_tensor_vs_bf16")),
+    (
+        "vs _scaled_mm: token / tensor",
+        "---:",
+        _gemm_ratio("fp8_token_vs_scaled_mm_row", "fp8_tensor_vs_scaled_mm_tensor"),
+    ),
+    ("int8 vs bf16", "---:", _gemm_ratio("int8_vs_bf16")),
+    (
+        "int8 vs _int_mm: eager / compile",
+        "---:",
+        _gemm_ratio("int8_vs_int_mm_eager", "int8_vs_int_mm_compile"),
+    ),
+    ("blockwise vs _scaled_mm tensor", "---:", _gemm_ratio("block_vs_scaled_mm_tensor")),
+    (
+        "fused vs unfused: silu / gelu_tanh",
+        "---:",
+        _gemm_ratio("silu_fused_vs_unfused", "gelu_tanh_fused_vs_unfused"),
+    ),
+    ("quantize + ours vs bf16", "---:", _gemm_ratio("e2e_fp8_token_vs_bf16")),
+]
+
+
+def gemm_bar_lines(verdicts: list[dict]) -> list[str]:
+    """One table row per bar of the quant GEMM issue: its worst ratio over every M it covers and
+    the M that miss it (the sweep's `bars`, one entry per bar and M)."""
+    lines = ["| bar | worst | where | M below the bar | verdict |", "|---|---:|---|---|---|"]
+    for bar in dict.fromkeys(v["bar"] for v in verdicts):
+        measured = [v for v in verdicts if v["bar"] == bar and v["pass"] is not None]
+        if not measured:
+            lines.append(f"| {bar} | – | – | – | not measured |")
+            continue
+        worst = min(measured, key=lambda v: v["worst"])
+        failing = ", ".join(str(v["m"]) for v in measured if not v["pass"]) or "–"
+        verdict = "PASS" if all(v["pass"] for v in measured) else "FAIL"
+        lines.append(
+            f"| {bar} | {worst['worst']:.2f}× | M={worst['m']}, {worst['where']} | {failing} "
+            f"| {verdict} |"
+        )
+    return lines
+
+
 _DEFAULT_NOTE = (
     "GPU times and ratios are medians of CUDA-graph replay (launch overhead excluded for every "
     "contender); the last column is the per-call time an eager caller sees."
@@ -238,6 +322,13 @@ NOTES = {
         "backend rejects the shape; decode baselines read a contiguous cache; the last column is the "
         "memory each call allocates beyond its inputs."
     ),
+    "quant-gemm": (
+        "GPU times are medians of CUDA-graph replay, each call reading its weight from DRAM "
+        "(rotated copies larger than twice the L2); a ratio is the baseline's time over ours "
+        "(above 1: ours is faster), – where that contender did not run the shape; `ours` is fp8 "
+        "per-token × per-channel; the quantized activation is an input, except in the last "
+        "column (per-token quantize + ours against bf16 F.linear)."
+    ),
 }
 
 
@@ -245,6 +336,13 @@ def render(kernel: str, payload: dict) -> str:
     env = payload["environment"]
     keep = ROW_FILTERS.get(kernel, lambda r: True)
     columns = COLUMNS.get(kernel, DEFAULT_COLUMNS)
+    if kernel == "quant-gemm":
+        rate = (
+            "weights GB/s (% copy)",
+            "---:",
+            lambda r: _gemm_weight_rate(r, payload["copy_gbs"]),
+        )
+        columns = [rate if c[2] is None else c for c in columns]
     rows = [r for r in payload["results"] if keep(r)]
     lines = [
         f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}, triton {env.get('triton')}, "
@@ -257,7 +355,7 @@ def render(kernel: str, payload: dict) -> str:
     lines += ["| " + " | ".join(cell(r) for _, _, cell in columns) + " |" for r in rows]
     lines.append("")
     lines.append(
-        f"{NOTES.get(kernel, _DEFAULT_NOTE)} Full results: `{kernel}/benchmarks/results/`. "
+        f"{NOTES.get(kernel, _DEFAULT_NOTE)} Full results: `{results_dir(kernel)}/`. "
         f"Method: {payload['method']}."
     )
     if "baselines" in payload:
@@ -267,13 +365,16 @@ def render(kernel: str, payload: dict) -> str:
             "† The bytes moved fit in the L2 cache: replays read cached data (for every contender "
             "alike), so GB/s may exceed the copy ceiling."
         )
+    if payload.get("bars"):
+        lines += ["", *gemm_bar_lines(payload["bars"])]
     return "\n".join(lines)
 
 
 def no_results(kernel: str) -> str:
+    folder, _, script = SUITES.get(kernel, (kernel, None, "benchmarks/sweep.py"))
     return (
-        f"No results yet: this table is generated from `{kernel}/benchmarks/results/*.json` and "
-        f"appears after the first GPU run of `{kernel}/benchmarks/sweep.py`."
+        f"No results yet: this table is generated from `{results_dir(kernel)}/*.json` and "
+        f"appears after the first GPU run of `{folder}/{script}`."
     )
 
 
@@ -288,6 +389,9 @@ def generated_readme(text: str, root: Path = REPO_ROOT) -> str:
         for d in sorted(root.glob("*/benchmarks/results"))
         if (files := sorted(d.glob("*.json")))
     }
+    for suite in SUITES:
+        if files := sorted((root / results_dir(suite)).glob("*.json")):
+            with_results[suite] = files
     for kernel in sorted(set(with_results) | set(_BEGIN.findall(text))):
         pattern = re.compile(
             rf"(<!-- BEGIN bench:{re.escape(kernel)} -->\n).*?(<!-- END bench:{re.escape(kernel)} -->)",
@@ -300,7 +404,7 @@ def generated_readme(text: str, root: Path = REPO_ROOT) -> str:
         files = with_results.get(kernel)
         if files:
             body = "\n\n".join(render(kernel, json.loads(f.read_text())) for f in files)
-        elif (root / kernel).is_dir():
+        elif (root / SUITES.get(kernel, (kernel,))[0]).is_dir():
             body = no_results(kernel)
         else:
             raise SystemExit(

@@ -254,9 +254,11 @@ def final_copy_ceiling(results: list, copy_gbs: float) -> float:
     return copy_gbs
 
 
-def result_path(out, kernel_dir: Path, env: dict) -> Path:
-    """--out, or <kernel>/benchmarks/results/<device>.json."""
-    return out or kernel_dir / "benchmarks" / "results" / f"{device_slug(env['device'])}.json"
+def result_path(out, kernel_dir: Path, env: dict, subdir: str = "") -> Path:
+    """--out, or <kernel>/benchmarks/results[/<subdir>]/<device>.json. A suite of its own (quant's
+    GEMMs) writes to a subdir, out of the per-kernel tables and plots that read results/*.json."""
+    results = kernel_dir / "benchmarks" / "results"
+    return out or (results / subdir if subdir else results) / f"{device_slug(env['device'])}.json"
 
 
 def run_budgeted_sweep(
@@ -271,13 +273,15 @@ def run_budgeted_sweep(
     summary,
     sort_key,
     notes: dict,
-) -> None:
+    results_subdir: str = "",
+) -> tuple[Path, dict]:
     """The main of a budgeted sweep: load the built kernel, measure the copy ceiling, run `cases`
     (priority order) until the budget, re-measure the ceiling, write the result file.
 
     args: from sweep_arguments; run_case(kernel, case, l2_bytes) -> a row (timing_row);
     summary(row) -> its printed line (summary_line); sort_key(row) orders the result file; notes
-    (method, baselines, contenders) go into the payload after the environment."""
+    (method, baselines, contenders) go into the payload after the environment; results_subdir:
+    see result_path. Returns the result file's path and its payload."""
     budget = (
         args.budget_s if args.budget_s is not None else budget_s["quick" if args.quick else "full"]
     )
@@ -329,6 +333,7 @@ def run_budgeted_sweep(
         "wall_s": time.perf_counter() - start,
         "results": results,
     }
-    path = result_path(args.out, kernel_dir, env)
+    path = result_path(args.out, kernel_dir, env, results_subdir)
     save(path, payload)
     print(f"wrote {path} ({len(results)} cases, {payload['wall_s']:.0f} s)")
+    return path, payload

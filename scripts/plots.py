@@ -12,6 +12,9 @@ Inputs
   compute ceiling, drawn only when present), and `results`, one row per case with `op`, the shape
   keys, `bytes`, optionally `flops`, and per contender `us` (GPU time), `gbs` and, for attention,
   `tflops`. A contender whose time is null rejected the shape and is left out.
+- `quant/benchmarks/results/gemm/*.json`, quant's GEMM sweep (quant/benchmarks/gemm_sweep.py):
+  rows with `model`, `layer`, `m` and per contender `us`; drawn as the speed-up of each
+  contender over bf16 F.linear against M, one panel per Llama-3-8B layer.
 - `results/e2e/*.json`, end-to-end model runs of scripts/e2e.py (schema "e2e/1", one file per
   model and device; only these keys are read):
 
@@ -31,7 +34,7 @@ Inputs
 Outputs, in docs/plots/: `<kernel>-scaling.png` (time and throughput against size, ours and
 every baseline, both axes logarithmic, one line style per device), `<kernel>-roofline.png`
 (achieved TFLOP/s against arithmetic intensity under the measured ceilings, one panel per
-device), `e2e-<file stem>.png`, and `manifest.json`, which records for every PNG the SHA-256 of
+device), `quant-gemm.png`, `e2e-<file stem>.png`, and `manifest.json`, which records for every PNG the SHA-256 of
 its input files, of the PNG itself and of this script. Git does not keep modification times, so
 freshness is judged by those hashes (tests/test_plots.py). The figures are rendered with the Agg
 backend at a fixed size and resolution, with matplotlib's defaults and no date or software
@@ -72,12 +75,15 @@ def plan(root: Path = REPO_ROOT) -> list[Plot]:
     """Every plot the committed result files call for."""
     plots = []
     for results in sorted(root.glob("*/benchmarks/results")):
-        files = tuple(sorted(p.relative_to(root) for p in results.glob("*.json")))
-        if not files:
-            continue
         kernel = results.parent.parent.name
-        plots.append(Plot(f"{kernel}-scaling.png", "scaling", kernel, files))
-        plots.append(Plot(f"{kernel}-roofline.png", "roofline", kernel, files))
+        files = tuple(sorted(p.relative_to(root) for p in results.glob("*.json")))
+        if files:
+            plots.append(Plot(f"{kernel}-scaling.png", "scaling", kernel, files))
+            plots.append(Plot(f"{kernel}-roofline.png", "roofline", kernel, files))
+        # A suite of its own writes to a subfolder (benchlib.result_path): quant's GEMMs.
+        gemm = tuple(sorted(p.relative_to(root) for p in (results / "gemm").glob("*.json")))
+        if gemm:
+            plots.append(Plot(f"{kernel}-gemm.png", "gemm", kernel, gemm))
     for path in sorted((root / E2E_DIR).glob("*.json")):
         plots.append(Plot(f"e2e-{path.stem}.png", "e2e", path.stem, (path.relative_to(root),)))
     return plots
@@ -145,6 +151,7 @@ def problems(root: Path = REPO_ROOT, readme: Path | None = None) -> list[str]:
 _CAPTIONS = {
     "scaling": "{subject}: GPU time and throughput against size, ours and the baselines",
     "roofline": "{subject}: roofline",
+    "gemm": "{subject} GEMMs: speed-up over bf16 F.linear against M, per layer",
     "e2e": "end to end, {subject}: speed-up of each configuration over eager PyTorch",
 }
 
@@ -628,6 +635,82 @@ def draw_roofline(kernel: str, payloads: list[dict], path: Path) -> None:
         print(f"note: {kernel} {op}: no FLOP count, left out of the roofline")
 
 
+# The GEMM plot's contenders (gemm_sweep.py's keys), each drawn as bf16 time / its time.
+GEMM_CONTENDERS = {
+    "ours": ("ours fp8 per-token", "#d62728"),
+    "ours_fp8_tensor": ("ours fp8 per-tensor", "#ff7f0e"),
+    "ours_int8": ("ours int8", "#9467bd"),
+    "ours_fp8_block": ("ours fp8 blockwise", "#8c564b"),
+    "e2e_ours": ("per-token quantize + ours", "#e377c2"),
+    "scaled_mm_row": ("_scaled_mm row-wise", "#1f77b4"),
+    "scaled_mm_tensor": ("_scaled_mm per-tensor", "#17becf"),
+    "int_mm_compile": ("_int_mm + scaling, compiled", "#2ca02c"),
+}
+GEMM_LAYERS = ("qkv", "o", "gate_up", "down")
+
+
+def draw_gemm(kernel: str, payloads: list[dict], path: Path) -> None:
+    """Speed-up over bf16 F.linear (cuBLAS) against M, one panel per Llama-3-8B layer (qkv and o
+    are Qwen3-8B's too), one line style per device."""
+    from matplotlib.lines import Line2D
+
+    plt = _matplotlib()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.4), squeeze=False, layout="constrained")
+    for ax, layer in zip(axes.flat, GEMM_LAYERS):
+        shape = ""
+        for style, payload in zip(DEVICE_STYLES, payloads):
+            rows = sorted(
+                (
+                    r
+                    for r in payload["results"]
+                    if r["layer"] == layer and "llama" in r["model"] and r["us"].get("bf16")
+                ),
+                key=lambda r: r["m"],
+            )
+            for name, (_, color) in GEMM_CONTENDERS.items():
+                pts = [(r["m"], r["us"]["bf16"] / r["us"][name]) for r in rows if r["us"].get(name)]
+                if pts:
+                    ax.plot(
+                        *zip(*pts),
+                        color=color,
+                        linestyle=style,
+                        marker="o",
+                        markersize=3,
+                        linewidth=1.8 if name == "ours" else 1.1,
+                    )
+            if rows:
+                shape = f" ({rows[0]['k']} → {rows[0]['n']})"
+        ax.axhline(1.0, color="black", linewidth=0.7)
+        ms = [r["m"] for p in payloads for r in p["results"] if r["layer"] == layer]
+        if ms:
+            _size_axis(ax, ms)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("bf16 time / time (higher is better)")
+        ax.grid(True, which="both", linewidth=0.3)
+        ax.set_title(f"{layer}{shape}", loc="left")
+    handles = [Line2D([], [], color=c, label=label) for label, c in GEMM_CONTENDERS.values()]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="black",
+            linestyle=style,
+            linewidth=1.0,
+            label=device_label(p["environment"]),
+        )
+        for style, p in zip(DEVICE_STYLES, payloads)
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, frameon=False)
+    fig.suptitle(
+        f"{kernel} W8A8 GEMMs, Llama-3-8B layers: speed-up over bf16 F.linear (the line at 1)\n"
+        f"median of CUDA-graph replays, weights read from DRAM; from "
+        f"{kernel}/benchmarks/results/gemm/",
+        fontsize=10,
+    )
+    _save(fig, path)
+    plt.close(fig)
+
+
 def e2e_groups(payload: dict) -> list[tuple[str, dict]]:
     """[(label, {config: median ms})] per phase and shape, in the order first measured."""
     groups: dict[tuple, dict] = {}
@@ -709,6 +792,8 @@ def draw(root: Path, plot: Plot) -> None:
         draw_scaling(plot.subject, payloads, path)
     elif plot.kind == "roofline":
         draw_roofline(plot.subject, payloads, path)
+    elif plot.kind == "gemm":
+        draw_gemm(plot.subject, payloads, path)
     else:
         draw_e2e(payloads[0], path)
 

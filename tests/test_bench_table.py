@@ -34,16 +34,21 @@ def test_every_result_file_records_its_provenance():
             assert set(r["us"]) >= required, f"{path}: baselines missing"
 
 
+def _environment(kernel: str, date: str) -> dict:
+    """The provenance block of a made-up result file of `kernel`."""
+    return {
+        "device": "GPU X",
+        "torch": "2.11",
+        "cuda": "13.0",
+        "commit": "abc",
+        "date": date,
+        "kernel_id": f"_{kernel}_cuda_abc1234",
+    }
+
+
 def test_table_follows_the_numbers(tmp_path):
     payload = {
-        "environment": {
-            "device": "GPU X",
-            "torch": "2.11",
-            "cuda": "13.0",
-            "commit": "abc",
-            "date": "2026-11-21",
-            "kernel_id": "_activation_cuda_abc1234",
-        },
+        "environment": _environment("activation", "2026-11-21"),
         "copy_gbs": 4000.0,
         "method": "m",
         "results": [
@@ -89,14 +94,7 @@ def _rmsnorm_row(op, dtype, tokens, hidden, us, **extra):
 
 def test_rmsnorm_table_follows_the_numbers():
     payload = {
-        "environment": {
-            "device": "GPU X",
-            "torch": "2.11",
-            "cuda": "13.0",
-            "commit": "abc",
-            "date": "2026-11-21",
-            "kernel_id": "_rmsnorm_cuda_abc1234",
-        },
+        "environment": _environment("rmsnorm", "2026-11-21"),
         "copy_gbs": 4000.0,
         "method": "m",
         "baselines": "b",
@@ -268,14 +266,7 @@ def test_rope_table_follows_the_numbers():
         "inplace_compile": 5.0,
     }
     payload = {
-        "environment": {
-            "device": "GPU X",
-            "torch": "2.11",
-            "cuda": "13.0",
-            "commit": "abc",
-            "date": "2026-11-21",
-            "kernel_id": "_rope_cuda_abc1234",
-        },
+        "environment": _environment("rope", "2026-11-21"),
         "copy_gbs": 4000.0,
         "method": "m",
         "baselines": "b",
@@ -382,14 +373,7 @@ def _attention_row(op, batch, seqlen, head_dim, us, causal=True, layout="contigu
 def test_attention_table_follows_the_numbers():
     us = {"ours": 1000.0, "sdpa_flash": 1500.0, "sdpa_cudnn": 800.0, "sdpa_efficient": 2000.0}
     payload = {
-        "environment": {
-            "device": "GPU X",
-            "torch": "2.11",
-            "cuda": "13.0",
-            "commit": "abc",
-            "date": "2026-11-21",
-            "kernel_id": "_attention_cuda_abc1234",
-        },
+        "environment": _environment("attention", "2026-11-21"),
         "copy_gbs": 4000.0,
         "method": "m",
         "baselines": "b",
@@ -482,3 +466,75 @@ def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
     assert set(sweep.cases(quick=True)) <= set(full)
     args = sweep.parse_args(["--quick", "--budget-s", "30"])
     assert args.quick and args.budget_s == 30.0
+
+
+def _gemm_sweep(monkeypatch):
+    """quant/benchmarks/gemm_sweep.py, imported under a name of its own (its rows and bars are
+    built by its own functions here, so the table cannot drift from the sweep's schema)."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/
+    spec = importlib.util.spec_from_file_location(
+        "quant_gemm_sweep", REPO / "quant" / "benchmarks" / "gemm_sweep.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quant_gemm_table_follows_the_numbers(tmp_path, monkeypatch):
+    sweep = _gemm_sweep(monkeypatch)
+    readme = _readme("quant-gemm")
+    (tmp_path / "quant").mkdir()
+    text = bench_table.generated_readme(readme, root=tmp_path)
+    assert "`quant/benchmarks/results/gemm/*.json`" in text and "gemm_sweep.py" in text
+
+    def row(layer, model, m, n, k, **us):
+        times = dict.fromkeys(sweep.CONTENDERS)
+        times.update(us)
+        return sweep.result_row(sweep.Case("scaled_mm", model, layer, m, n, k), times)
+
+    rows = [
+        row("down", "llama3-8b", 1, 4096, 14336, ours=20.0, bf16=40.0, scaled_mm_row=25.0),
+        row("down", "qwen3-8b", 1, 4096, 12288, ours=20.0, bf16=40.0),  # not a README row
+        row(
+            "square",
+            "square",
+            8192,
+            8192,
+            8192,
+            ours=1000.0,
+            bf16=1700.0,
+            ours_silu=1000.0,
+            unfused_silu=1100.0,
+            ours_fp8_block=1250.0,
+            scaled_mm_tensor=1100.0,
+        ),
+    ]
+    payload = {
+        "environment": _environment("quant", "2026-11-27"),
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "suite": "gemm",
+        "results": rows,
+        "bars": sweep.bar_verdicts(rows),
+    }
+    results = tmp_path / "quant" / "benchmarks" / "results" / "gemm"
+    results.mkdir(parents=True)
+    (results / "gpu-x.json").write_text(json.dumps(payload))
+    table = bench_table.generated_readme(text, root=tmp_path)
+    # 14336 * 4096 bytes in 20 µs: 2936 GB/s, 73% of the 4000 GB/s ceiling
+    assert (
+        "| llama3-8b down (14336→4096) | 1 | 20.00 | 6 | 2936 (73%) | 2.00× / – | 1.25× / – | – "
+        "| – / – | – | – / – | – |"
+    ) in table
+    assert "qwen3-8b down" not in table
+    assert "| square square (8192→8192) | 8192 | 1000.00 | 1100 | – | 1.70× / – |" in table
+    assert "| fused >= 1.0x unfused, every M | 1.10× | M=8192, square square" in table
+    assert "| blockwise >= 0.9x _scaled_mm per-tensor, M >= 2048 | 0.88× |" in table
+    assert "| 8192 | FAIL |" in table and "| fp8 >= 1.6x bf16 F.linear, M >= 4096 | 1.70×" in table
+    assert "| int8 >= 1.7x bf16 F.linear, M <= 16 | – | – | – | not measured |" in table
+    assert "Full results: `quant/benchmarks/results/gemm/`" in table
+    # the quantize table's reader does not see the GEMM file
+    assert not list((tmp_path / "quant" / "benchmarks" / "results").glob("*.json"))

@@ -192,3 +192,33 @@ def test_check_needs_no_matplotlib(monkeypatch):
     """--check only hashes files, so a CI job without matplotlib can run it."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
     assert plots.main(["--check"]) == 0
+
+
+def _gemm_payload(device):
+    """A small GEMM sweep result (quant/benchmarks/gemm_sweep.py's keys the plot reads)."""
+    rows = []
+    for layer, n, k in (("qkv", 6144, 4096), ("down", 4096, 14336)):
+        for m in (1, 16, 2048):
+            us = {"bf16": 40.0 + m / 10, "ours": 22.0 + m / 20, "scaled_mm_row": 30.0 + m / 20}
+            us["int_mm_compile"] = None if m <= 16 else 50.0
+            rows.append({"model": "llama3-8b", "layer": layer, "m": m, "n": n, "k": k, "us": us})
+    return {"environment": {"device": device}, "copy_gbs": 4000.0, "suite": "gemm", "results": rows}
+
+
+def test_gemm_plot_from_the_gemm_results(tree):
+    """quant's GEMM results (results/gemm/) get a plot of their own under the quant heading;
+    the kernel's own plots do not read them."""
+    gemm = tree / "quant" / "benchmarks" / "results" / "gemm"
+    gemm.mkdir(parents=True)
+    (gemm / "gpu-a.json").write_text(json.dumps(_gemm_payload("NVIDIA GPU A")))
+    made = plots.generate(tree)
+    assert [p.name for p in made if p.subject == "quant"] == ["quant-gemm.png"]
+    png = tree / plots.PLOTS_DIR / "quant-gemm.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    readme = (tree / "README.md").read_text()
+    assert "#### quant\n\n![quant GEMMs: speed-up over bf16" in readme
+    assert plots.problems(tree) == []
+    first, second = tree / "a.png", tree / "b.png"
+    for path in (first, second):
+        plots.draw_gemm("quant", [_gemm_payload("NVIDIA GPU A")], path)
+    assert first.read_bytes() == second.read_bytes()
