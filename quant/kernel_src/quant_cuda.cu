@@ -89,12 +89,11 @@ __device__ __forceinline__ int8_t int8_rn_sat(float v) {
 }
 
 // math::int8_rn_azp_sat with one conversion: cvt.rni.s32.f32 (__float2int_rn) rounds half to even,
-// saturates to int32 and gives 0 for NaN, i.e. sat32(rn(v)); the zero point is then added in 64
-// bits (no overflow) and the sum saturated to int8, as in quant_math.h. The portable form goes
-// through rintf and a 64-bit conversion.
-__device__ __forceinline__ int8_t int8_rn_azp_sat(float v, int32_t azp) {
-  const int64_t q = static_cast<int64_t>(__float2int_rn(v)) + azp;
-  return static_cast<int8_t>(q > 127 ? 127 : (q < -128 ? -128 : q));
+// saturates to int32 and gives 0 for NaN, i.e. sat32(rn(v)); the zero point is then added and
+// the sum saturated to int8 through math::add_azp_sat (32-bit, bounds from math::azp_clamp), as
+// in quant_math.h. The portable form goes through rintf and a 64-bit conversion.
+__device__ __forceinline__ int8_t int8_rn_azp_sat(float v, const math::AzpClamp& azp) {
+  return math::add_azp_sat(__float2int_rn(v), azp);
 }
 
 // ---- element quantizers ----
@@ -123,14 +122,29 @@ struct DivByScale {
   __device__ float scale_ieee(float x) const { return x / s; }
 };
 
+// y clamped to [-448, 448] for the fp8 conversion. Where every fp8 conversion here is
+// cvt.rn.satfinite (CUDA_PTX_FP8_CVT_ENABLED: fp8x2_bits, and CUTLASS's for single elements),
+// the conversion saturates by itself (beyond +-448, infinities included: +-448; NaN stays NaN),
+// so the clamp is left to it: three instructions per element fewer, the same bits.
+__device__ __forceinline__ float fp8_range(float y) {
+#if defined(CUDA_PTX_FP8_CVT_ENABLED)
+  return y;
+#else
+  return math::clamp_keep_nan(y, -math::kFp8Max, math::kFp8Max);
+#endif
+}
+
 struct Fp8Mul : MulByScale {  // static and dynamic per tensor: x * (1 / scale)
   static constexpr bool kFp8 = true;
   __device__ explicit Fp8Mul(float inv) : MulByScale{inv} {}
-  __device__ float finish(float y) const {
-    return math::clamp_keep_nan(y, -math::kFp8Max, math::kFp8Max);
-  }
+  __device__ float finish(float y) const { return fp8_range(y); }
 };
-struct Fp8Div : DivByScale {  // per token and per group: x / scale, clamped to [lo, hi]
+struct Fp8DivFullRange : DivByScale {  // per token: x / scale, clamped to [-448, 448]
+  static constexpr bool kFp8 = true;
+  using DivByScale::DivByScale;
+  __device__ float finish(float y) const { return fp8_range(y); }
+};
+struct Fp8Div : DivByScale {  // per group: x / scale, clamped to [lo, hi] (fp8_min, fp8_max)
   static constexpr bool kFp8 = true;
   float lo, hi;
   __device__ Fp8Div(float scale, float lo_, float hi_) : DivByScale(scale), lo(lo_), hi(hi_) {}
@@ -145,8 +159,9 @@ struct Int8DivSym : DivByScale {  // static: x / scale
 };
 struct Int8DivAzp : DivByScale {  // static: x / scale + azp
   static constexpr bool kFp8 = false;
-  int32_t azp;
-  __device__ Int8DivAzp(float scale, int32_t zero_point) : DivByScale(scale), azp(zero_point) {}
+  math::AzpClamp azp;
+  __device__ Int8DivAzp(float scale, int32_t zero_point)
+      : DivByScale(scale), azp(math::azp_clamp(zero_point)) {}
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_azp_sat(y, azp)); }
 };
 struct Int8Mul : MulByScale {  // dynamic symmetric: x * (127 / amax)
@@ -157,7 +172,7 @@ struct Int8Mul : MulByScale {  // dynamic symmetric: x * (127 / amax)
 struct Int8Azp : Int8DivAzp {  // dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp
   using Int8DivAzp::Int8DivAzp;
   __device__ uint8_t finish(float y) const {
-    return s == 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(azp)) : Int8DivAzp::finish(y);
+    return s == 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(azp.azp)) : Int8DivAzp::finish(y);
   }
 };
 
@@ -353,7 +368,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     a = block_reduce(a, Max{}, 0.0f);
     const float s = math::per_token_fp8_scale(a, scale_ub);
     if (threadIdx.x == 0) scale[r] = s;
-    emit(Fp8Div(s, -math::kFp8Max, math::kFp8Max));
+    emit(Fp8DivFullRange(s));
   } else if constexpr (kMode == RowMode::kInt8Sym) {
     a = block_reduce(a, Max{}, 0.0f);
     if (threadIdx.x == 0) scale[r] = a / 127.0f;

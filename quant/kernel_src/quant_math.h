@@ -90,6 +90,23 @@ QUANT_HD float div_by_const(float x, float s, float r) {
   return exact ? q : x / s;
 }
 
+// sat8(r + azp) for an int32 r, as clamp(r, lo, hi) + azp with lo = -128 - azp and hi = 127 - azp
+// (clamping commutes with the shift) brought into int32 once per zero point: two 32-bit min/max
+// and an add per element instead of a 64-bit add and clamp. The sum is in [-128, 127], so the
+// wrapping 32-bit add is exact.
+struct AzpClamp {
+  int32_t lo, hi, azp;
+};
+QUANT_HD AzpClamp azp_clamp(int32_t azp) {
+  const int64_t lo = -128 - static_cast<int64_t>(azp), hi = 127 - static_cast<int64_t>(azp);
+  return {static_cast<int32_t>(lo < INT32_MIN ? INT32_MIN : lo),
+          static_cast<int32_t>(hi > INT32_MAX ? INT32_MAX : hi), azp};
+}
+QUANT_HD int8_t add_azp_sat(int32_t r, const AzpClamp& c) {
+  const int32_t k = r < c.lo ? c.lo : (r > c.hi ? c.hi : r);
+  return static_cast<int8_t>(static_cast<uint32_t>(k) + static_cast<uint32_t>(c.azp));
+}
+
 // The smallest power of two >= max(s, 1e-10): vLLM's exp2(ceil(log2(s))) for UE8M0 scales,
 // exact through the float's bits (s > 0 and finite).
 QUANT_HD float pow2_ceil(float s) {

@@ -1,5 +1,6 @@
 // div_by_const_check.cpp: quant_math.h's div_by_const against the IEEE division, bit for bit,
-// and the int8 / fp8 values quantized from both. Built and run by test_div_by_const.py
+// and the int8 / fp8 values quantized from both; and add_azp_sat (the kernels' 32-bit zero point
+// add) against int8_rn_azp_sat, the reference rule. Built and run by test_div_by_const.py
 // (g++ -O2 -ffp-contract=off, so the compiler adds no FMA of its own and fmaf is a true FMA).
 //
 //   div_by_const_check [scales] [random pairs] [x mantissas]
@@ -109,6 +110,49 @@ struct Checker {
   }
 };
 
+// cvt.rni.s32.f32 (__float2int_rn): round half even, saturate to int32, NaN -> 0.
+int32_t sat32_rn(float v) {
+  if (std::isnan(v)) return 0;
+  const float f = std::nearbyint(v);
+  return f >= 2147483648.0f ? INT32_MAX
+                            : (f < -2147483648.0f ? INT32_MIN : static_cast<int32_t>(f));
+}
+
+// add_azp_sat(sat32_rn(v), azp_clamp(azp)), the kernels' int8 rounding with a zero point, against
+// quant_math.h's reference rule int8_rn_azp_sat(v, azp), for zero points up to the int32 limits.
+long check_azp_clamp(const std::vector<float>& values) {
+  const int32_t azps[] = {INT32_MIN,
+                          INT32_MIN + 1,
+                          INT32_MIN + 127,
+                          INT32_MIN + 128,
+                          -1000,
+                          -129,
+                          -128,
+                          -127,
+                          -3,
+                          0,
+                          1,
+                          127,
+                          128,
+                          1000,
+                          INT32_MAX - 128,
+                          INT32_MAX - 127,
+                          INT32_MAX - 1,
+                          INT32_MAX};
+  long bad = 0;
+  for (const int32_t azp : azps) {
+    const quant::math::AzpClamp c = quant::math::azp_clamp(azp);
+    for (const float v : values) {
+      const int8_t got = quant::math::add_azp_sat(sat32_rn(v), c);
+      const int8_t want = quant::math::int8_rn_azp_sat(v, azp);
+      if (got != want && bad++ < 20) {
+        std::printf("AZP MISMATCH v=%a azp=%d: %d, want %d\n", v, azp, got, want);
+      }
+    }
+  }
+  return bad;
+}
+
 std::vector<float> scales(std::mt19937_64& rng, int count) {
   using quant::math::kFp8Max;
   std::vector<float> s = {quant::math::kFp8MinScale, 1.0f, 1.5f, 3.0f, 7.0f, 127.0f, 255.0f, 448.0f,
@@ -193,6 +237,19 @@ int main(int argc, char** argv) {
     c.pair(from_bits(b), s, r);
     c.pair(from_bits((b & 0x807fffffu) | ((100u + (b >> 23) % 56u) << 23)), s, r);
   }
+
+  // Values around every int8 result and the int32 limits, and the specials.
+  std::vector<float> azp_values = xs_special;
+  for (int k = -300; k <= 300; ++k) azp_values.push_back(0.5f * static_cast<float>(k));
+  for (const float big : {2147483520.0f, 2147483648.0f, 4294967296.0f, 3e9f, 1e10f}) {
+    for (const float sign : {1.0f, -1.0f}) {
+      for (const float x : {big, std::nextafter(big, 0.0f), std::nextafter(big, INFINITY)}) {
+        azp_values.push_back(sign * x);
+        azp_values.push_back(sign * x - 1e5f);
+      }
+    }
+  }
+  c.mismatches += check_azp_clamp(azp_values);
 
   std::printf(
       "div_by_const: %ld quotients (%ld on the fast path), %ld quantized, %zu divisors, %ld "

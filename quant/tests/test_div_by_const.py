@@ -1,7 +1,8 @@
 """quant_math.h's div_by_const (the division by a per-row / group / tensor scale of the CUDA
 kernels, at FMA cost) is the IEEE division bit for bit: div_by_const_check.cpp compares the two
 over every bfloat16 and float16 dividend, every float32 mantissa of a binade, random and special
-values, against the scales the ops compute and the edges of the fast range. It is host C++,
+values, against the scales the ops compute and the edges of the fast range; it also checks the
+32-bit zero point add of the int8 kernels (add_azp_sat) against the rule. It is host C++,
 built here with the system compiler (-ffp-contract=off, so fmaf is the only FMA); no GPU needed.
 """
 
@@ -43,7 +44,8 @@ def run(exe, *args):
 
 @pytest.mark.kernels_ci
 def test_div_by_const_is_ieee_division(checker):
-    # Defaults: 40 random scales of each kind, 2M random pairs, 4 exhaustive binades (~1 s).
+    # Defaults: 40 random scales of each kind, 2M random pairs, 4 exhaustive binades (~1 s). A
+    # mismatch prints its operands.
     proc = run(checker)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " 0 mismatches" in proc.stdout, proc.stdout
