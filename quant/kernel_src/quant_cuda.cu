@@ -42,10 +42,19 @@ struct alignas(sizeof(T) * V) Vec {
   T v[V];
 };
 
-// V output bytes (fp8 or int8), stored in one access.
-template <int V>
+// V output bytes (fp8 or int8), stored in one access. For V a multiple of 4, `w` is the same
+// bytes as 32-bit words (little-endian: byte i is byte i % 4 of w[i / 4]) for the fp8 path,
+// which produces whole words: written byte by byte, the compiler splits and re-merges each.
+template <int V, bool kWords = V % 4 == 0>
 struct alignas(V) Bytes {
   uint8_t b[V];
+};
+template <int V>
+struct alignas(V) Bytes<V, true> {
+  union {
+    uint8_t b[V];
+    uint32_t w[V / 4];
+  };
 };
 
 // Vector j (elements j*V .. j*V+V-1) of input row r.
@@ -187,7 +196,16 @@ __device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
     for (int i = 0; i < V; ++i) y[i] = q.scale_ieee(to_float(v.v[i]));
   }
   Bytes<V> out;
-  if constexpr (Q::kFp8 && V % 2 == 0) {
+  if constexpr (Q::kFp8 && V % 4 == 0) {
+    // Two converted pairs per 32-bit word: one byte permute per 4 elements instead of a mask,
+    // shift and byte insert per element.
+#pragma unroll
+    for (int i = 0; i < V; i += 4) {
+      const uint32_t lo = fp8x2_bits(q.finish(y[i]), q.finish(y[i + 1]));
+      const uint32_t hi = fp8x2_bits(q.finish(y[i + 2]), q.finish(y[i + 3]));
+      out.w[i / 4] = lo | (hi << 16);
+    }
+  } else if constexpr (Q::kFp8 && V % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < V; i += 2) {
       const uint16_t b = fp8x2_bits(q.finish(y[i]), q.finish(y[i + 1]));
