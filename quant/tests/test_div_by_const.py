@@ -21,21 +21,23 @@ def compiler():
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 
-def build(tmp_path_factory, *defines):
+@pytest.fixture(scope="module")
+def checkers(tmp_path_factory):
+    """The checker, and its CHECK_NAIVE_RECIPROCAL build, compiled side by side."""
     cxx = compiler()
     if cxx is None:
         pytest.skip("no C++ compiler (set CXX)")
-    exe = tmp_path_factory.mktemp("div_by_const") / "div_by_const_check"
-    cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{KERNEL_SRC}"]
-    cmd += [f"-D{d}" for d in defines]
-    cmd += [str(TESTS / "div_by_const_check.cpp"), "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return exe
-
-
-@pytest.fixture(scope="module")
-def checker(tmp_path_factory):
-    return build(tmp_path_factory)
+    folder = tmp_path_factory.mktemp("div_by_const")
+    builds = {}
+    for name, defines in (("exact", []), ("naive", ["-DCHECK_NAIVE_RECIPROCAL"])):
+        exe = folder / f"div_by_const_check_{name}"
+        cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{KERNEL_SRC}", *defines]
+        cmd += [str(TESTS / "div_by_const_check.cpp"), "-o", str(exe)]
+        builds[name] = (exe, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    for name, (exe, proc) in builds.items():
+        _, err = proc.communicate()
+        assert proc.returncode == 0, f"{name} build failed:\n{err}"
+    return {name: exe for name, (exe, _) in builds.items()}
 
 
 def run(exe, *args):
@@ -43,18 +45,17 @@ def run(exe, *args):
 
 
 @pytest.mark.kernels_ci
-def test_div_by_const_is_ieee_division(checker):
+def test_div_by_const_is_ieee_division(checkers):
     # Defaults: 40 random scales of each kind, 2M random pairs, 4 exhaustive binades (~1 s). A
     # mismatch prints its operands.
-    proc = run(checker)
+    proc = run(checkers["exact"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " 0 mismatches" in proc.stdout, proc.stdout
 
 
 @pytest.mark.kernels_ci
-def test_checker_sees_one_ulp(tmp_path_factory):
+def test_checker_sees_one_ulp(checkers):
     """The same check on the uncorrected quotient RN(x * RN(1/s)) must report mismatches."""
-    naive = build(tmp_path_factory, "CHECK_NAIVE_RECIPROCAL")
-    proc = run(naive, 10, 10000, 1)
+    proc = run(checkers["naive"], 10, 10000, 1)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "MISMATCH" in proc.stdout
