@@ -20,6 +20,7 @@
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "quant_math.h"
@@ -41,10 +42,19 @@ struct alignas(sizeof(T) * V) Vec {
   T v[V];
 };
 
-// V output bytes (fp8 or int8), stored in one access.
-template <int V>
+// V output bytes (fp8 or int8), stored in one access. For V a multiple of 4, `w` is the same
+// bytes as 32-bit words (little-endian: byte i is byte i % 4 of w[i / 4]) for the fp8 path,
+// which produces whole words: written byte by byte, the compiler splits and re-merges each.
+template <int V, bool kWords = V % 4 == 0>
 struct alignas(V) Bytes {
   uint8_t b[V];
+};
+template <int V>
+struct alignas(V) Bytes<V, true> {
+  union {
+    uint8_t b[V];
+    uint32_t w[V / 4];
+  };
 };
 
 // Vector j (elements j*V .. j*V+V-1) of input row r.
@@ -88,77 +98,126 @@ __device__ __forceinline__ int8_t int8_rn_sat(float v) {
 }
 
 // math::int8_rn_azp_sat with one conversion: cvt.rni.s32.f32 (__float2int_rn) rounds half to even,
-// saturates to int32 and gives 0 for NaN, i.e. sat32(rn(v)); the zero point is then added in 64
-// bits (no overflow) and the sum saturated to int8, as in quant_math.h. The portable form goes
-// through rintf and a 64-bit conversion.
-__device__ __forceinline__ int8_t int8_rn_azp_sat(float v, int32_t azp) {
-  const int64_t q = static_cast<int64_t>(__float2int_rn(v)) + azp;
-  return static_cast<int8_t>(q > 127 ? 127 : (q < -128 ? -128 : q));
+// saturates to int32 and gives 0 for NaN, i.e. sat32(rn(v)); the zero point is then added and
+// the sum saturated to int8 through math::add_azp_sat (32-bit, bounds from math::azp_clamp), as
+// in quant_math.h. The portable form goes through rintf and a 64-bit conversion.
+__device__ __forceinline__ int8_t int8_rn_azp_sat(float v, const math::AzpClamp& azp) {
+  return math::add_azp_sat(__float2int_rn(v), azp);
 }
 
-// ---- element quantizers (float in, output byte out) ----
+// ---- element quantizers ----
+//
+// A quantizer scales an element, scale(x, exact), and finishes the scaled value: the clamped
+// float for fp8 (kFp8: quantize() converts pairs of them) or the int8 byte. A division may take
+// a fast path that clears `exact` where it could differ from the IEEE quotient; quantize() then
+// redoes the whole vector with scale_ieee (rare: zero, subnormal, infinite or NaN operands,
+// quotients beyond 2^+-50), so the result is always that of the IEEE division.
 
-// fp8 quantizers give the clamped float (kFp8: quantize() converts pairs of them); int8 ones
-// give the output byte.
-struct Fp8Mul {  // static and dynamic per tensor: x * (1 / scale)
-  static constexpr bool kFp8 = true;
-  float inv;
-  __device__ float operator()(float x) const {
-    return math::clamp_keep_nan(x * inv, -math::kFp8Max, math::kFp8Max);
-  }
+struct MulByScale {  // x * m: one rounding, no fast path needed
+  float m;
+  __device__ float scale(float x, bool&) const { return x * m; }
+  __device__ float scale_ieee(float x) const { return x * m; }
 };
-struct Fp8Div {  // per token and per group: x / scale, clamped to [lo, hi]
+
+// x / s, bit for bit, at FMA cost: math::div_by_const_fast with r = math::div_reciprocal(s),
+// computed once per quantizer (per row, group or thread), instead of an IEEE division sequence
+// (a reciprocal on the quarter-rate MUFU pipe, FCHK and five FMAs) per element.
+struct DivByScale {
+  float s, r;
+  __device__ explicit DivByScale(float scale) : s(scale), r(math::div_reciprocal(scale)) {}
+  __device__ float scale(float x, bool& exact) const {
+    return math::div_by_const_fast(x, s, r, exact);
+  }
+  __device__ float scale_ieee(float x) const { return x / s; }
+};
+
+// y clamped to [-448, 448] for the fp8 conversion. Where every fp8 conversion here is
+// cvt.rn.satfinite (CUDA_PTX_FP8_CVT_ENABLED: fp8x2_bits, and CUTLASS's for single elements),
+// the conversion saturates by itself (beyond +-448, infinities included: +-448; NaN stays NaN),
+// so the clamp is left to it: three instructions per element fewer, the same bits.
+__device__ __forceinline__ float fp8_range(float y) {
+#if defined(CUDA_PTX_FP8_CVT_ENABLED)
+  return y;
+#else
+  return math::clamp_keep_nan(y, -math::kFp8Max, math::kFp8Max);
+#endif
+}
+
+struct Fp8Mul : MulByScale {  // static and dynamic per tensor: x * (1 / scale)
   static constexpr bool kFp8 = true;
-  float s, lo, hi;
-  __device__ float operator()(float x) const { return math::clamp_keep_nan(x / s, lo, hi); }
+  __device__ explicit Fp8Mul(float inv) : MulByScale{inv} {}
+  __device__ float finish(float y) const { return fp8_range(y); }
+};
+struct Fp8DivFullRange : DivByScale {  // per token: x / scale, clamped to [-448, 448]
+  static constexpr bool kFp8 = true;
+  using DivByScale::DivByScale;
+  __device__ float finish(float y) const { return fp8_range(y); }
+};
+struct Fp8Div : DivByScale {  // per group: x / scale, clamped to [lo, hi] (fp8_min, fp8_max)
+  static constexpr bool kFp8 = true;
+  float lo, hi;
+  __device__ Fp8Div(float scale, float lo_, float hi_) : DivByScale(scale), lo(lo_), hi(hi_) {}
+  __device__ float finish(float y) const { return math::clamp_keep_nan(y, lo, hi); }
 };
 // Static int8, symmetric and with a zero point as two types (it was one with a runtime flag, so
 // both paths were compiled into the loop).
-struct Int8DivSym {  // static: x / scale
+struct Int8DivSym : DivByScale {  // static: x / scale
   static constexpr bool kFp8 = false;
-  float s;
-  __device__ uint8_t operator()(float x) const { return static_cast<uint8_t>(int8_rn_sat(x / s)); }
+  using DivByScale::DivByScale;
+  __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_sat(y)); }
 };
-struct Int8DivAzp {  // static: x / scale + azp
+struct Int8DivAzp : DivByScale {  // static: x / scale + azp
   static constexpr bool kFp8 = false;
-  float s;
-  int32_t azp;
-  __device__ uint8_t operator()(float x) const {
-    return static_cast<uint8_t>(int8_rn_azp_sat(x / s, azp));
-  }
+  math::AzpClamp azp;
+  __device__ Int8DivAzp(float scale, int32_t zero_point)
+      : DivByScale(scale), azp(math::azp_clamp(zero_point)) {}
+  __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_azp_sat(y, azp)); }
 };
-struct Int8Mul {  // dynamic symmetric: x * (127 / amax)
+struct Int8Mul : MulByScale {  // dynamic symmetric: x * (127 / amax)
   static constexpr bool kFp8 = false;
-  float mul;
-  __device__ uint8_t operator()(float x) const {
-    return static_cast<uint8_t>(int8_rn_sat(x * mul));
-  }
+  __device__ explicit Int8Mul(float mul) : MulByScale{mul} {}
+  __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_sat(y)); }
 };
-struct Int8Azp {  // dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp
-  static constexpr bool kFp8 = false;
-  float s;
-  int32_t azp;
-  __device__ uint8_t operator()(float x) const {
-    return static_cast<uint8_t>(s == 0.0f ? static_cast<int8_t>(azp) : int8_rn_azp_sat(x / s, azp));
+struct Int8Azp : Int8DivAzp {  // dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp
+  using Int8DivAzp::Int8DivAzp;
+  __device__ uint8_t finish(float y) const {
+    return s == 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(azp.azp)) : Int8DivAzp::finish(y);
   }
 };
 
 template <typename T, int V, typename Q>
 __device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
+  float y[V];
+  bool exact = true;
+#pragma unroll
+  for (int i = 0; i < V; ++i) y[i] = q.scale(to_float(v.v[i]), exact);
+  if (!exact) {  // one test per vector: the fast path's checks cost no branch per element
+#pragma unroll
+    for (int i = 0; i < V; ++i) y[i] = q.scale_ieee(to_float(v.v[i]));
+  }
   Bytes<V> out;
-  if constexpr (Q::kFp8 && V % 2 == 0) {
+  if constexpr (Q::kFp8 && V % 4 == 0) {
+    // Two converted pairs per 32-bit word: one byte permute per 4 elements instead of a mask,
+    // shift and byte insert per element.
+#pragma unroll
+    for (int i = 0; i < V; i += 4) {
+      const uint32_t lo = fp8x2_bits(q.finish(y[i]), q.finish(y[i + 1]));
+      const uint32_t hi = fp8x2_bits(q.finish(y[i + 2]), q.finish(y[i + 3]));
+      out.w[i / 4] = lo | (hi << 16);
+    }
+  } else if constexpr (Q::kFp8 && V % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < V; i += 2) {
-      const uint16_t b = fp8x2_bits(q(to_float(v.v[i])), q(to_float(v.v[i + 1])));
+      const uint16_t b = fp8x2_bits(q.finish(y[i]), q.finish(y[i + 1]));
       out.b[i] = static_cast<uint8_t>(b & 0xffu);
       out.b[i + 1] = static_cast<uint8_t>(b >> 8);
     }
   } else if constexpr (Q::kFp8) {
 #pragma unroll
-    for (int i = 0; i < V; ++i) out.b[i] = fp8_bits(q(to_float(v.v[i])));
+    for (int i = 0; i < V; ++i) out.b[i] = fp8_bits(q.finish(y[i]));
   } else {
 #pragma unroll
-    for (int i = 0; i < V; ++i) out.b[i] = q(to_float(v.v[i]));
+    for (int i = 0; i < V; ++i) out.b[i] = q.finish(y[i]);
   }
   return out;
 }
@@ -167,9 +226,6 @@ __device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
 
 struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct Min {
-  __device__ float operator()(float a, float b) const { return fminf(a, b); }
 };
 
 // The reduction of `v` over the block (blockDim.x a multiple of 32), returned to every thread.
@@ -188,69 +244,91 @@ __device__ float block_reduce(float v, Op op, float identity) {
   return v;
 }
 
+// Minimum and maximum over the block together (asymmetric int8): one pass through shared memory
+// and one pair of barriers for both, instead of two block_reduce calls.
+__device__ void block_min_max(float& lo, float& hi) {
+  __shared__ float2 warp_vals[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_vals[warp] = make_float2(lo, hi);
+  __syncthreads();
+  const float2 w =
+      lane < static_cast<int>(blockDim.x >> 5) ? warp_vals[lane] : make_float2(INFINITY, -INFINITY);
+  lo = w.x;
+  hi = w.y;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+}
+
 // ---- kernels ----
 
 // Reads the scale on the device (it may have been written by the previous kernel).
 struct StaticFp8 {
   const float* scale;
-  __device__ Fp8Mul operator()() const { return {1.0f / *scale}; }
+  __device__ Fp8Mul operator()() const { return Fp8Mul(1.0f / *scale); }
 };
 struct StaticInt8Sym {
   const float* scale;
-  __device__ Int8DivSym operator()() const { return {*scale}; }
+  __device__ Int8DivSym operator()() const { return Int8DivSym(*scale); }
 };
 struct StaticInt8Azp {
   const float* scale;
   const int32_t* azp;
-  __device__ Int8DivAzp operator()() const { return {*scale, *azp}; }
+  __device__ Int8DivAzp operator()() const { return Int8DivAzp(*scale, *azp); }
 };
 
-// Vectors per thread per iteration of the static kernel (all its loads issued before the first
-// is used). 4 was measured slower than 1 on an H200 (fp8 static 4096 x 4096 bf16: 23.4 against
-// 15.0 us, benchmarks/NOTES.md): the grid shrinks by 4 and the SMs hold fewer loads in flight.
-constexpr int kStaticUnroll = 1;
-
-template <typename T, int V, typename MakeQ>
-__global__ void __launch_bounds__(kThreads) static_quant_kernel(const Rows m, const MakeQ make) {
-  const auto q = make();
-  const int64_t nvec = m.hidden / V;
-  const int64_t total = m.rows * nvec;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // Consecutive threads still take consecutive vectors (coalesced); a thread's kStaticUnroll
-  // vectors are one grid stride apart.
-  for (int64_t base = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; base < total;
-       base += stride * kStaticUnroll) {
-    Vec<T, V> v[kStaticUnroll];
-    int64_t r[kStaticUnroll], j[kStaticUnroll];
-#pragma unroll
-    for (int k = 0; k < kStaticUnroll; ++k) {
-      const int64_t idx = base + k * stride;
-      if (idx < total) {
-        r[k] = idx / nvec;
-        j[k] = idx - r[k] * nvec;
-        v[k] = load_vec<T, V>(m, r[k], j[k]);
-      }
+// f(v, store) for every input vector v of the matrix, grid-stride (consecutive threads take
+// consecutive vectors: coalesced); store(bytes) writes the output vector at v's place. kFlat
+// (contiguous input and output, fewer than 2^31 elements): vector idx sits at idx in both, 32-bit
+// index math. Otherwise (row, column) from a 64-bit index: a 64-bit division per vector, which
+// costs about as many instructions as quantizing its elements.
+template <typename T, int V, bool kFlat, typename F>
+__device__ __forceinline__ void for_each_vector(const Rows& m, F&& f) {
+  if constexpr (kFlat) {
+    const auto* in = static_cast<const Vec<T, V>*>(m.input);
+    auto* out = static_cast<Bytes<V>*>(m.out);
+    const uint32_t total = static_cast<uint32_t>(m.rows * (m.hidden / V));
+    for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += gridDim.x * blockDim.x) {
+      const Vec<T, V> v = in[idx];  // one 16-byte load (by reference, f would read elements)
+      f(v, [&](const Bytes<V>& b) { out[idx] = b; });
     }
-#pragma unroll
-    for (int k = 0; k < kStaticUnroll; ++k) {
-      if (base + k * stride < total) store_vec<V>(m, r[k], j[k], quantize(v[k], q));
+  } else {
+    const int64_t nvec = m.hidden / V;
+    const int64_t total = m.rows * nvec;
+    for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t r = idx / nvec, j = idx - r * nvec;
+      f(load_vec<T, V>(m, r, j), [&](const Bytes<V>& b) { store_vec<V>(m, r, j, b); });
     }
   }
 }
 
+// One vector per thread per iteration: 4 (all loads issued before the first is used) was
+// measured slower on an H200 (fp8 static 4096 x 4096 bf16: 23.4 against 15.0 us,
+// benchmarks/NOTES.md): the grid shrinks by 4 and the SMs hold fewer loads in flight.
+template <typename T, int V, bool kFlat, typename MakeQ>
+__global__ void __launch_bounds__(kThreads) static_quant_kernel(const Rows m, const MakeQ make) {
+  const auto q = make();
+  for_each_vector<T, V, kFlat>(
+      m, [&](const Vec<T, V>& v, const auto& store) { store(quantize(v, q)); });
+}
+
 // scale[0] = max over blocks of max(block amax / 448, min scale); scale[0] is zeroed before.
-template <typename T, int V>
+template <typename T, int V, bool kFlat>
 __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const Rows m, float* scale) {
-  const int64_t nvec = m.hidden / V;
-  const int64_t total = m.rows * nvec;
   float a = 0.0f;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / nvec;
-    const Vec<T, V> v = load_vec<T, V>(m, r, idx - r * nvec);
+  for_each_vector<T, V, kFlat>(m, [&](const Vec<T, V>& v, const auto&) {
 #pragma unroll
     for (int i = 0; i < V; ++i) a = fmaxf(a, fabsf(to_float(v.v[i])));
-  }
+  });
   a = block_reduce(a, Max{}, 0.0f);
   if (threadIdx.x == 0) {
     const float s = fmaxf(a / math::kFp8Max, math::kFp8MinScale);
@@ -308,20 +386,19 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     a = block_reduce(a, Max{}, 0.0f);
     const float s = math::per_token_fp8_scale(a, scale_ub);
     if (threadIdx.x == 0) scale[r] = s;
-    emit(Fp8Div{s, -math::kFp8Max, math::kFp8Max});
+    emit(Fp8DivFullRange(s));
   } else if constexpr (kMode == RowMode::kInt8Sym) {
     a = block_reduce(a, Max{}, 0.0f);
     if (threadIdx.x == 0) scale[r] = a / 127.0f;
-    emit(Int8Mul{a == 0.0f ? 0.0f : 127.0f / a});
+    emit(Int8Mul(a == 0.0f ? 0.0f : 127.0f / a));
   } else {
-    lo = block_reduce(lo, Min{}, INFINITY);
-    hi = block_reduce(hi, Max{}, -INFINITY);
+    block_min_max(lo, hi);
     const math::AzpParams p = math::int8_azp_params(lo, hi);
     if (threadIdx.x == 0) {
       scale[r] = p.scale;
       azp[r] = p.azp;
     }
-    emit(Int8Azp{p.scale, p.azp});
+    emit(Int8Azp(p.scale, p.azp));
   }
 }
 
@@ -332,19 +409,22 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 constexpr int kGroupCache = 2;
 
 // A team of `lanes` threads (a power of two <= 32, so teams never straddle a warp) per group.
-template <typename T, int V>
+// Index: uint32_t when every thread index fits in 31 bits (the launcher checks), so the row of a
+// group is a 32-bit division (a 64-bit one is a called routine of dozens of instructions, per
+// 16 elements here); int64_t otherwise.
+template <typename T, int V, typename Index>
 __global__ void __launch_bounds__(kThreads)
     group_quant_kernel(const Rows m, const GroupFp8Params p, int lane_bits, int64_t total_groups) {
   // lanes = 2^lane_bits: the team index and the lane by shift and mask (a runtime 64-bit division
   // and modulo here cost more instructions than the quantize pass of a bf16 lane's 8 elements).
   const int lanes = 1 << lane_bits;
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t g = t >> lane_bits;
+  const Index t = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  const Index g = t >> lane_bits;
   const int lane = static_cast<int>(t & (lanes - 1));
-  const bool active = g < total_groups;
-  const int64_t groups_per_row = m.hidden / p.group_size;
+  const bool active = g < static_cast<Index>(total_groups);
+  const Index groups_per_row = static_cast<Index>(m.hidden / p.group_size);
   const int64_t r = active ? g / groups_per_row : 0;
-  const int64_t gi = g - r * groups_per_row;
+  const int64_t gi = g - static_cast<Index>(r) * groups_per_row;
   const int64_t nvec = p.group_size / V, base = gi * nvec;
   // Vectors j = lane + k * lanes, k < kGroupCache, are loaded together (kGroupCache loads in
   // flight per lane) and kept in registers for the quantize pass; a group longer than
@@ -374,7 +454,7 @@ __global__ void __launch_bounds__(kThreads)
   if (!active) return;
   const float s = math::group_fp8_scale(a, p.eps, p.fp8_max, p.scale_ue8m0);
   if (lane == 0) p.scale[r * p.scale_row_stride + gi * p.scale_group_stride] = s;
-  const Fp8Div q{s, p.fp8_min, p.fp8_max};
+  const Fp8Div q(s, p.fp8_min, p.fp8_max);
 #pragma unroll
   for (int k = 0; k < kGroupCache; ++k) {
     const int64_t j = lane + static_cast<int64_t>(k) * lanes;
@@ -428,14 +508,30 @@ cudaError_t dispatch_vec(DType dtype, const Rows& m, int64_t divisor, F&& f) {
   });
 }
 
+// Input and output rows back to back, fewer than 2^31 elements: the elementwise kernels index
+// the matrix as one flat array with 32-bit math (for_each_vector's kFlat).
+bool flat_32bit(const Rows& m) {
+  const bool packed =
+      m.rows == 1 || (m.input_row_stride == m.hidden && m.out_row_stride == m.hidden);
+  return packed && m.rows * m.hidden <= INT32_MAX;
+}
+
+// f(TypeTag<T>, integral_constant<int, V>, bool_constant<kFlat>) for the elementwise kernels.
+template <typename F>
+cudaError_t dispatch_elementwise(DType dtype, const Rows& m, F&& f) {
+  return dispatch_vec(dtype, m, m.hidden, [&](auto tag, auto vec) -> cudaError_t {
+    if (flat_32bit(m)) return f(tag, vec, std::true_type{});
+    return f(tag, vec, std::false_type{});
+  });
+}
+
 template <typename MakeQ>
 cudaError_t launch_static(DType dtype, const Rows& m, const MakeQ& make, cudaStream_t stream) {
-  return dispatch_vec(dtype, m, m.hidden, [&](auto tag, auto vec) -> cudaError_t {
+  return dispatch_elementwise(dtype, m, [&](auto tag, auto vec, auto flat) -> cudaError_t {
     using T = typename decltype(tag)::type;
     constexpr int V = decltype(vec)::value;
-    static_quant_kernel<T, V, MakeQ>
-        <<<grid_blocks(ceil_div(m.rows * (m.hidden / V), kStaticUnroll)), kThreads, 0, stream>>>(
-            m, make);
+    static_quant_kernel<T, V, decltype(flat)::value, MakeQ>
+        <<<grid_blocks(m.rows * (m.hidden / V)), kThreads, 0, stream>>>(m, make);
     return cudaGetLastError();
   });
 }
@@ -473,10 +569,10 @@ cudaError_t dynamic_scaled_fp8_quant(DType dtype, const DynamicFp8Params& p, cud
   // An empty input still gets its scale (the floor), as on the CPU.
   cudaError_t err = cudaMemsetAsync(p.scale, 0, sizeof(float), stream);
   if (err != cudaSuccess) return err;
-  err = dispatch_vec(dtype, p.m, p.m.hidden, [&](auto tag, auto vec) -> cudaError_t {
+  err = dispatch_elementwise(dtype, p.m, [&](auto tag, auto vec, auto flat) -> cudaError_t {
     using T = typename decltype(tag)::type;
     constexpr int V = decltype(vec)::value;
-    tensor_amax_kernel<T, V>
+    tensor_amax_kernel<T, V, decltype(flat)::value>
         <<<grid_blocks(p.m.rows * (p.m.hidden / V)), kThreads, 0, stream>>>(p.m, p.scale);
     return cudaGetLastError();
   });
@@ -517,8 +613,13 @@ cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cuda
     // each: 8 for 128 bf16 / fp16 elements, 16 for 128 float32.
     while (lane_bits < 5 && (int64_t{kGroupCache} << lane_bits) < nvec) ++lane_bits;
     const int64_t blocks = ceil_div(total_groups << lane_bits, kThreads);
-    group_quant_kernel<T, V>
-        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
+    if ((total_groups << lane_bits) <= INT32_MAX) {
+      group_quant_kernel<T, V, uint32_t>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
+    } else {
+      group_quant_kernel<T, V, int64_t>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
+    }
     return cudaGetLastError();
   });
 }

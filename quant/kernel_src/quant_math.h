@@ -54,6 +54,62 @@ QUANT_HD int8_t int8_rn_azp_sat(float v, int32_t azp) {
   return static_cast<int8_t>(q > 127 ? 127 : (q < -128 ? -128 : q));
 }
 
+// ---- x / s, correctly rounded, for a divisor shared by a row, group or tensor ----
+//
+// The IEEE division is a long sequence per element on a GPU. With r = RN(1/s) computed once,
+// q0 = RN(x * r) is within about an ulp of x / s, the remainder q0 * s - x is exact in one FMA,
+// and one FMA correction rounds to RN(x / s) (Markstein's theorem), provided nothing underflows
+// or overflows: s in [kDivFastMin, kDivFastMax] (div_reciprocal gives NaN otherwise) and |q0| in
+// the same range, or x == ±0 (the sign comes out right for s > 0). Everything else (zero,
+// subnormal, infinite or NaN operands, tiny or huge quotients) takes the IEEE division, so the
+// result is always bit for bit x / s. tests/test_div_by_const.py checks that on the CPU.
+constexpr float kDivFastMin = 0x1p-50f;
+constexpr float kDivFastMax = 0x1p50f;
+
+// r for div_by_const: RN(1 / s) where the fast path is exact for s, NaN elsewhere.
+QUANT_HD float div_reciprocal(float s) {
+  return s >= kDivFastMin && s <= kDivFastMax ? 1.0f / s : NAN;
+}
+
+// x / s from r = div_reciprocal(s) in three FMA-pipe operations; `exact` is cleared (and the
+// result is then meaningless) where that may differ from the IEEE x / s. Kernels test `exact`
+// once per vector of elements, div_by_const once per element.
+QUANT_HD float div_by_const_fast(float x, float s, float r, bool& exact) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(x, r);  // never contracted into an FMA
+#else
+  const float q0 = x * r;
+#endif
+  const float e = fmaf(q0, s, -x);  // q0 * s - x, exact (not x - q0 * s: keeps -0 / s == -0)
+  const float a = fabsf(q0);        // NaN when r is (s outside the fast range): not exact
+  exact &= (a <= kDivFastMax) & ((a >= kDivFastMin) | (x == 0.0f));
+  return fmaf(-e, r, q0);
+}
+
+// x / s (IEEE, round to nearest even) given r = div_reciprocal(s).
+QUANT_HD float div_by_const(float x, float s, float r) {
+  bool exact = true;
+  const float q = div_by_const_fast(x, s, r, exact);
+  return exact ? q : x / s;
+}
+
+// sat8(r + azp) for an int32 r, as clamp(r, lo, hi) + azp with lo = -128 - azp and hi = 127 - azp
+// (clamping commutes with the shift) brought into int32 once per zero point: two 32-bit min/max
+// and an add per element instead of a 64-bit add and clamp. The sum is in [-128, 127], so the
+// wrapping 32-bit add is exact.
+struct AzpClamp {
+  int32_t lo, hi, azp;
+};
+QUANT_HD AzpClamp azp_clamp(int32_t azp) {
+  const int64_t lo = -128 - static_cast<int64_t>(azp), hi = 127 - static_cast<int64_t>(azp);
+  return {static_cast<int32_t>(lo < INT32_MIN ? INT32_MIN : lo),
+          static_cast<int32_t>(hi > INT32_MAX ? INT32_MAX : hi), azp};
+}
+QUANT_HD int8_t add_azp_sat(int32_t r, const AzpClamp& c) {
+  const int32_t k = r < c.lo ? c.lo : (r > c.hi ? c.hi : r);
+  return static_cast<int8_t>(static_cast<uint32_t>(k) + static_cast<uint32_t>(c.azp));
+}
+
 // The smallest power of two >= max(s, 1e-10): vLLM's exp2(ceil(log2(s))) for UE8M0 scales,
 // exact through the float's bits (s > 0 and finite).
 QUANT_HD float pow2_ceil(float s) {
