@@ -9,8 +9,8 @@
 // of a row of A and a column of B, both contiguous along K:
 // * int8: exact int32 products and sums (the loop vectorizes; K * 128 * 128 fits int32 for every
 //   K below 2^17);
-// * fp8: the tile's rows of A and columns of B are decoded to float32 once (a 256-entry table,
-//   exact), then multiplied and summed in float32 with kLanes independent partial sums, which
+// * fp8, bfloat16, float16: the tile's rows of A and columns of B are decoded to float32 once
+//   (fp8 by a 256-entry table; all exact), then multiplied and summed in float32 with kLanes independent partial sums, which
 //   the compiler vectorizes without reassociating anything.
 // The epilogue (scales, zero points, bias, activation) runs in float32 in the documented order
 // and rounds once to the output dtype.
@@ -72,28 +72,49 @@ float dot_f32(const float* a, const float* b, int64_t k) {
   return sum;
 }
 
-// Decodes `count` fp8 vectors of k elements, the i-th at src + i * ld, into dst (packed).
-void decode_fp8(const uint8_t* src, int64_t ld, int64_t count, int64_t k, float* dst) {
-  const float* table = fp8_table();
+template <typename T>
+void widen(const T* src, int64_t ld, int64_t count, int64_t k, float* dst) {
   for (int64_t i = 0; i < count; ++i) {
-    for (int64_t j = 0; j < k; ++j) dst[i * k + j] = table[src[i * ld + j]];
+    for (int64_t j = 0; j < k; ++j) dst[i * k + j] = static_cast<float>(src[i * ld + j]);
   }
 }
 
-// Rows m0..m1 of A and columns n0..n1 of B (fp8) decoded to float32, each packed along K.
-struct DecodedTile {
-  std::vector<float> a_rows, b_cols;
-  int64_t m0, n0, k;
-
-  template <typename Params>
-  DecodedTile(const Params& p, int64_t m0_, int64_t m1, int64_t n0_, int64_t n1)
-      : a_rows((m1 - m0_) * p.k), b_cols((n1 - n0_) * p.k), m0(m0_), n0(n0_), k(p.k) {
-    decode_fp8(static_cast<const uint8_t*>(p.a) + m0 * p.lda, p.lda, m1 - m0, k, a_rows.data());
-    decode_fp8(static_cast<const uint8_t*>(p.b) + n0 * p.ldb, p.ldb, n1 - n0, k, b_cols.data());
+// Decodes `count` vectors of k elements of type `operand` (fp8 or 16-bit), the i-th at
+// src + i * ld, into dst (packed, float32: exact for all three types).
+void decode(GemmOperand operand, const void* src, int64_t ld, int64_t count, int64_t k,
+            float* dst) {
+  switch (operand) {
+    case GemmOperand::kBFloat16:
+      return widen(static_cast<const c10::BFloat16*>(src), ld, count, k, dst);
+    case GemmOperand::kFloat16:
+      return widen(static_cast<const c10::Half*>(src), ld, count, k, dst);
+    default:
+      break;
   }
-  // Row i of A and column j of B (output coordinates), from K offset `from`.
-  const float* a(int64_t i, int64_t from = 0) const { return &a_rows[(i - m0) * k + from]; }
-  const float* b(int64_t j, int64_t from = 0) const { return &b_cols[(j - n0) * k + from]; }
+  const float* table = fp8_table();
+  const uint8_t* bytes = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t j = 0; j < k; ++j) dst[i * k + j] = table[bytes[i * ld + j]];
+  }
+}
+
+// Vectors first..last of an operand (rows of A or columns of B) decoded to float32, each packed
+// along K, read back by their index in the operand.
+class DecodedVectors {
+ public:
+  DecodedVectors(GemmOperand operand, const void* base, int64_t ld, int64_t first, int64_t last,
+                 int64_t k)
+      : data_((last - first) * k), first_(first), k_(k) {
+    const int64_t bytes = operand == GemmOperand::kFp8E4m3 ? 1 : 2;
+    decode(operand, static_cast<const char*>(base) + first * ld * bytes, ld, last - first, k,
+           data_.data());
+  }
+  // Vector i, from K offset `from`.
+  const float* at(int64_t i, int64_t from = 0) const { return &data_[(i - first_) * k_ + from]; }
+
+ private:
+  std::vector<float> data_;
+  int64_t first_, k_;
 };
 
 // Bias[n] widened to float32 (0 without a bias).
@@ -104,10 +125,8 @@ float bias_at(const void* bias, DType out_dtype, int64_t n) {
              : static_cast<float>(static_cast<const c10::BFloat16*>(bias)[n]);
 }
 
-// act(v + bias[n]) rounded once to the output dtype, stored at d[m * ldd + n].
-void store(void* d, DType out_dtype, int64_t ldd, int64_t m, int64_t n, float v, const void* bias,
-           Activation activation) {
-  const float x = math::activate(activation, v + bias_at(bias, out_dtype, n));
+// x rounded once to the output dtype, stored at d[m * ldd + n].
+void store(void* d, DType out_dtype, int64_t ldd, int64_t m, int64_t n, float x) {
   if (out_dtype == DType::kFloat16) {
     static_cast<c10::Half*>(d)[m * ldd + n] = c10::Half(x);
   } else {
@@ -128,11 +147,30 @@ void for_each_tile(int64_t m, int64_t n, const Tile& tile) {
   });
 }
 
-// scale_a[m] * scale_b[n] * (dot - zp[m, n]) + bias[n] for one element (scaled_mm_params.h).
-float scaled_value(const ScaledMmParams& p, int64_t m, int64_t n, float dot_minus_zp) {
-  const float sa = p.scale_a[p.scale_a_per_row ? m : 0];
-  const float sb = p.scale_b[p.scale_b_per_col ? n : 0];
-  return sa * sb * dot_minus_zp;
+// scale_a[m] * scale_b[col] * (dot - zp) + bias[col] for column `col` of B (scaled_mm_params.h;
+// a null scale reads as 1).
+float scaled_value(const ScaledMmParams& p, int64_t m, int64_t col, float dot_minus_zp) {
+  const float sa = p.scale_a == nullptr ? 1.0f : p.scale_a[p.scale_a_per_row ? m : 0];
+  const float sb = p.scale_b == nullptr ? 1.0f : p.scale_b[p.scale_b_per_col ? col : 0];
+  return sa * sb * dot_minus_zp + bias_at(p.bias, p.out_dtype, col);
+}
+
+// Column of the packed B holding the gate of output column n; its up is kGateBlock further.
+int64_t gate_column(int64_t n) { return (n / kGateBlock) * 2 * kGateBlock + n % kGateBlock; }
+
+// D[m, n] from the products of row m of A with the B column(s) of output column n: one column
+// (dot_of(n)), or for the gated form the gate and up columns, act(g) * u.
+template <typename DotOf>
+void epilogue(const ScaledMmParams& p, int64_t m, int64_t n, const DotOf& dot_of) {
+  float x;
+  if (p.gated) {
+    const int64_t gate = gate_column(n), up = gate + kGateBlock;
+    x = math::activate(p.activation, scaled_value(p, m, gate, dot_of(gate))) *
+        scaled_value(p, m, up, dot_of(up));
+  } else {
+    x = math::activate(p.activation, scaled_value(p, m, n, dot_of(n)));
+  }
+  store(p.d, p.out_dtype, p.ldd, m, n, x);
 }
 
 void scaled_mm_int8(const ScaledMmParams& p) {
@@ -141,26 +179,33 @@ void scaled_mm_int8(const ScaledMmParams& p) {
   for_each_tile(p.m, p.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     for (int64_t i = m0; i < m1; ++i) {
       for (int64_t j = n0; j < n1; ++j) {
-        const int64_t dot = dot_int8(a + i * p.lda, b + j * p.ldb, p.k);
-        int64_t zp = 0;
-        if (p.azp_adj != nullptr) {
-          zp = p.azp != nullptr ? int64_t(p.azp[i]) * p.azp_adj[j] : int64_t(p.azp_adj[j]);
-        }
         // The difference is exact in int64 and rounded once to float32.
-        const float v = scaled_value(p, i, j, static_cast<float>(dot - zp));
-        store(p.d, p.out_dtype, p.ldd, i, j, v, p.bias, p.activation);
+        epilogue(p, i, j, [&](int64_t col) {
+          const int64_t dot = dot_int8(a + i * p.lda, b + col * p.ldb, p.k);
+          int64_t zp = 0;
+          if (p.azp_adj != nullptr) {
+            zp = p.azp != nullptr ? int64_t(p.azp[i]) * p.azp_adj[col] : int64_t(p.azp_adj[col]);
+          }
+          return static_cast<float>(dot - zp);
+        });
       }
     }
   });
 }
 
-void scaled_mm_fp8(const ScaledMmParams& p) {
+// fp8, bfloat16 and float16: the tile's rows of A and the B columns it reads decoded to float32
+// once. A tile's output columns lie in one gate block (kTileN divides kGateBlock), so the gated
+// form reads two runs of B columns, the gates and the ups.
+void scaled_mm_float(const ScaledMmParams& p) {
+  static_assert(kGateBlock % kTileN == 0, "a CPU tile must not straddle two gate blocks");
   for_each_tile(p.m, p.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    const DecodedTile tile(p, m0, m1, n0, n1);
+    const DecodedVectors a(p.operand, p.a, p.lda, m0, m1, p.k);
+    const int64_t first = p.gated ? gate_column(n0) : n0;
+    const int64_t last = p.gated ? gate_column(n1 - 1) + kGateBlock + 1 : n1;
+    const DecodedVectors b(p.operand, p.b, p.ldb, first, last, p.k);
     for (int64_t i = m0; i < m1; ++i) {
       for (int64_t j = n0; j < n1; ++j) {
-        const float dot = dot_f32(tile.a(i), tile.b(j), p.k);
-        store(p.d, p.out_dtype, p.ldd, i, j, scaled_value(p, i, j, dot), p.bias, p.activation);
+        epilogue(p, i, j, [&](int64_t col) { return dot_f32(a.at(i), b.at(col), p.k); });
       }
     }
   });
@@ -173,7 +218,9 @@ void scaled_mm(const ScaledMmParams& p) {
     case GemmOperand::kInt8:
       return scaled_mm_int8(p);
     case GemmOperand::kFp8E4m3:
-      return scaled_mm_fp8(p);
+    case GemmOperand::kBFloat16:
+    case GemmOperand::kFloat16:
+      return scaled_mm_float(p);
   }
   TORCH_CHECK(false, "cutlass_scaled_mm (cpu): unknown operand type ", static_cast<int>(p.operand));
 }
@@ -181,16 +228,18 @@ void scaled_mm(const ScaledMmParams& p) {
 void block_scaled_mm(const BlockScaledMmParams& p) {
   const int64_t kb_count = p.k / kBlock;
   for_each_tile(p.m, p.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    const DecodedTile tile(p, m0, m1, n0, n1);
+    const DecodedVectors a(GemmOperand::kFp8E4m3, p.a, p.lda, m0, m1, p.k);
+    const DecodedVectors b(GemmOperand::kFp8E4m3, p.b, p.ldb, n0, n1, p.k);
     for (int64_t i = m0; i < m1; ++i) {
       for (int64_t j = n0; j < n1; ++j) {
         const float* scale_b = p.scale_b + (j / kBlock) * kb_count;
         float acc = 0.0f;
         for (int64_t kb = 0; kb < kb_count; ++kb) {
-          const float dot = dot_f32(tile.a(i, kb * kBlock), tile.b(j, kb * kBlock), kBlock);
+          const float dot = dot_f32(a.at(i, kb * kBlock), b.at(j, kb * kBlock), kBlock);
           acc += p.scale_a[kb * p.scale_a_ld + i] * scale_b[kb] * dot;
         }
-        store(p.d, p.out_dtype, p.ldd, i, j, acc, p.bias, p.activation);
+        const float x = math::activate(p.activation, acc + bias_at(p.bias, p.out_dtype, j));
+        store(p.d, p.out_dtype, p.ldd, i, j, x);
       }
     }
   });

@@ -36,6 +36,11 @@ bool use_hopper_kernels(const DeviceInfo& info, GemmPath path) {
   return info.capability == kHopper && path == GemmPath::kAuto;
 }
 
+// The gated form and 16-bit operands have no mma.sync kernels.
+bool hopper_only(const ScaledMmParams& p) {
+  return p.gated || p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16;
+}
+
 }  // namespace
 
 bool scaled_mm_supported(int capability, GemmOperand operand) {
@@ -49,6 +54,7 @@ bool block_scaled_mm_supported(int capability) {
 size_t scaled_mm_workspace_size(const ScaledMmParams& p, int device, GemmPath path) {
   const DeviceInfo info = device_info(device);
   if (use_hopper_kernels(info, path)) return sm90::workspace_size(p, info.sm_count);
+  if (hopper_only(p)) return 0;
   return sm80::workspace_size(p, device);
 }
 
@@ -56,6 +62,7 @@ cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int device, Gemm
                       cudaStream_t stream) {
   const DeviceInfo info = device_info(device);
   if (use_hopper_kernels(info, path)) return sm90::scaled_mm(p, workspace, info.sm_count, stream);
+  if (hopper_only(p)) return cudaErrorNotSupported;
   return sm80::scaled_mm(p, workspace, device, stream);
 }
 

@@ -67,25 +67,59 @@ struct Gemm {
   int64_t lda, ldb, ldd;
 };
 
-Gemm check_gemm(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+// Which operand types an op takes (check_gemm's `gated`: b is a packed gate / up weight [K, 2N]).
+enum class Operands { kQuantized, kSixteenBit, kAny };
+
+std::optional<GemmOperand> operand_of(at::ScalarType a, at::ScalarType b, Operands accepted) {
+  if (a != b) return std::nullopt;
+  const bool quantized = accepted != Operands::kSixteenBit;
+  const bool sixteen_bit = accepted != Operands::kQuantized;
+  if (quantized && a == at::kFloat8_e4m3fn) return GemmOperand::kFp8E4m3;
+  if (quantized && a == at::kChar) return GemmOperand::kInt8;
+  if (sixteen_bit && a == at::kBFloat16) return GemmOperand::kBFloat16;
+  if (sixteen_bit && a == at::kHalf) return GemmOperand::kFloat16;
+  return std::nullopt;
+}
+
+constexpr const char* operands_wanted(Operands accepted) {
+  return accepted == Operands::kQuantized    ? "both be float8_e4m3fn or both int8"
+         : accepted == Operands::kSixteenBit ? "both be bfloat16 or both float16"
+                                             : "have one dtype: float8_e4m3fn, int8, bfloat16 or "
+                                               "float16";
+}
+
+bool is_sixteen_bit(GemmOperand operand) {
+  return operand == GemmOperand::kBFloat16 || operand == GemmOperand::kFloat16;
+}
+
+Gemm check_gemm(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                Operands accepted = Operands::kQuantized, bool gated = false) {
   Gemm g;
-  const bool fp8 = a.scalar_type() == at::kFloat8_e4m3fn && b.scalar_type() == at::kFloat8_e4m3fn;
-  const bool int8 = a.scalar_type() == at::kChar && b.scalar_type() == at::kChar;
-  TORCH_CHECK(fp8 || int8, op, ": a and b must both be float8_e4m3fn or both int8, got ",
+  const std::optional<GemmOperand> operand = operand_of(a.scalar_type(), b.scalar_type(), accepted);
+  TORCH_CHECK(operand.has_value(), op, ": a and b must ", operands_wanted(accepted), ", got ",
               dtype_name(a.scalar_type()), " and ", dtype_name(b.scalar_type()));
-  g.operand = fp8 ? GemmOperand::kFp8E4m3 : GemmOperand::kInt8;
+  g.operand = *operand;
   TORCH_CHECK(a.dim() == 2, op, ": a must be 2-D [M, K], got shape ", a.sizes());
-  TORCH_CHECK(b.dim() == 2, op, ": b must be 2-D [K, N], got shape ", b.sizes());
+  TORCH_CHECK(b.dim() == 2, op, ": b must be 2-D [K, ", gated ? "2N" : "N", "], got shape ",
+              b.sizes());
   g.m = a.size(0);
   g.k = a.size(1);
-  g.n = b.size(1);
+  const int64_t b_cols = b.size(1);
   TORCH_CHECK(b.size(0) == g.k, op, ": b must have K = ", g.k,
               " rows (a is [M, K], b [K, N]), got shape ", b.sizes());
   TORCH_CHECK(g.k > 0 && g.k % 16 == 0, op, ": K must be a positive multiple of 16, got ", g.k);
-  TORCH_CHECK(g.n > 0 && g.n % 16 == 0, op, ": N must be a positive multiple of 16, got ", g.n);
+  if (gated) {
+    TORCH_CHECK(b_cols > 0 && b_cols % (2 * quant::kGateBlock) == 0, op,
+                ": b must be a packed gate / up weight [K, 2N] with N a positive multiple of ",
+                quant::kGateBlock, " (pack_gate_up), got shape ", b.sizes());
+    g.n = b_cols / 2;
+  } else {
+    g.n = b_cols;
+    TORCH_CHECK(g.n > 0 && g.n % 16 == 0, op, ": N must be a positive multiple of 16, got ", g.n);
+  }
   // Strides of size-1 dimensions are arbitrary in PyTorch: normalize them.
   g.lda = g.m > 1 ? a.stride(0) : g.k;
-  g.ldb = g.n > 1 ? b.stride(1) : g.k;
+  g.ldb = b_cols > 1 ? b.stride(1) : g.k;
   TORCH_CHECK(a.stride(1) == 1, op,
               ": a must be row-major [M, K] (unit stride along K), got strides ", a.strides());
   TORCH_CHECK(b.stride(0) == 1, op,
@@ -106,6 +140,10 @@ Gemm check_gemm(const char* op, const at::Tensor& out, const at::Tensor& a, cons
   TORCH_CHECK(out_dtype.has_value() && *out_dtype != quant::DType::kFloat32, op,
               ": out must be float16 or bfloat16, got ", dtype_name(out.scalar_type()));
   g.out_dtype = *out_dtype;
+  // Unquantized operands keep their type: the kernels write D in it.
+  TORCH_CHECK(!is_sixteen_bit(g.operand) || out.scalar_type() == a.scalar_type(), op,
+              ": out must have the dtype of a and b (", dtype_name(a.scalar_type()), "), got ",
+              dtype_name(out.scalar_type()));
   torch_checks::check_shape(op, "out", out, {g.m, g.n}, "[M, N]");
   torch_checks::check_device_of(op, "a", a, "out", out);
   torch_checks::check_device_of(op, "b", b, "out", out);
@@ -132,10 +170,14 @@ void check_vector(const char* op, const char* name, const at::Tensor& t, at::Sca
 }
 
 const void* check_bias(const char* op, const std::optional<at::Tensor>& bias, const Gemm& g,
-                       const at::Tensor& out) {
+                       const at::Tensor& out, bool gated = false) {
   if (!present(bias)) return nullptr;
   check_vector(op, "bias", *bias, out.scalar_type(), out);
-  torch_checks::check_shape(op, "bias", *bias, {g.n}, "[N], one per output column");
+  if (gated) {
+    torch_checks::check_shape(op, "bias", *bias, {2 * g.n}, "[2N], packed like b");
+  } else {
+    torch_checks::check_shape(op, "bias", *bias, {g.n}, "[N], one per output column");
+  }
   return bias->const_data_ptr();
 }
 
@@ -217,6 +259,21 @@ void launch_cuda(const char* op, const at::Device& device, size_t bytes, Launch 
 }
 #endif
 
+#if defined(CUDA_KERNEL)
+// The gated form and 16-bit operands have Hopper kernels only: capability 9.0 on the "auto"
+// path. Elsewhere the Python wrappers run their unfused fallback instead of calling the op.
+void check_hopper_form(const char* op, const at::Device& device, quant::cuda::GemmPath path) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device.index());
+  TORCH_CHECK(prop->major == 9 && prop->minor == 0, op,
+              ": the gated form and bfloat16 / float16 operands need a GPU of compute capability "
+              "9.0 (Hopper), got ",
+              prop->major, ".", prop->minor, " (", prop->name, ")");
+  TORCH_CHECK(path == quant::cuda::GemmPath::kAuto, op,
+              ": the gated form and bfloat16 / float16 operands run on the \"auto\" GEMM path "
+              "only, got \"sm80\" (_set_scaled_mm_path)");
+}
+#endif
+
 void no_device(const char* op, const at::Device& device) {
   TORCH_CHECK(false, op, ": no implementation for device ", device, " in this build");
 }
@@ -231,9 +288,13 @@ void run(const char* op, const at::Device& device, const quant::ScaledMmParams& 
 #endif
 #if defined(CUDA_KERNEL)
   if (device.is_cuda()) {
-    check_capability(op, device, p.operand, false);
-    if (p.m == 0) return;
     const auto path = static_cast<quant::cuda::GemmPath>(g_scaled_mm_path.load());
+    if (p.gated || is_sixteen_bit(p.operand)) {
+      check_hopper_form(op, device, path);
+    } else {
+      check_capability(op, device, p.operand, false);
+    }
+    if (p.m == 0) return;
     const int index = device.index();
     return launch_cuda(op, device, quant::cuda::scaled_mm_workspace_size(p, index, path),
                        [&](void* ws, cudaStream_t stream) {
@@ -383,6 +444,58 @@ void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tenso
                 "shape ", azp->sizes());
     p.azp = azp->const_data_ptr<int32_t>();
   }
+  run(op, out.device(), p);
+}
+
+void linear_act(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                const std::optional<at::Tensor>& bias, const std::string& activation) {
+  const char* op = "linear_act";
+  TORCH_CHECK(weight.dim() == 2, op, ": weight must be 2-D [N, K], got shape ", weight.sizes());
+  TORCH_CHECK(weight.size(0) <= 1 || weight.stride(1) == 1, op,
+              ": weight must be row-major [N, K] (unit stride along K), got strides ",
+              weight.strides());
+  // The weight's transpose is the column-major B of the scaled GEMMs; check_gemm calls x "a".
+  const Gemm g = check_gemm(op, out, x, weight.t(), Operands::kSixteenBit);
+  quant::ScaledMmParams p{};
+  p.operand = g.operand;
+  set_operands(p, g, out, x, weight);
+  p.bias = check_bias(op, bias, g, out);
+  p.activation = parse_activation(op, activation);
+  run(op, out.device(), p);
+}
+
+void scaled_mm_gated(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                     const std::optional<at::Tensor>& a_scales,
+                     const std::optional<at::Tensor>& b_scales,
+                     const std::optional<at::Tensor>& bias, const std::string& activation) {
+  const char* op = "scaled_mm_gated";
+  const Gemm g = check_gemm(op, out, a, b, Operands::kAny, true);
+  quant::ScaledMmParams p{};
+  p.operand = g.operand;
+  set_operands(p, g, out, a, b);
+  if (is_sixteen_bit(g.operand)) {
+    TORCH_CHECK(!present(a_scales) && !present(b_scales), op,
+                ": bfloat16 / float16 operands take no scales (pass None for a_scales and "
+                "b_scales)");
+  } else {
+    TORCH_CHECK(present(a_scales) && present(b_scales), op,
+                ": float8_e4m3fn / int8 operands need a_scales and b_scales");
+    check_vector(op, "a_scales", *a_scales, at::kFloat, out);
+    check_vector(op, "b_scales", *b_scales, at::kFloat, out);
+    TORCH_CHECK(a_scales->numel() == 1 || a_scales->numel() == g.m, op,
+                ": a_scales must have 1 element (per tensor) or M = ", g.m,
+                " (per token), got shape ", a_scales->sizes());
+    TORCH_CHECK(b_scales->numel() == 1 || b_scales->numel() == 2 * g.n, op,
+                ": b_scales must have 1 element (per tensor) or 2N = ", 2 * g.n,
+                " (per channel of the packed weight), got shape ", b_scales->sizes());
+    p.scale_a = a_scales->const_data_ptr<float>();
+    p.scale_b = b_scales->const_data_ptr<float>();
+    p.scale_a_per_row = a_scales->numel() != 1;
+    p.scale_b_per_col = b_scales->numel() != 1;
+  }
+  p.bias = check_bias(op, bias, g, out, true);
+  p.activation = parse_activation(op, activation);
+  p.gated = true;
   run(op, out.device(), p);
 }
 

@@ -56,6 +56,12 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor? bias, str activation) -> ()");
   QUANT_IMPL(cutlass_scaled_mm_act);
   ops.def("_set_scaled_mm_path(str path) -> ()", &_set_scaled_mm_path);
+  ops.def("linear_act(Tensor! out, Tensor x, Tensor weight, Tensor? bias, str activation) -> ()");
+  QUANT_IMPL(linear_act);
+  ops.def(
+      "scaled_mm_gated(Tensor! out, Tensor a, Tensor b, Tensor? a_scales, Tensor? b_scales, "
+      "Tensor? bias, str activation) -> ()");
+  QUANT_IMPL(scaled_mm_gated);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -72,6 +72,21 @@ void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tenso
                            const at::Tensor& azp_adj,               // [N] int32
                            const std::optional<at::Tensor>& azp,    // [M] int32
                            const std::optional<at::Tensor>& bias);  // [N] of out's dtype
+// out = act(x @ weight.t() + bias) for unquantized bfloat16 / float16 x [M, K] and weight [N, K]
+// row-major (out and bias of their dtype). CUDA: capability 9.0 on the "auto" path only.
+void linear_act(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                const std::optional<at::Tensor>& bias, const std::string& activation);
+// Gated MLP: out[m, n] = act(g[m, n]) * u[m, n], g and u the scaled, biased products of a with
+// the gate and up columns of b, the packed weight [K, 2N] (blocks of 64 columns, gate then up;
+// scales and bias in that packed order). fp8 / int8 with scales (1 or M, 1 or 2N), or
+// bfloat16 / float16 without. CUDA: capability 9.0 on the "auto" path only.
+void scaled_mm_gated(at::Tensor& out,                            // [M, N]
+                     const at::Tensor& a,                        // [M, K]
+                     const at::Tensor& b,                        // [K, 2N], column-major
+                     const std::optional<at::Tensor>& a_scales,  // 1 or M
+                     const std::optional<at::Tensor>& b_scales,  // 1 or 2N
+                     const std::optional<at::Tensor>& bias,      // [2N] of out's dtype
+                     const std::string& activation);
 // Whether a CUDA build of this kernel has fp8 (blockwise fp8) GEMMs for a GPU of capability
 // major * 10 + minor (the CPU build answers for a CUDA build: kernel_src/scaled_mm_support.h).
 bool cutlass_scaled_mm_supports_fp8(int64_t cuda_device_capability);

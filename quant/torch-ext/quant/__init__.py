@@ -41,6 +41,7 @@ outputs, so it can be captured in a CUDA graph; torch.compile(fullgraph=True) tr
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from . import _custom_ops, _reference, quantized_linear
 from ._ops import add_op_namespace_prefix, ops
@@ -63,6 +64,12 @@ __all__ = [
     "cutlass_scaled_mm_supports_fp8",
     "cutlass_scaled_mm_supports_block_fp8",
     "matmul_2d",
+    # Fused epilogues of unquantized and gated GEMMs
+    "linear_act",
+    "pack_gate_up",
+    "unpack_gate_up",
+    "cutlass_scaled_mm_gated",
+    "linear_gated",
     # W8A8 linear layers (quantized_linear.py)
     "QuantizedLinear",
     "ReplaceReport",
@@ -402,6 +409,253 @@ def matmul_2d(
         scale_a = scale.reshape(1, 1).expand(a.shape[0], k // _BLOCK)
     out = cutlass_scaled_mm(q, B.t(), scale_a, Bs.t(), out_dtype)
     return out.reshape(*A.shape[:-1], n)
+
+
+# ---- fused epilogues: linear_act and the gated MLP form ----
+#
+# Their CUDA kernels are Hopper's (capability 9.0, the "auto" GEMM path); the ops refuse other
+# GPUs. The wrappers therefore choose: the fused op on the CPU and on such a GPU, else an unfused
+# fallback of plain GEMMs and torch activations with the same result up to rounding. The choice
+# is plain Python (a capability query and the mirrored path below), so torch.compile traces it
+# without a graph break.
+
+# The GEMM path of _set_scaled_mm_path, mirrored for the choice above.
+_scaled_mm_path = "auto"
+
+# Activations of the unfused fallbacks, applied in float32 like the fused epilogue.
+_TORCH_ACTIVATIONS = {
+    "none": lambda x: x,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def _set_scaled_mm_path(path: str) -> None:
+    """The CUDA GEMM family: "auto" (Hopper kernels on capability 9.0) or "sm80" (mma.sync on
+    every GPU; linear_act and the gated GEMM then take their unfused fallback)."""
+    global _scaled_mm_path
+    ops._set_scaled_mm_path(path)
+    _scaled_mm_path = path
+
+
+def _fused_epilogue_runs_on(device: torch.device) -> bool:
+    """Whether linear_act's and the gated GEMM's fused ops serve `device`."""
+    if device.type == "cpu":
+        return True
+    return (
+        device.type == "cuda"
+        and _scaled_mm_path == "auto"
+        and torch.cuda.get_device_capability(device) == (9, 0)
+    )
+
+
+def _activation_name(name: str, activation) -> str:
+    if activation not in _custom_ops.ACTIVATIONS:
+        raise ValueError(
+            f'{name}: activation must be None, "none", "gelu", "gelu_tanh" or "silu", got '
+            f"{activation!r}"
+        )
+    return "none" if activation is None else activation
+
+
+def _check_sixteen_bit(name: str, what: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: {what} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in _custom_ops.SIXTEEN_BIT:
+        raise ValueError(
+            f"{name}: {what} must be bfloat16 or float16, got {_custom_ops.dtype_name(t.dtype)}"
+        )
+
+
+def linear_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+) -> torch.Tensor:
+    """``act(x @ weight.T + bias)`` for unquantized bfloat16 / float16 tensors: ``x`` [..., K],
+    ``weight`` [N, K] and ``bias`` [N] of x's dtype; the result is [..., N] of that dtype.
+    ``activation``: None (or "none"), "gelu" (erf), "gelu_tanh" or "silu".
+
+    Fused (the GEMM's epilogue applies bias and activation in float32, one rounding) on the CPU
+    and on CUDA capability 9.0 with the "auto" GEMM path, when N and K are multiples of 16;
+    elsewhere ``F.linear`` and the torch activation (float32, then rounded).
+    """
+    name = "linear_act"
+    _check_sixteen_bit(name, "x", x)
+    _check_sixteen_bit(name, "weight", weight)
+    act = _activation_name(name, activation)
+    if (
+        x.dim() < 1
+        or weight.dim() != 2
+        or weight.dtype != x.dtype
+        or weight.shape[1] != x.shape[-1]
+    ):
+        raise ValueError(
+            f"{name}: weight must be [N, K] of x's dtype with K = x.shape[-1]; got x "
+            f"{list(x.shape)} {_custom_ops.dtype_name(x.dtype)}, weight {list(weight.shape)} "
+            f"{_custom_ops.dtype_name(weight.dtype)}"
+        )
+    n, k = weight.shape
+    if _fused_epilogue_runs_on(x.device) and n % 16 == 0 and k % 16 == 0:
+        rows = x.reshape(-1, k)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        if weight.stride(-1) != 1:
+            weight = weight.contiguous()
+        out = torch.empty((rows.shape[0], n), dtype=x.dtype, device=x.device)
+        ops.linear_act(out, rows, weight, bias, act)
+        return out.reshape(*x.shape[:-1], n)
+    y = F.linear(x, weight, bias)
+    if act == "none":
+        return y
+    return _TORCH_ACTIVATIONS[act](y.float()).to(y.dtype)
+
+
+def _gate_blocks(t: torch.Tensor, name: str, what: str) -> Tuple[int, Tuple[int, ...]]:
+    """(N, trailing shape) of a gate or up tensor [N], [N, 1] or [N, K]."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: {what} must be a tensor, got {type(t).__name__}")
+    if t.dim() not in (1, 2) or t.shape[0] % _custom_ops.GATE_BLOCK != 0 or t.shape[0] == 0:
+        raise ValueError(
+            f"{name}: {what} must be [N], [N, 1] or [N, K] with N a positive multiple of "
+            f"{_custom_ops.GATE_BLOCK}, got shape {list(t.shape)}"
+        )
+    return t.shape[0], tuple(t.shape[1:])
+
+
+def pack_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The packed gated weight of the fused gated GEMM: ``gate`` and ``up`` of the same shape
+    [N, K] (weights), [N] or [N, 1] (per-channel scales, bias) interleaved in blocks of 64 rows,
+    gate block j then up block j, as [2N, ...]. N must be a multiple of 64."""
+    name = "pack_gate_up"
+    n, rest = _gate_blocks(gate, name, "gate")
+    _gate_blocks(up, name, "up")
+    if up.shape != gate.shape or up.dtype != gate.dtype or up.device != gate.device:
+        raise ValueError(
+            f"{name}: up must have gate's shape, dtype and device ({list(gate.shape)} "
+            f"{_custom_ops.dtype_name(gate.dtype)} on {gate.device}), got {list(up.shape)} "
+            f"{_custom_ops.dtype_name(up.dtype)} on {up.device}"
+        )
+    blocks = n // _custom_ops.GATE_BLOCK
+    packed = torch.empty(
+        (blocks, 2, _custom_ops.GATE_BLOCK, *rest), dtype=gate.dtype, device=gate.device
+    )
+    packed[:, 0].copy_(gate.reshape(blocks, _custom_ops.GATE_BLOCK, *rest))
+    packed[:, 1].copy_(up.reshape(blocks, _custom_ops.GATE_BLOCK, *rest))
+    return packed.reshape(2 * n, *rest)
+
+
+def unpack_gate_up(packed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(gate, up)`` from a tensor of ``pack_gate_up`` (new contiguous tensors)."""
+    name = "unpack_gate_up"
+    two_n, rest = _gate_blocks(packed, name, "packed")
+    if two_n % (2 * _custom_ops.GATE_BLOCK) != 0:
+        raise ValueError(
+            f"{name}: packed must have 2N rows, N a multiple of {_custom_ops.GATE_BLOCK}, got "
+            f"shape {list(packed.shape)}"
+        )
+    blocks = two_n // (2 * _custom_ops.GATE_BLOCK)
+    view = packed.reshape(blocks, 2, _custom_ops.GATE_BLOCK, *rest)
+    return (
+        view[:, 0].reshape(two_n // 2, *rest).clone(),
+        view[:, 1].reshape(two_n // 2, *rest).clone(),
+    )
+
+
+def _gate_of_packed(y: torch.Tensor, act: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """act(g) * u in float32 from a product [M, 2N] over the packed weight (blocks of 64
+    columns: gate, up), rounded to out_dtype: the unfused gated epilogue."""
+    m, two_n = y.shape
+    blocks = y.float().view(m, two_n // (2 * _custom_ops.GATE_BLOCK), 2, _custom_ops.GATE_BLOCK)
+    gated = _TORCH_ACTIVATIONS[act](blocks[:, :, 0]) * blocks[:, :, 1]
+    return gated.reshape(m, two_n // 2).to(out_dtype)
+
+
+def cutlass_scaled_mm_gated(
+    a: torch.Tensor,
+    b_packed: torch.Tensor,
+    scale_a: Optional[torch.Tensor],
+    scale_b_packed: Optional[torch.Tensor],
+    out_dtype: torch.dtype,
+    activation: Optional[str] = "silu",
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The gated MLP product ``act(g) * u`` as a new [M, N] tensor of ``out_dtype``, with
+    ``g`` and ``u`` the scaled, biased products of ``a`` with the gate and up halves of
+    ``b_packed``.
+
+    * ``a`` [M, K] row-major; ``b_packed`` [K, 2N] column-major, the ``.t()`` of
+      ``pack_gate_up(gate_weight, up_weight)`` ([2N, K]); N a multiple of 64, K of 16.
+    * float8_e4m3fn / int8 operands: float32 ``scale_a`` with 1 or M elements,
+      ``scale_b_packed`` with 1 or 2N (per channel, packed by ``pack_gate_up``); ``out_dtype``
+      float16 or bfloat16. bfloat16 / float16 operands: both scales None, ``out_dtype`` theirs.
+    * ``bias`` [2N] of ``out_dtype``, packed; ``activation`` None / "none", "gelu",
+      "gelu_tanh" or "silu" (applied to the gate).
+
+    Fused on the CPU and on CUDA capability 9.0 with the "auto" GEMM path; elsewhere the plain
+    GEMM over the packed weight to [M, 2N] (rounded to ``out_dtype``), then ``act(g) * u``.
+    """
+    name = "cutlass_scaled_mm_gated"
+    _check_gemm_args(name, a, b_packed, out_dtype)
+    act = _activation_name(name, activation)
+    two_n = b_packed.shape[1]
+    if two_n == 0 or two_n % (2 * _custom_ops.GATE_BLOCK) != 0:
+        raise ValueError(
+            f"{name}: b_packed must be [K, 2N] with N a positive multiple of "
+            f"{_custom_ops.GATE_BLOCK} (the .t() of pack_gate_up's weight), got shape "
+            f"{list(b_packed.shape)}"
+        )
+    if _fused_epilogue_runs_on(a.device):
+        out = torch.empty((a.shape[0], two_n // 2), dtype=out_dtype, device=a.device)
+        ops.scaled_mm_gated(out, a, b_packed, scale_a, scale_b_packed, bias, act)
+        return out
+    if a.dtype in _custom_ops.SIXTEEN_BIT:
+        if scale_a is not None or scale_b_packed is not None:
+            raise ValueError(
+                f"{name}: bfloat16 / float16 operands take no scales (pass None for scale_a and "
+                "scale_b_packed)"
+            )
+        if out_dtype != a.dtype:
+            raise ValueError(
+                f"{name}: out_dtype must be the operands' dtype {a.dtype} for 16-bit operands, "
+                f"got {out_dtype}"
+            )
+        y = F.linear(a, b_packed.t(), bias)
+    else:
+        if scale_a is None or scale_b_packed is None:
+            raise ValueError(
+                f"{name}: float8_e4m3fn / int8 operands need scale_a and scale_b_packed"
+            )
+        y = cutlass_scaled_mm(a, b_packed, scale_a, scale_b_packed, out_dtype, bias)
+    return _gate_of_packed(y, act, out_dtype)
+
+
+def linear_gated(
+    x: torch.Tensor,
+    packed_weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = "silu",
+) -> torch.Tensor:
+    """The gated MLP input projection ``act(x @ gate.T + bias_g) * (x @ up.T + bias_u)`` for
+    bfloat16 / float16: ``x`` [..., K], ``packed_weight = pack_gate_up(gate, up)`` [2N, K] and
+    ``bias`` [2N] (``pack_gate_up(bias_g, bias_u)``) of x's dtype; the result is [..., N].
+    Fused or unfused as ``cutlass_scaled_mm_gated``."""
+    name = "linear_gated"
+    _check_sixteen_bit(name, "x", x)
+    _check_sixteen_bit(name, "packed_weight", packed_weight)
+    if x.dim() < 1 or packed_weight.dim() != 2 or packed_weight.shape[1] != x.shape[-1]:
+        raise ValueError(
+            f"{name}: packed_weight must be [2N, K] with K = x.shape[-1]; got x {list(x.shape)}, "
+            f"packed_weight {list(packed_weight.shape)}"
+        )
+    k = packed_weight.shape[1]
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = cutlass_scaled_mm_gated(rows, packed_weight.t(), None, None, x.dtype, activation, bias)
+    return out.reshape(*x.shape[:-1], out.shape[1])
 
 
 # An error raised through a public function or QuantizedLinear.forward names it, not the op it

@@ -86,6 +86,16 @@ def _check_aux(
     )
 
 
+def _check_activation(op: str, activation: str) -> None:
+    torch._check(
+        activation in ACTIVATIONS[1:],
+        lambda: (
+            f'{op}: activation must be one of "none", "gelu", "gelu_tanh", "silu", got '
+            f'"{activation}"'
+        ),
+    )
+
+
 @torch.library.register_fake(add_op_namespace_prefix("static_scaled_fp8_quant"))
 def _static_scaled_fp8_quant_fake(result, input, scale) -> None:
     op = "static_scaled_fp8_quant"
@@ -199,13 +209,7 @@ def _cutlass_scaled_mm_act_fake(out, a, b, a_scales, b_scales, bias, activation)
     op = "cutlass_scaled_mm_act"
     _check_gemm(op, out, a, b)
     _check_scales(op, out, a_scales, b_scales, bias)
-    torch._check(
-        activation in ACTIVATIONS[1:],
-        lambda: (
-            f'{op}: activation must be one of "none", "gelu", "gelu_tanh", "silu", got '
-            f'"{activation}"'
-        ),
-    )
+    _check_activation(op, activation)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("cutlass_scaled_mm_azp"))
@@ -220,3 +224,69 @@ def _cutlass_scaled_mm_azp_fake(out, a, b, a_scales, b_scales, azp_adj, azp, bia
     _check_shape(op, "azp_adj", azp_adj, (out.shape[1],), "[N], one per output column")
     if azp is not None:
         _check_dtype(op, "azp", azp, torch.int32)
+
+
+SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+# Width of the gate / up blocks of a packed gated weight (kGateBlock of scaled_mm_params.h).
+GATE_BLOCK = 64
+
+
+@torch.library.register_fake(add_op_namespace_prefix("linear_act"))
+def _linear_act_fake(out, x, weight, bias, activation) -> None:
+    op = "linear_act"
+    torch._check(
+        x.dtype in SIXTEEN_BIT and weight.dtype == x.dtype,
+        lambda: (
+            f"{op}: a and b must both be bfloat16 or both float16, got {dtype_name(x.dtype)} "
+            f"and {dtype_name(weight.dtype)}"
+        ),
+    )
+    torch._check(x.dim() == 2, lambda: f"{op}: a must be 2-D [M, K], got shape {list(x.shape)}")
+    torch._check(
+        weight.dim() == 2,
+        lambda: f"{op}: weight must be 2-D [N, K], got shape {list(weight.shape)}",
+    )
+    _check_dtype(op, "out", out, x.dtype)
+    _check_shape(op, "out", out, (x.shape[0], weight.shape[0]), "[M, N]")
+    if bias is not None:
+        _check_dtype(op, "bias", bias, out.dtype)
+        _check_shape(op, "bias", bias, (weight.shape[0],), "[N], one per output column")
+    _check_activation(op, activation)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("scaled_mm_gated"))
+def _scaled_mm_gated_fake(out, a, b, a_scales, b_scales, bias, activation) -> None:
+    op = "scaled_mm_gated"
+    torch._check(
+        a.dtype == b.dtype and a.dtype in (FP8, torch.int8, *SIXTEEN_BIT),
+        lambda: (
+            f"{op}: a and b must have one dtype: float8_e4m3fn, int8, bfloat16 or float16, got "
+            f"{dtype_name(a.dtype)} and {dtype_name(b.dtype)}"
+        ),
+    )
+    torch._check(a.dim() == 2, lambda: f"{op}: a must be 2-D [M, K], got shape {list(a.shape)}")
+    torch._check(b.dim() == 2, lambda: f"{op}: b must be 2-D [K, 2N], got shape {list(b.shape)}")
+    torch._check(
+        b.shape[1] % (2 * GATE_BLOCK) == 0,
+        lambda: (
+            f"{op}: b must be a packed gate / up weight [K, 2N] with N a positive multiple of "
+            f"{GATE_BLOCK} (pack_gate_up), got shape {list(b.shape)}"
+        ),
+    )
+    n = b.shape[1] // 2
+    if a.dtype in SIXTEEN_BIT:
+        _check_dtype(op, "out", out, a.dtype)
+    else:
+        torch._check(
+            out.dtype in GEMM_OUT_DTYPES,
+            lambda: f"{op}: out must be float16 or bfloat16, got {dtype_name(out.dtype)}",
+        )
+        torch._check(
+            a_scales is not None and b_scales is not None,
+            lambda: f"{op}: float8_e4m3fn / int8 operands need a_scales and b_scales",
+        )
+    _check_shape(op, "out", out, (a.shape[0], n), "[M, N]")
+    if bias is not None:
+        _check_dtype(op, "bias", bias, out.dtype)
+        _check_shape(op, "bias", bias, (2 * n,), "[2N], packed like b")
+    _check_activation(op, activation)
