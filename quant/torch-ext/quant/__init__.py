@@ -416,7 +416,7 @@ def matmul_2d(
 # Their CUDA kernels are Hopper's (capability 9.0, the "auto" GEMM path); the ops refuse other
 # GPUs. The wrappers therefore choose: the fused op on the CPU and on such a GPU, else an unfused
 # fallback of plain GEMMs and torch activations with the same result up to rounding. The choice
-# is plain Python (a capability query and the mirrored path below), so torch.compile traces it
+# is plain Python (device properties and the mirrored path below), so torch.compile traces it
 # without a graph break.
 
 # The GEMM path of _set_scaled_mm_path, mirrored for the choice above.
@@ -440,14 +440,14 @@ def _set_scaled_mm_path(path: str) -> None:
 
 
 def _fused_epilogue_runs_on(device: torch.device) -> bool:
-    """Whether linear_act's and the gated GEMM's fused ops serve `device`."""
+    """Whether linear_act's and the gated GEMM's fused ops serve `device`. Dynamo folds
+    get_device_properties to a constant (get_device_capability would break the graph)."""
     if device.type == "cpu":
         return True
-    return (
-        device.type == "cuda"
-        and _scaled_mm_path == "auto"
-        and torch.cuda.get_device_capability(device) == (9, 0)
-    )
+    if device.type != "cuda" or _scaled_mm_path != "auto":
+        return False
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor) == (9, 0)
 
 
 def _activation_name(name: str, activation) -> str:
