@@ -1,0 +1,52 @@
+// scaled_mm_sm80_tiles.h: the tile configurations of the mma.sync scaled GEMMs, one per M bucket.
+//
+// Both operands are one byte wide, so one table serves int8 and fp8 (K tile in elements equals
+// bytes). The shapes are starting points chosen from the usual Ampere int8 / Ada fp8 sizes, NOT
+// yet measured: decode rows get a short, wide tile and a deep pipeline (the GEMM streams B once,
+// so the win is keeping more of B in flight), larger M the square 128-row tiles. To be timed on
+// an H100 through GemmPath::kTensorCoreSm80 and retuned.
+//
+//   bucket      threadblock (M x N x K)  warp          warps  stages  shared memory
+//   M <= 16     16 x 128 x 128           16 x 32 x 128   4      4       72 KiB
+//   M <= 64     64 x 128 x 128           32 x 64 x 128   4      3       72 KiB
+//   M <= 128    128 x 128 x 64           64 x 64 x 64    4      4       64 KiB
+//   M > 128     128 x 256 x 64           64 x 64 x 64    8      3       72 KiB
+#pragma once
+
+#include <cutlass/gemm/gemm.h>
+
+#include <cstdint>
+
+namespace quant {
+namespace cuda {
+namespace sm80 {
+
+constexpr int kMaxDevices = 64;
+
+template <int TbM, int TbN, int TbK, int WarpM, int WarpN, int WarpK, int Stages, int Swizzle>
+struct TileConfig {
+  using Threadblock = cutlass::gemm::GemmShape<TbM, TbN, TbK>;
+  using Warp = cutlass::gemm::GemmShape<WarpM, WarpN, WarpK>;
+  static constexpr int kStages = Stages;
+  // Threadblock rasterization: consecutive blocks walk this many tiles down M before moving
+  // along N, so a wave reuses B tiles from L2 (1 when M fits in a tile anyway).
+  static constexpr int kSwizzle = Swizzle;
+};
+
+using TileDecode = TileConfig<16, 128, 128, 16, 32, 128, 4, 1>;
+using TileM64 = TileConfig<64, 128, 128, 32, 64, 128, 3, 1>;
+using TileM128 = TileConfig<128, 128, 64, 64, 64, 64, 4, 1>;
+using TileLarge = TileConfig<128, 256, 64, 64, 64, 64, 3, 4>;
+
+// Runs `Kernel<Tile>::run(p, ...)` with the tile of p.m's bucket.
+template <template <class> class Kernel, typename... Args>
+auto run_for_rows(int64_t m, Args&&... args) {
+  if (m <= 16) return Kernel<TileDecode>::run(args...);
+  if (m <= 64) return Kernel<TileM64>::run(args...);
+  if (m <= 128) return Kernel<TileM128>::run(args...);
+  return Kernel<TileLarge>::run(args...);
+}
+
+}  // namespace sm80
+}  // namespace cuda
+}  // namespace quant
