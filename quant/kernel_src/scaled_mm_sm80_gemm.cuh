@@ -149,11 +149,11 @@ template <GemmOperand kOperand>
 cudaError_t run_operand(const ScaledMmParams& p, int device, cudaStream_t stream) {
   switch (p.out_dtype) {
     case DType::kBFloat16:
-      return run_for_rows<KernelFor<kOperand, cutlass::bfloat16_t>::template Kernel>(p.m, p, device,
-                                                                                     stream);
+      return run_for_rows<kOperand, KernelFor<kOperand, cutlass::bfloat16_t>::template Kernel>(
+          p.m, p, device, stream);
     case DType::kFloat16:
-      return run_for_rows<KernelFor<kOperand, cutlass::half_t>::template Kernel>(p.m, p, device,
-                                                                                 stream);
+      return run_for_rows<kOperand, KernelFor<kOperand, cutlass::half_t>::template Kernel>(
+          p.m, p, device, stream);
     default:
       return cudaErrorInvalidValue;
   }
