@@ -277,7 +277,7 @@ def cutlass_scaled_mm(
       before the one rounding to ``out_dtype``.
 
     int8 accumulates exactly in int32, fp8 in float32. On CUDA: int8 from compute capability
-    7.5, fp8 from 8.9, blockwise fp8 on 9.0 (``cutlass_scaled_mm_supports_*``).
+    8.0, fp8 from 8.9, blockwise fp8 on 9.0 (``cutlass_scaled_mm_supports_*``).
     """
     name = "cutlass_scaled_mm"
     _check_gemm_args(name, a, b, out_dtype)
