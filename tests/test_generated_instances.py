@@ -80,3 +80,18 @@ def test_every_quant_tile_config_is_instantiated():
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_generator_check_mode_passes(kernel: str):
     assert _generator(kernel).main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_ci_sample_is_generated(kernel: str):
+    sample = set(_generator(kernel).CI_SAMPLE)
+    assert sample and sample <= {n for n in GENERATED[kernel] if n.endswith(".cu")}
+
+
+def test_quant_ci_sample_covers_every_instance_kind():
+    """CI compiles one unit of each kernel template: scaled (with and without zero points),
+    gated and blockwise."""
+    text = "".join(GENERATED["quant"][n] for n in _generator("quant").CI_SAMPLE)
+    for kind in ("ScaledInstance", "GatedInstance", "BlockInstance"):
+        assert f"template struct {kind}<" in text
+    assert re.search(r"ScaledInstance<int8_t, \w+, \w+<int8_t>, true>", text)

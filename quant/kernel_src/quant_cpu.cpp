@@ -25,7 +25,8 @@ float load(const Rows& m, int64_t r, int64_t i) {
   return static_cast<float>(static_cast<const T*>(m.input)[r * m.input_row_stride + i]);
 }
 
-uint8_t fp8_bits(float v) { return c10::Float8_e4m3fn(v).x; }
+// NaN becomes the positive fp8 NaN whatever its sign, as the GPUs' cvt.rn.satfinite gives it.
+uint8_t fp8_bits(float v) { return v == v ? c10::Float8_e4m3fn(v).x : math::kFp8NanBits; }
 
 uint8_t* out_row(const Rows& m, int64_t r) {
   return static_cast<uint8_t*>(m.out) + r * m.out_row_stride;

@@ -26,6 +26,8 @@ namespace math {
 
 // Largest finite float8_e4m3fn.
 constexpr float kFp8Max = 448.0f;
+// The float8_e4m3fn NaN every NaN quantizes to (sign dropped: the GPU conversion's result).
+constexpr uint8_t kFp8NanBits = 0x7f;
 // vLLM's floor of dynamic fp8 scales, 1 / (448 * 512): an all-zero row or tensor gets a finite
 // scale (its quantized values are 0) instead of a division by zero.
 constexpr float kFp8MinScale = 1.0f / (448.0f * 512.0f);

@@ -36,7 +36,7 @@ bool use_hopper_kernels(const DeviceInfo& info, GemmPath path) {
   return info.capability == kHopper && path == GemmPath::kAuto;
 }
 
-// The gated form and 16-bit operands have no mma.sync kernels.
+// The forms only the Hopper kernels have: 16-bit operands (linear_act) and the gated MLP.
 bool hopper_only(const ScaledMmParams& p) {
   return p.gated || p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16;
 }
@@ -54,15 +54,14 @@ bool block_scaled_mm_supported(int capability) {
 size_t scaled_mm_workspace_size(const ScaledMmParams& p, int device, GemmPath path) {
   const DeviceInfo info = device_info(device);
   if (use_hopper_kernels(info, path)) return sm90::workspace_size(p, info.sm_count);
-  if (hopper_only(p)) return 0;
-  return sm80::workspace_size(p, device);
+  return hopper_only(p) ? 0 : sm80::workspace_size(p, device);
 }
 
 cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int device, GemmPath path,
                       cudaStream_t stream) {
   const DeviceInfo info = device_info(device);
   if (use_hopper_kernels(info, path)) return sm90::scaled_mm(p, workspace, info.sm_count, stream);
-  if (hopper_only(p)) return cudaErrorNotSupported;
+  if (hopper_only(p)) return cudaErrorNotSupported;  // torch-ext/ runs these unfused instead
   return sm80::scaled_mm(p, workspace, device, stream);
 }
 

@@ -1,6 +1,8 @@
-// scaled_mm_sm80.h: the mma.sync scaled GEMMs (CUTLASS 2.x style; scaled_mm_sm80.cu): int8 on
-// sm_75 and newer, fp8 e4m3 on sm_89 and newer. The dispatcher (scaled_mm_cuda.cu) uses them
-// below sm_90 and wherever the Hopper kernels do not apply. Preconditions: scaled_mm_cuda.h.
+// scaled_mm_sm80.h: the mma.sync scaled GEMMs (CUTLASS 2.x style; scaled_mm_sm80*.cu): int8 on
+// sm_80 and newer (sm_75 has no kernel yet: supported() says no), fp8 e4m3 on sm_89 and newer.
+// The dispatcher (scaled_mm_cuda.cu) uses them below sm_90 and wherever the Hopper kernels do not
+// apply. Preconditions: scaled_mm_cuda.h; a call they cannot serve (alignment, sizes beyond int,
+// a zero point with fp8) returns cudaErrorInvalidValue without launching.
 #pragma once
 
 #include <cuda_runtime_api.h>

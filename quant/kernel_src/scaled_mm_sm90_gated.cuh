@@ -152,21 +152,14 @@ struct Sm90GatedGemm {
   using TileShape = typename Config::TileShape;
   using ClusterShape = typename Config::ClusterShape;
   static_assert(!Config::kSwapAB);
-  static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
 
   using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
       GatedEpilogue<ElementAcc, ElementD>>;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor,
-      kAlignAB, ElementAB, cutlass::layout::ColumnMajor, kAlignAB, ElementAcc, TileShape,
-      ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Config::KernelSchedule>::CollectiveOp;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue, typename Config::TileScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using CollectiveMainloop =
+      Sm90Mainloop<Config, ElementAB, cutlass::layout::RowMajor, ElementAB,
+                   cutlass::layout::ColumnMajor, ElementAcc, CollectiveEpilogue>;
+  using Gemm = Sm90DeviceGemm<Config, CollectiveMainloop, CollectiveEpilogue>;
+  using Kernel = typename Gemm::GemmKernel;
 
   static typename Gemm::Arguments arguments(const ScaledMmParams& p, int sm_count) {
     using StrideA = typename Kernel::StrideA;

@@ -185,6 +185,26 @@ struct ScaledEpilogue {
   }
 };
 
+// The mainloop of every kernel here: TMA loads of A [rows, K] and B [cols, K] (K-major, 16-byte
+// aligned), wgmma on Config's tile, as many pipeline stages as the shared memory holds besides
+// the epilogue's.
+template <class Config, class ElementA, class LayoutA, class ElementB, class LayoutB,
+          class ElementAcc, class CollectiveEpilogue>
+using Sm90Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA,
+    128 / cutlass::sizeof_bits<ElementA>::value, ElementB, LayoutB,
+    128 / cutlass::sizeof_bits<ElementB>::value, ElementAcc, typename Config::TileShape,
+    typename Config::ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    typename Config::KernelSchedule>::CollectiveOp;
+
+// The device-level GEMM of a mainloop and an epilogue on Config's tile scheduler.
+template <class Config, class CollectiveMainloop, class CollectiveEpilogue>
+using Sm90DeviceGemm = cutlass::gemm::device::GemmUniversalAdapter<
+    cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                         CollectiveEpilogue, typename Config::TileScheduler>>;
+
 // Checks, initializes and launches one CUTLASS device GEMM; CUTLASS's statuses become
 // cudaErrorInvalidValue (arguments it cannot run) or the launch error.
 template <class Gemm>
@@ -216,7 +236,6 @@ struct Sm90ScaledGemm {
   using LayoutB = cutlass::layout::ColumnMajor;
   using LayoutD =
       cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
   using Epilogue = ScaledEpilogue<TileShape, ElementD, kSwapAB, kAzp>;
@@ -227,17 +246,10 @@ struct Sm90ScaledGemm {
       ElementD, LayoutD, kAlignD, typename Config::EpilogueSchedule,
       typename Epilogue::Tree>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB,
-      LayoutB, kAlignAB, ElementAcc, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Config::KernelSchedule>::CollectiveOp;
-
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue, typename Config::TileScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using CollectiveMainloop =
+      Sm90Mainloop<Config, ElementAB, LayoutA, ElementAB, LayoutB, ElementAcc, CollectiveEpilogue>;
+  using Gemm = Sm90DeviceGemm<Config, CollectiveMainloop, CollectiveEpilogue>;
+  using Kernel = typename Gemm::GemmKernel;
 
   static typename Gemm::Arguments arguments(const ScaledMmParams& p, int sm_count) {
     using StrideA = typename Kernel::StrideA;
@@ -292,7 +304,6 @@ struct Sm90BlockScaledGemm {
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   using LayoutD = cutlass::layout::RowMajor;
-  static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
   using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, ElementD, ElementD,
@@ -311,19 +322,11 @@ struct Sm90BlockScaledGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
       ElementD, LayoutD, kAlignD, typename Config::EpilogueSchedule, Tree>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB,
-      cute::tuple<cutlass::layout::RowMajor, LayoutSFA>, kAlignAB, ElementAB,
-      cute::tuple<cutlass::layout::ColumnMajor, LayoutSFB>, kAlignAB, float, TileShape,
-      ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Config::KernelSchedule>::CollectiveOp;
-
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue, typename Config::TileScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using CollectiveMainloop =
+      Sm90Mainloop<Config, ElementAB, cute::tuple<cutlass::layout::RowMajor, LayoutSFA>, ElementAB,
+                   cute::tuple<cutlass::layout::ColumnMajor, LayoutSFB>, float, CollectiveEpilogue>;
+  using Gemm = Sm90DeviceGemm<Config, CollectiveMainloop, CollectiveEpilogue>;
+  using Kernel = typename Gemm::GemmKernel;
 
   static typename Gemm::Arguments arguments(const BlockScaledMmParams& p, int sm_count) {
     using StrideA = typename Kernel::StrideA;

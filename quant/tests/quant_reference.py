@@ -29,8 +29,9 @@ def rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def fp8(v: torch.Tensor) -> torch.Tensor:
-    """Saturate to +-448 (NaN kept), then round to nearest even."""
-    return v.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    """Saturate to +-448 (NaN kept, its sign dropped), then round to nearest even."""
+    c = v.clamp(-FP8_MAX, FP8_MAX)
+    return torch.where(c.isnan(), c.abs(), c).to(torch.float8_e4m3fn)
 
 
 def nanless_amax(v: torch.Tensor, dim=None) -> torch.Tensor:

@@ -231,7 +231,7 @@ void check_capability(const char* op, const at::Device& device, GemmOperand oper
                 ".", prop->minor, " (", prop->name, ")");
   } else {
     TORCH_CHECK(cap >= quant::kInt8MinCapability, op,
-                ": int8 needs a GPU of compute capability 7.5 or newer, got ", prop->major, ".",
+                ": int8 needs a GPU of compute capability 8.0 or newer, got ", prop->major, ".",
                 prop->minor, " (", prop->name, ")");
   }
   TORCH_CHECK(quant::cuda::scaled_mm_supported(cap, operand), op, ": this build has no ",

@@ -19,8 +19,8 @@ with the input's shape; scales are float32 and zero points int32.
 
 Rounding (vLLM's, the same on CPU and CUDA, bit for bit):
 
-* fp8: the scaled value is clamped to [-448, 448] (saturating; NaN stays NaN), then rounded to
-  the nearest float8_e4m3fn, ties to even. Static and dynamic per-tensor scaling multiply by
+* fp8: the scaled value is clamped to [-448, 448] (saturating; NaN stays NaN, as the positive
+  fp8 NaN 0x7f: GPUs drop a NaN's sign), then rounded to the nearest float8_e4m3fn, ties to even. Static and dynamic per-tensor scaling multiply by
   ``1 / scale``; per-token and per-group scaling divide by the scale (as vLLM does).
 * Dynamic fp8 scales are ``amax / 448`` floored at ``1 / (448 * 512)`` (an all-zero row or tensor
   quantizes to zeros instead of dividing by zero); per token, ``amax`` is first clamped to
@@ -284,7 +284,7 @@ def cutlass_scaled_mm(
       before the one rounding to ``out_dtype``.
 
     int8 accumulates exactly in int32, fp8 in float32. On CUDA: int8 from compute capability
-    7.5, fp8 from 8.9, blockwise fp8 on 9.0 (``cutlass_scaled_mm_supports_*``).
+    8.0, fp8 from 8.9, blockwise fp8 on 9.0 (``cutlass_scaled_mm_supports_*``).
     """
     name = "cutlass_scaled_mm"
     _check_gemm_args(name, a, b, out_dtype)

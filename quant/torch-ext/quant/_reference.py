@@ -23,7 +23,8 @@ def _div(t: torch.Tensor, c: float) -> torch.Tensor:
 
 
 def _fp8(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    c = x.clamp(-FP8_MAX, FP8_MAX)
+    return torch.where(c.isnan(), c.abs(), c).to(torch.float8_e4m3fn)  # NaN loses its sign
 
 
 def static_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
