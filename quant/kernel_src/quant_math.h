@@ -64,7 +64,7 @@ QUANT_HD int8_t int8_rn_azp_sat(float v, int32_t azp) {
 // or overflows: s in [kDivFastMin, kDivFastMax] (div_reciprocal gives NaN otherwise) and |q0| in
 // the same range, or x == ±0 (the sign comes out right for s > 0). Everything else (zero,
 // subnormal, infinite or NaN operands, tiny or huge quotients) takes the IEEE division, so the
-// result is always bit for bit x / s. tests/test_div_by_const.py checks that on the CPU.
+// result is always bit for bit x / s. tests/test_quant_division_library.py checks that on the CPU.
 constexpr float kDivFastMin = 0x1p-50f;
 constexpr float kDivFastMax = 0x1p50f;
 

@@ -1,6 +1,6 @@
 // div_by_const_check.cpp: quant_math.h's div_by_const against the IEEE division, bit for bit,
 // and the int8 / fp8 values quantized from both; and add_azp_sat (the kernels' 32-bit zero point
-// add) against int8_rn_azp_sat, the reference rule. Built and run by test_div_by_const.py
+// add) against int8_rn_azp_sat, the reference rule. Built and run by test_quant_division_library.py
 // (g++ -O2 -ffp-contract=off, so the compiler adds no FMA of its own and fmaf is a true FMA).
 //
 //   div_by_const_check [scales] [random pairs] [x mantissas]

@@ -4,7 +4,7 @@ capture (GPU only)."""
 
 import pytest
 import torch
-from op_conformance import assert_only_declared_arguments_change, opcheck_all
+from quant_op_conformance import assert_only_declared_arguments_change, opcheck_all
 from test_quant_ops import assert_bitwise, fp8_capable, make_input
 
 

@@ -1,13 +1,13 @@
 """Values of the scaled GEMMs (cutlass_scaled_mm, its azp and activation forms, blockwise fp8,
-matmul_2d) against the float64 dequantized product, within the bound scaled_mm_reference.py
+matmul_2d) against the float64 dequantized product, within the bound quant_scaled_mm_reference.py
 derives: fp8 and int8, every scale mode, zero points, bias, the four activations, float16 and
 bfloat16 outputs, odd multiples of 16, strided rows of a, b as the .t() of a row-major weight,
 outputs poisoned with NaN. On CUDA every test also runs on the mma.sync path ("sm80")."""
 
 import pytest
-import scaled_mm_reference as ref
+import quant_scaled_mm_reference as ref
 import torch
-from op_conformance import assert_only_declared_arguments_change, opcheck_all
+from quant_op_conformance import assert_only_declared_arguments_change, opcheck_all
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = [torch.bfloat16, torch.float16]

@@ -1,16 +1,16 @@
 """The fused-epilogue surface: linear_act (16-bit x @ weight.T with bias and activation) and the
 gated MLP form (cutlass_scaled_mm_gated, linear_gated, pack_gate_up / unpack_gate_up).
 
-Values are checked against float64 references within bounds derived from scaled_mm_reference.py
+Values are checked against float64 references within bounds derived from quant_scaled_mm_reference.py
 (see gated_bound), on every operand (fp8, int8, bfloat16, float16), activation, bias and output
 dtype, on the fused ops and on the unfused fallback the wrappers take where the fused op does not
 run: "unfused" forces it on any device, "sm80" (CUDA) takes it through the path setting.
 """
 
 import pytest
-import scaled_mm_reference as ref
+import quant_scaled_mm_reference as ref
 import torch
-from op_conformance import assert_only_declared_arguments_change, opcheck_all
+from quant_op_conformance import assert_only_declared_arguments_change, opcheck_all
 
 FP8 = torch.float8_e4m3fn
 OPERANDS = ["fp8", "int8", "bf16", "fp16"]
