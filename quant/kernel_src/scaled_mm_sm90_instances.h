@@ -77,26 +77,6 @@ extern template struct ScaledInstance<int8_t, Fp16, ConfigM2K<int8_t>, true>;
 // scaled_mm_sm90_int8_large.cu
 extern template struct ScaledInstance<int8_t, Bf16, ConfigLarge<int8_t>, false>;
 extern template struct ScaledInstance<int8_t, Fp16, ConfigLarge<int8_t>, false>;
-// scaled_mm_sm90_bf16_m16.cu
-extern template struct ScaledInstance<Bf16, Bf16, ConfigM16<Bf16>, false>;
-// scaled_mm_sm90_bf16_m64.cu
-extern template struct ScaledInstance<Bf16, Bf16, ConfigM64<Bf16>, false>;
-// scaled_mm_sm90_bf16_m128.cu
-extern template struct ScaledInstance<Bf16, Bf16, ConfigM128<Bf16>, false>;
-// scaled_mm_sm90_bf16_m2k.cu
-extern template struct ScaledInstance<Bf16, Bf16, ConfigM2K<Bf16>, false>;
-// scaled_mm_sm90_bf16_large.cu
-extern template struct ScaledInstance<Bf16, Bf16, ConfigLarge<Bf16>, false>;
-// scaled_mm_sm90_fp16_m16.cu
-extern template struct ScaledInstance<Fp16, Fp16, ConfigM16<Fp16>, false>;
-// scaled_mm_sm90_fp16_m64.cu
-extern template struct ScaledInstance<Fp16, Fp16, ConfigM64<Fp16>, false>;
-// scaled_mm_sm90_fp16_m128.cu
-extern template struct ScaledInstance<Fp16, Fp16, ConfigM128<Fp16>, false>;
-// scaled_mm_sm90_fp16_m2k.cu
-extern template struct ScaledInstance<Fp16, Fp16, ConfigM2K<Fp16>, false>;
-// scaled_mm_sm90_fp16_large.cu
-extern template struct ScaledInstance<Fp16, Fp16, ConfigLarge<Fp16>, false>;
 // scaled_mm_sm90_fp8_gated.cu
 extern template struct GatedInstance<Fp8, Bf16, ConfigGatedM64<Fp8>>;
 extern template struct GatedInstance<Fp8, Fp16, ConfigGatedM64<Fp8>>;

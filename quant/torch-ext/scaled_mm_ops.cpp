@@ -461,6 +461,11 @@ void linear_act(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
   set_operands(p, g, out, x, weight);
   p.bias = check_bias(op, bias, g, out);
   p.activation = parse_activation(op, activation);
+  // The fused Hopper kernel of this form gave wrong results in its first H200 run and is not
+  // built; quant.linear_act runs F.linear and the activation on CUDA instead.
+  TORCH_CHECK(!out.is_cuda(), op,
+              ": the fused CUDA kernel is not available; call quant.linear_act, which runs "
+              "F.linear and the activation on CUDA");
   run(op, out.device(), p);
 }
 
