@@ -12,8 +12,8 @@
 
 namespace quant {
 
-// Element type of A and B (both the same). The 16-bit ones serve linear_act (unquantized weights
-// with the same epilogue; scales null, D of the operands' type).
+// Element type of A and B (both the same). The 16-bit ones serve unquantized weights (scales
+// null, D of the operands' type): linear_act on the CPU, the gated form on the CPU and Hopper.
 enum class GemmOperand : int { kFp8E4m3 = 0, kInt8 = 1, kBFloat16 = 2, kFloat16 = 3 };
 
 // Applied to each output element after scaling and bias (quant_math.h spells them out):
