@@ -42,6 +42,7 @@ import benchlib  # noqa: E402
 
 START = time.perf_counter()
 BLOCK = 128  # blockwise fp8: activation groups of 1 x 128, weight blocks of 128 x 128
+GATE_BLOCK = 64  # pack_gate_up's interleave: 64 gate rows, then the 64 matching up rows
 # Budgets sized for one ~6-minute device call: the full sweep (44 shapes, ~12 contenders each at
 # 10 ms of replays per timing) takes about 3 minutes on an H100 by this estimate.
 BUDGET_S = {"full": 240.0, "quick": 90.0}
@@ -218,6 +219,7 @@ class Contender:
     run: object  # run(weight) -> output [M, N]; weight is one element of that list
     reference: object  # reference(weight, rows) -> float64 [len(rows), N]: those output rows
     activation: str | None = None  # applied to the reference, as the contender applies it
+    gated: bool = False  # output [M, N/2]: activation(gate blocks) * up blocks
 
 
 def contenders(kernel, case: Case, ops: Operands, *, block_fp8: bool, with_compile: bool):
@@ -271,6 +273,21 @@ def contenders(kernel, case: Case, ops: Operands, *, block_fp8: bool, with_compi
             ),
             ref_token,
         ),
+        # cuBLAS with the accumulation ours uses on Hopper (no float32 promotion over K).
+        "scaled_mm_tensor_fast": Contender(
+            "fp8_tensor",
+            lambda wb: torch._scaled_mm(
+                ops.a_fp8_tensor, wb[0], ops.sa_tensor, wb[1], out_dtype=bf16, use_fast_accum=True
+            ),
+            ref_scaled(ops.a_fp8_tensor, ops.sa_tensor),
+        ),
+        "scaled_mm_row_fast": Contender(
+            "fp8_channel",
+            lambda wb: torch._scaled_mm(
+                ops.a_fp8_token, wb[0], ops.sa_token, wb[1], out_dtype=bf16, use_fast_accum=True
+            ),
+            ref_token,
+        ),
         # What a user pays per linear layer: the dynamic per-token quantize, then the GEMM.
         "e2e_ours": Contender(
             "fp8_channel",
@@ -310,7 +327,45 @@ def contenders(kernel, case: Case, ops: Operands, *, block_fp8: bool, with_compi
                 ref_token,
                 name,
             )
+    if case.layer == "gate_up":
+        # The gated MLP form on the same weight read as packed gate / up blocks, against the
+        # GEMM to [M, 2N] followed by act(g) * u (compiled into one kernel when compile runs).
+        gate_mul = compiled_gate_mul() if with_compile else gate_mul_silu
+        out["ours_gated_silu"] = Contender(
+            "fp8_channel",
+            lambda wb: kernel.cutlass_scaled_mm_gated(
+                ops.a_fp8_token, wb[0], ops.sa_token, wb[1], bf16, activation="silu"
+            ),
+            ref_token,
+            "silu",
+            gated=True,
+        )
+        out["unfused_gated_silu"] = Contender(
+            "fp8_channel",
+            lambda wb: gate_mul(mm(ops.a_fp8_token, wb[0], ops.sa_token, wb[1], bf16)),
+            ref_token,
+            "silu",
+            gated=True,
+        )
     return out
+
+
+def gate_mul_silu(y: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u of a product [M, 2N] over a packed gate / up weight (blocks of GATE_BLOCK
+    columns, gate first), in y's dtype: the epilogue a caller runs without the gated form."""
+    m, two_n = y.shape
+    blocks = y.view(m, two_n // (2 * GATE_BLOCK), 2, GATE_BLOCK)
+    return (F.silu(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(m, two_n // 2)
+
+
+_compiled_gate_mul = None
+
+
+def compiled_gate_mul():
+    global _compiled_gate_mul
+    if _compiled_gate_mul is None:
+        _compiled_gate_mul = torch.compile(gate_mul_silu, dynamic=True)
+    return _compiled_gate_mul
 
 
 def _quantized_token(kernel, x, wb):
@@ -354,14 +409,21 @@ def verify(name: str, contender: Contender, ops: Operands, case: Case) -> None:
     rows = check_rows(case.m).to(ops.x.device)
     weight = getattr(ops, contender.weights)[0]
     got = contender.run(weight)
-    if tuple(got.shape) != (case.m, case.n) or got.dtype != torch.bfloat16:
+    cols = case.n // 2 if contender.gated else case.n
+    if tuple(got.shape) != (case.m, cols) or got.dtype != torch.bfloat16:
         raise SystemExit(f"verification failed for {name} {case}: {got.dtype} {list(got.shape)}")
     want = contender.reference(weight, rows)
-    ulps = 1.0
-    if contender.activation is not None:
+    ulps, rms_ulps = 1.0, 8.0
+    if contender.gated:
+        blocks = want.view(len(rows), case.n // (2 * GATE_BLOCK), 2, GATE_BLOCK)
+        gate, up = blocks[:, :, 0], blocks[:, :, 1]
+        want = (ACTIVATIONS[contender.activation](gate) * up).reshape(len(rows), cols)
+        # Both factors carry the accumulation error: twice the rms allowance.
+        ulps, rms_ulps = 3.0, 16.0
+    elif contender.activation is not None:
         want = ACTIVATIONS[contender.activation](want)
         ulps = 2.0
-    benchlib.check_close(f"{name} {case}", got[rows], want, ulps=ulps, rms_ulps=8.0)
+    benchlib.check_close(f"{name} {case}", got[rows], want, ulps=ulps, rms_ulps=rms_ulps)
 
 
 def rotated_time_us(contender: Contender, copies: list) -> float:
@@ -383,12 +445,15 @@ RATIOS = [
     ("fp8_tensor_vs_bf16", "ours_fp8_tensor", "bf16"),
     ("int8_vs_bf16", "ours_int8", "bf16"),
     ("fp8_token_vs_scaled_mm_row", "ours", "scaled_mm_row"),
+    ("fp8_token_vs_scaled_mm_row_fast", "ours", "scaled_mm_row_fast"),
+    ("fp8_tensor_vs_scaled_mm_tensor_fast", "ours_fp8_tensor", "scaled_mm_tensor_fast"),
     ("fp8_tensor_vs_scaled_mm_tensor", "ours_fp8_tensor", "scaled_mm_tensor"),
     ("int8_vs_int_mm_eager", "ours_int8", "int_mm_eager"),
     ("int8_vs_int_mm_compile", "ours_int8", "int_mm_compile"),
     ("block_vs_scaled_mm_tensor", "ours_fp8_block", "scaled_mm_tensor"),
     ("silu_fused_vs_unfused", "ours_silu", "unfused_silu"),
     ("gelu_tanh_fused_vs_unfused", "ours_gelu_tanh", "unfused_gelu_tanh"),
+    ("gated_silu_fused_vs_unfused", "ours_gated_silu", "unfused_gated_silu"),
     ("e2e_fp8_token_vs_bf16", "e2e_ours", "bf16"),
 ]
 
@@ -404,6 +469,19 @@ BARS = [
     (
         "fp8 per-token >= 1.0x _scaled_mm row-wise, every M",
         ["fp8_token_vs_scaled_mm_row"],
+        "all",
+        1.0,
+    ),
+    # The same two bars against cuBLAS in the accumulation mode ours uses on Hopper.
+    (
+        "fp8 per-tensor >= 1.0x _scaled_mm per-tensor fast accum, every M",
+        ["fp8_tensor_vs_scaled_mm_tensor_fast"],
+        "all",
+        1.0,
+    ),
+    (
+        "fp8 per-token >= 1.0x _scaled_mm row-wise fast accum, every M",
+        ["fp8_token_vs_scaled_mm_row_fast"],
         "all",
         1.0,
     ),
@@ -434,7 +512,7 @@ BARS = [
     ),
     (
         "fused >= 1.0x unfused, every M",
-        ["silu_fused_vs_unfused", "gelu_tanh_fused_vs_unfused"],
+        ["silu_fused_vs_unfused", "gelu_tanh_fused_vs_unfused", "gated_silu_fused_vs_unfused"],
         "all",
         1.0,
     ),
@@ -559,14 +637,18 @@ CONTENDERS = [
     "ours_fp8_block",
     "ours_silu",
     "ours_gelu_tanh",
+    "ours_gated_silu",
     "e2e_ours",
     "bf16",
     "scaled_mm_tensor",
     "scaled_mm_row",
+    "scaled_mm_tensor_fast",
+    "scaled_mm_row_fast",
     "int_mm_eager",
     "int_mm_compile",
     "unfused_silu",
     "unfused_gelu_tanh",
+    "unfused_gated_silu",
 ]
 
 
@@ -596,9 +678,12 @@ NOTES = {
     "against a float64 reference of its inputs first (32 rows); TFLOP/s = 2MNK / t; GB/s = "
     "weight bytes / t (bf16: 2 bytes per weight, fp8 / int8: 1)",
     "baselines": "bf16 = F.linear (cuBLAS); scaled_mm_tensor / scaled_mm_row = torch._scaled_mm "
-    "fp8 with per-tensor / row-wise (per-token x per-channel) scales, bf16 out; int_mm_eager / "
+    "fp8 with per-tensor / row-wise (per-token x per-channel) scales, bf16 out, and *_fast the "
+    "same with use_fast_accum=True (the accumulation ours uses on Hopper); int_mm_eager / "
     "int_mm_compile = torch._int_mm then float32 scaling to bf16, eager and torch.compile "
     "(dynamic); unfused_<act> = ours fp8 per-token then F.silu / F.gelu(approximate='tanh'); "
+    "ours_gated_silu = cutlass_scaled_mm_gated on the gate_up weight read as packed blocks, "
+    "unfused_gated_silu = ours to [M, 2N] then silu(g) * u (torch.compile, one kernel); "
     "e2e_ours = scaled_fp8_quant per token + ours, against bf16",
 }
 

@@ -1,13 +1,12 @@
 // scaled_mm_sm90_configs.cuh: the tile configurations of the Hopper scaled GEMMs, one per M
-// bucket (scaled_mm_sm90.cu picks them), each a template on the operand type: tiles span 128
-// bytes of K (one 128-byte swizzle row), so 16-bit operands get half the elements of fp8 / int8
-// ones. fp8 also needs it: CUTLASS promotes its partial sums every 4 wgmma k-steps of 32, so a K
-// tile of 256 fp8 elements (8 k-steps) is rejected by can_implement. Measured choices:
+// bucket (scaled_mm_sm90.cu picks them), each a template on the operand type: K tiles are given
+// in bytes, so 16-bit operands get half the elements of fp8 / int8 ones. Measured choices:
 // benchmarks/NOTES.md.
 //
-// fp8 accumulates exactly (CUTLASS promotes the tensor cores' partial sums into float32 every
-// four k-steps), which keeps a second accumulator per thread: a warpgroup's share of a tile stays
-// at 64 x 128 so the two fit in registers without spilling (ptxas reports spills at 128 x 128).
+// fp8 accumulates as vLLM's Hopper kernels and cuBLAS's fast-accumulation mode do (the
+// FP8FastAccum schedules): the tensor cores' own accumulator runs over all of K. CUTLASS's
+// default fp8 mainloop instead promotes partial sums into float32 every 4 k-steps, which needs
+// a second accumulator per thread and ran at 0.77-0.85x cuBLAS at large M (H200).
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -25,22 +24,34 @@ namespace sm90 {
 template <class AB, int kBytes>
 using KTile = cute::Int<kBytes * 8 / cutlass::sizeof_bits<AB>::value>;
 
+template <class AB>
+constexpr bool kFp8 = cute::is_same_v<AB, cutlass::float_e4m3_t>;
+
+using Cluster1x1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
+// Pairs of CTAs along M share the weight tile through TMA multicast.
+using Cluster2x1 = cute::Shape<cute::_2, cute::_1, cute::_1>;
+
 // Two consumer warpgroups, each on its own tile, overlapping one's epilogue with the other's
-// mainloop; a persistent grid; no scheduler tuning.
+// mainloop; a persistent grid.
+template <class AB, class Cluster = Cluster1x1>
 struct PingpongConfig {
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using ClusterShape = Cluster;
+  using KernelSchedule =
+      cute::conditional_t<kFp8<AB>, cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                          cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   template <class SchedulerArgs>
   static void tune(SchedulerArgs&, const ScaledMmParams&) {}
 };
 
-// Two consumer warpgroups sharing one tile (64 rows each); pairs of CTAs along M share the weight
-// tile through TMA multicast.
+// Two consumer warpgroups sharing one tile (64 rows each), CTA pairs along M.
+template <class AB>
 struct CooperativeConfig {
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using ClusterShape = Cluster2x1;
+  using KernelSchedule =
+      cute::conditional_t<kFp8<AB>, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   template <class SchedulerArgs>
@@ -48,38 +59,41 @@ struct CooperativeConfig {
 };
 
 // Decode, M <= 16: swapped, so the weight fills the 64-row wgmma and the tokens a 16-wide tile.
-// (A cooperative 128 x 16 tile on the stream-K scheduler, which also splits K, took 17.4 us at
-// M = 1 for 6144 x 4096 on an H100, slower than this tile's 64-wide sibling at M = 64.)
+// 512-byte K tiles: with one tile per CTA the per-stage pipeline overhead sets the pace (7.9 ->
+// 7.4 us from 128 to 512 bytes at 1 x 4096 x 4096 fp8). Stream-K on a cooperative 128 x 16 tile
+// (which splits K over idle SMs) took 13.4 us.
 template <class AB>
-struct ConfigM16 : PingpongConfig {
-  using TileShape = cute::Shape<cute::_64, cute::_16, KTile<AB, 128>>;
+struct ConfigM16 : PingpongConfig<AB> {
+  using TileShape = cute::Shape<cute::_64, cute::_16, KTile<AB, 512>>;
   static constexpr bool kSwapAB = true;
 };
 
 // 16 < M <= 64: swapped, the tokens in a 64-wide tile.
 template <class AB>
-struct ConfigM64 : PingpongConfig {
-  using TileShape = cute::Shape<cute::_64, cute::_64, KTile<AB, 128>>;
+struct ConfigM64 : PingpongConfig<AB> {
+  using TileShape = cute::Shape<cute::_64, cute::_64, KTile<AB, 256>>;
   static constexpr bool kSwapAB = true;
 };
 
 // 64 < M <= 128.
 template <class AB>
-struct ConfigM128 : PingpongConfig {
+struct ConfigM128 : PingpongConfig<AB, cute::conditional_t<kFp8<AB>, Cluster2x1, Cluster1x1>> {
   using TileShape = cute::Shape<cute::_64, cute::_128, KTile<AB, 128>>;
   static constexpr bool kSwapAB = false;
 };
 
-// 128 < M < 2048.
+// M > 128 (int8: below 2048). fp8 runs pingpong 128 x 128 tiles, as fast as cooperative
+// 256 x 128 or 128 x 256 ones without an activation and unaffected by one.
 template <class AB>
-struct ConfigM2K : CooperativeConfig {
+struct ConfigM2K
+    : cute::conditional_t<kFp8<AB>, PingpongConfig<AB, Cluster2x1>, CooperativeConfig<AB>> {
   using TileShape = cute::Shape<cute::_128, cute::_128, KTile<AB, 128>>;
   static constexpr bool kSwapAB = false;
 };
 
-// M >= 2048: 128 x 256 tiles where the accumulators fit (not fp8: see the top).
+// int8, M >= 2048: 128 x 256 tiles.
 template <class AB>
-struct ConfigLarge : CooperativeConfig {
+struct ConfigLarge : CooperativeConfig<AB> {
   using TileShape = cute::Shape<cute::_128, cute::_256, KTile<AB, 128>>;
   static constexpr bool kSwapAB = false;
 };
@@ -99,12 +113,12 @@ struct ConfigBlock {
 // block wide (2 * kGateBlock = 128 columns of the packed weight).
 struct GatedConfig {};
 template <class AB>
-struct ConfigGatedM64 : PingpongConfig, GatedConfig {
+struct ConfigGatedM64 : PingpongConfig<AB>, GatedConfig {
   using TileShape = cute::Shape<cute::_64, cute::_128, KTile<AB, 128>>;
   static constexpr bool kSwapAB = false;
 };
 template <class AB>
-struct ConfigGated : CooperativeConfig, GatedConfig {
+struct ConfigGated : CooperativeConfig<AB>, GatedConfig {
   using TileShape = cute::Shape<cute::_128, cute::_128, KTile<AB, 128>>;
   static constexpr bool kSwapAB = false;
 };

@@ -98,37 +98,40 @@ class GatedEpilogue {
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
     // The (row, column) within the tile of each accumulator this thread holds.
     Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-    const Activation act = static_cast<Activation>(params_.activation);
-
-    CUTLASS_PRAGMA_UNROLL
-    for (int mm = 0; mm < kMmaM; ++mm) {
+    // One branch on the activation around the whole tile (scaled_mm_sm90_activation.cuh).
+    with_activation(static_cast<Activation>(params_.activation), [&](auto act) {
       CUTLASS_PRAGMA_UNROLL
-      for (int half = 0; half < 2; ++half) {
+      for (int mm = 0; mm < kMmaM; ++mm) {
         CUTLASS_PRAGMA_UNROLL
-        for (int g = 0; g < kGroups / 2; ++g) {
-          const int gu = g + kGroups / 2;  // the up columns of gate group g
-          auto gate_at = make_coord(make_coord(0, half, g % kAtomGroups), mm, g / kAtomGroups);
-          const int row = m_tile + get<0>(coords(gate_at));
-          const int col = get<1>(coords(gate_at));  // even: columns come in pairs
-          if (row >= rows) continue;
-          const float sa =
-              params_.scale_a == nullptr ? 1.f : params_.scale_a[params_.scale_a_per_row ? row : 0];
-          cutlass::Array<ElementD, 2> out;
+        for (int half = 0; half < 2; ++half) {
           CUTLASS_PRAGMA_UNROLL
-          for (int pair = 0; pair < 2; ++pair) {
-            auto g_at = make_coord(make_coord(pair, half, g % kAtomGroups), mm, g / kAtomGroups);
-            auto u_at = make_coord(make_coord(pair, half, gu % kAtomGroups), mm, gu / kAtomGroups);
-            const int64_t packed_gate = int64_t(n_tile) * kBlockN + col + pair;
-            const float gate = affine(accumulators(g_at), sa, packed_gate);
-            const float up = affine(accumulators(u_at), sa, packed_gate + kGateBlock);
-            out[pair] = ElementD(math::activate(act, gate) * up);
+          for (int g = 0; g < kGroups / 2; ++g) {
+            const int gu = g + kGroups / 2;  // the up columns of gate group g
+            auto gate_at = make_coord(make_coord(0, half, g % kAtomGroups), mm, g / kAtomGroups);
+            const int row = m_tile + get<0>(coords(gate_at));
+            const int col = get<1>(coords(gate_at));  // even: columns come in pairs
+            if (row >= rows) continue;
+            const float sa = params_.scale_a == nullptr
+                                 ? 1.f
+                                 : params_.scale_a[params_.scale_a_per_row ? row : 0];
+            cutlass::Array<ElementD, 2> out;
+            CUTLASS_PRAGMA_UNROLL
+            for (int pair = 0; pair < 2; ++pair) {
+              auto g_at = make_coord(make_coord(pair, half, g % kAtomGroups), mm, g / kAtomGroups);
+              auto u_at =
+                  make_coord(make_coord(pair, half, gu % kAtomGroups), mm, gu / kAtomGroups);
+              const int64_t packed_gate = int64_t(n_tile) * kBlockN + col + pair;
+              const float gate = affine(accumulators(g_at), sa, packed_gate);
+              const float up = affine(accumulators(u_at), sa, packed_gate + kGateBlock);
+              out[pair] = ElementD(activate(act, gate) * up);
+            }
+            const int64_t n_out = int64_t(n_tile) * kGateBlock + col;
+            *reinterpret_cast<cutlass::Array<ElementD, 2>*>(params_.d + row * params_.ldd + n_out) =
+                out;
           }
-          const int64_t n_out = int64_t(n_tile) * kGateBlock + col;
-          *reinterpret_cast<cutlass::Array<ElementD, 2>*>(params_.d + row * params_.ldd + n_out) =
-              out;
         }
       }
-    }
+    });
   }
 
  private:

@@ -30,8 +30,8 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "quant_math.h"
 #include "scaled_mm_params.h"
+#include "scaled_mm_sm90_activation.cuh"
 #include "scaled_mm_sm90_instances.h"
 
 namespace quant {
@@ -40,7 +40,7 @@ namespace sm90 {
 
 using namespace cute;
 
-// The epilogue's activation, chosen at run time (Activation of scaled_mm_params.h). Sm90Compute
+// The epilogue's activation, chosen at run time (scaled_mm_sm90_activation.cuh). Sm90Compute
 // hands a functor's `Arguments` to its call operator; both the scalar and the fragment form take
 // the same arguments type.
 struct ActivationArgs {
@@ -50,21 +50,23 @@ struct ActivationArgs {
 template <class T>
 struct RuntimeActivation {
   using Arguments = ActivationArgs;
-  CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
-    return T(math::activate(static_cast<Activation>(args.kind), float(x)));
+  CUTLASS_DEVICE T operator()(T const& x, Arguments const& args) const {
+    float y = float(x);
+    with_activation(static_cast<Activation>(args.kind), [&](auto kind) { y = activate(kind, y); });
+    return T(y);
   }
 };
 
 template <class T, int N>
 struct RuntimeActivation<cutlass::Array<T, N>> {
   using Arguments = ActivationArgs;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& x,
-                                                      Arguments const& args) const {
-    const Activation kind = static_cast<Activation>(args.kind);
+  CUTLASS_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& x,
+                                                 Arguments const& args) const {
     cutlass::Array<T, N> y;
-    if (kind == Activation::kNone) return x;  // the common case skips the per-element switch
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = T(math::activate(kind, float(x[i])));
+    with_activation(static_cast<Activation>(args.kind), [&](auto kind) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) y[i] = T(activate(kind, float(x[i])));
+    });
     return y;
   }
 };

@@ -43,8 +43,9 @@ class StandIn:
     """The built kernel's quantize ops with cutlass_scaled_mm in float32 torch code, optionally
     wrong in one way: exercises the sweep's plumbing and verification where the op is absent."""
 
-    def __init__(self, kernel, *, gain=1.0, ignore_activation=False):
+    def __init__(self, kernel, *, gain=1.0, ignore_activation=False, gate_unscaled=False):
         self.kernel, self.gain, self.ignore_activation = kernel, gain, ignore_activation
+        self.gate_unscaled = gate_unscaled
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
@@ -60,6 +61,16 @@ class StandIn:
         if activation is not None and not self.ignore_activation:
             y = {"silu": torch.nn.functional.silu, "gelu_tanh": self._gelu_tanh}[activation](y)
         return (y * self.gain).to(out_dtype)
+
+    def cutlass_scaled_mm_gated(self, a, b_packed, scale_a, scale_b, out_dtype, activation="silu"):
+        # 64-column gate block, then its up block; gate_unscaled: forgets scale_b on the gate.
+        y = a.float() @ b_packed.float() * scale_a
+        blocks = y.view(y.shape[0], -1, 2, 64)
+        sb = scale_b.reshape(1, -1).expand(1, y.shape[1]).reshape(1, -1, 2, 64)
+        gate = blocks[:, :, 0] * (1 if self.gate_unscaled else sb[:, :, 0])
+        up = blocks[:, :, 1] * sb[:, :, 1]
+        out = torch.nn.functional.silu(gate) * up
+        return out.reshape(y.shape[0], -1).to(out_dtype)
 
     @staticmethod
     def _gelu_tanh(y):
@@ -147,7 +158,11 @@ def test_stand_in_gemm_runs_the_sweep_plumbing(sweep, kernel, fp8_device):
 
 @pytest.mark.parametrize(
     "wrong, caught",
-    [({"gain": 1.0 + 2.0**-4}, "ours"), ({"ignore_activation": True}, "ours_silu")],
+    [
+        ({"gain": 1.0 + 2.0**-4}, "ours"),
+        ({"ignore_activation": True}, "ours_silu"),
+        ({"gate_unscaled": True}, "ours_gated_silu"),
+    ],
 )
 def test_verification_catches_a_wrong_gemm(sweep, kernel, fp8_device, wrong, caught):
     """A GEMM 8 bf16 ulps of |result| off (6%), or one that forgets its epilogue, stops the
@@ -183,9 +198,10 @@ def test_a_failing_baseline_is_dropped_not_fatal(sweep, kernel, fp8_device, monk
     real = torch._scaled_mm
     monkeypatch.setattr(torch, "_scaled_mm", lambda *args, **kw: 2 * real(*args, **kw))
     _, each, failed = _prepare(sweep, StandIn(kernel), fp8_device, _tiny_case(sweep))
-    assert set(failed) == {"scaled_mm_tensor", "scaled_mm_row"}
+    scaled_mm = {"scaled_mm_tensor", "scaled_mm_row", "scaled_mm_tensor_fast", "scaled_mm_row_fast"}
+    assert set(failed) == scaled_mm
     assert "verification failed for scaled_mm_row" in failed["scaled_mm_row"]
-    assert "ours" in each and not {"scaled_mm_tensor", "scaled_mm_row"} & set(each)
+    assert "ours" in each and not scaled_mm & set(each)
 
 
 def test_run_case_makes_a_result_row(sweep, kernel, fp8_device, monkeypatch):

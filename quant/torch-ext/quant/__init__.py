@@ -283,8 +283,10 @@ def cutlass_scaled_mm(
     * ``activation``: None (or "none"), "gelu" (erf), "gelu_tanh" or "silu", applied in float32
       before the one rounding to ``out_dtype``.
 
-    int8 accumulates exactly in int32, fp8 in float32. On CUDA: int8 from compute capability
-    8.0, fp8 from 8.9, blockwise fp8 on 9.0 (``cutlass_scaled_mm_supports_*``).
+    int8 accumulates exactly in int32, fp8 in float32 (on Hopper in the tensor cores'
+    accumulator over all of K, as vLLM's kernels and ``use_fast_accum=True``). On CUDA: int8
+    from compute capability 8.0, fp8 from 8.9, blockwise fp8 on 9.0
+    (``cutlass_scaled_mm_supports_*``).
     """
     name = "cutlass_scaled_mm"
     _check_gemm_args(name, a, b, out_dtype)
