@@ -24,11 +24,11 @@ constexpr bool kSixteenBit = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
 // configuration changes (benchmarks/NOTES.md). 16-bit operands have only the gated form (the
 // callers below refuse their plain form first), the gated form no zero points.
 template <class Fn>
-auto with_instance(const ScaledMmParams& p, Fn&& f) {
+auto with_instance(const ScaledMmParams& p, int sm_count, Fn&& f) {
   auto by_config = [&](auto ab, auto out) {
     using AB = typename decltype(ab)::type;
     auto gated = [&] {
-      if (p.m <= 64) return f(ab, out, Tag<ConfigGatedM64<AB>>{}, std::false_type{});
+      if (p.m <= 128) return f(ab, out, Tag<ConfigGatedM128<AB>>{}, std::false_type{});
       return f(ab, out, Tag<ConfigGated<AB>>{}, std::false_type{});
     };
     if constexpr (kSixteenBit<AB>) {
@@ -43,7 +43,16 @@ auto with_instance(const ScaledMmParams& p, Fn&& f) {
       }
       if (p.m <= 16) return f(ab, out, Tag<ConfigM16<AB>>{}, std::false_type{});
       if (p.m <= 64) return f(ab, out, Tag<ConfigM64<AB>>{}, std::false_type{});
-      if (p.m <= 128) return f(ab, out, Tag<ConfigM128<AB>>{}, std::false_type{});
+      if (p.m <= 128) {
+        if constexpr (std::is_same_v<AB, Fp8>) {
+          // 64 x 128 tiles that would cover at most half the SMs: half-width ones instead.
+          const int64_t tiles = ((p.m + 63) / 64) * ((p.n + 127) / 128);
+          if (2 * tiles <= sm_count) {
+            return f(ab, out, Tag<ConfigM128Narrow<AB>>{}, std::false_type{});
+          }
+        }
+        return f(ab, out, Tag<ConfigM128<AB>>{}, std::false_type{});
+      }
       if constexpr (!std::is_same_v<AB, Fp8>) {  // fp8 has no ConfigLarge (configs header)
         if (p.m >= 2048) return f(ab, out, Tag<ConfigLarge<AB>>{}, std::false_type{});
       }
@@ -77,7 +86,7 @@ bool unsupported(const ScaledMmParams& p) {
 
 size_t workspace_size(const ScaledMmParams& p, int sm_count) {
   if (unsupported(p)) return 0;
-  return with_instance(p, [&](auto ab, auto out, auto config, auto azp) -> size_t {
+  return with_instance(p, sm_count, [&](auto ab, auto out, auto config, auto azp) -> size_t {
     using AB = typename decltype(ab)::type;
     using Out = typename decltype(out)::type;
     using Config = typename decltype(config)::type;
@@ -92,7 +101,7 @@ size_t workspace_size(const ScaledMmParams& p, int sm_count) {
 cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count, cudaStream_t stream) {
   if (unsupported(p)) return cudaErrorNotSupported;
   if (p.m == 0) return cudaSuccess;
-  return with_instance(p, [&](auto ab, auto out, auto config, auto azp) -> cudaError_t {
+  return with_instance(p, sm_count, [&](auto ab, auto out, auto config, auto azp) -> cudaError_t {
     using AB = typename decltype(ab)::type;
     using Out = typename decltype(out)::type;
     using Config = typename decltype(config)::type;

@@ -7,7 +7,7 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct GatedInstance<Bf16, Bf16, ConfigGatedM64<Bf16>>;
+template struct GatedInstance<Bf16, Bf16, ConfigGatedM128<Bf16>>;
 template struct GatedInstance<Bf16, Bf16, ConfigGated<Bf16>>;
 
 }  // namespace sm90

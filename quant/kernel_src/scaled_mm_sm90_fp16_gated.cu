@@ -7,7 +7,7 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct GatedInstance<Fp16, Fp16, ConfigGatedM64<Fp16>>;
+template struct GatedInstance<Fp16, Fp16, ConfigGatedM128<Fp16>>;
 template struct GatedInstance<Fp16, Fp16, ConfigGated<Fp16>>;
 
 }  // namespace sm90

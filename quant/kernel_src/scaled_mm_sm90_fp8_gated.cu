@@ -7,8 +7,8 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct GatedInstance<Fp8, Bf16, ConfigGatedM64<Fp8>>;
-template struct GatedInstance<Fp8, Fp16, ConfigGatedM64<Fp8>>;
+template struct GatedInstance<Fp8, Bf16, ConfigGatedM128<Fp8>>;
+template struct GatedInstance<Fp8, Fp16, ConfigGatedM128<Fp8>>;
 template struct GatedInstance<Fp8, Bf16, ConfigGated<Fp8>>;
 template struct GatedInstance<Fp8, Fp16, ConfigGated<Fp8>>;
 

@@ -52,6 +52,9 @@ extern template struct ScaledInstance<Fp8, Fp16, ConfigM16<Fp8>, false>;
 // scaled_mm_sm90_fp8_m64.cu
 extern template struct ScaledInstance<Fp8, Bf16, ConfigM64<Fp8>, false>;
 extern template struct ScaledInstance<Fp8, Fp16, ConfigM64<Fp8>, false>;
+// scaled_mm_sm90_fp8_m128narrow.cu
+extern template struct ScaledInstance<Fp8, Bf16, ConfigM128Narrow<Fp8>, false>;
+extern template struct ScaledInstance<Fp8, Fp16, ConfigM128Narrow<Fp8>, false>;
 // scaled_mm_sm90_fp8_m128.cu
 extern template struct ScaledInstance<Fp8, Bf16, ConfigM128<Fp8>, false>;
 extern template struct ScaledInstance<Fp8, Fp16, ConfigM128<Fp8>, false>;
@@ -78,20 +81,20 @@ extern template struct ScaledInstance<int8_t, Fp16, ConfigM2K<int8_t>, true>;
 extern template struct ScaledInstance<int8_t, Bf16, ConfigLarge<int8_t>, false>;
 extern template struct ScaledInstance<int8_t, Fp16, ConfigLarge<int8_t>, false>;
 // scaled_mm_sm90_fp8_gated.cu
-extern template struct GatedInstance<Fp8, Bf16, ConfigGatedM64<Fp8>>;
-extern template struct GatedInstance<Fp8, Fp16, ConfigGatedM64<Fp8>>;
+extern template struct GatedInstance<Fp8, Bf16, ConfigGatedM128<Fp8>>;
+extern template struct GatedInstance<Fp8, Fp16, ConfigGatedM128<Fp8>>;
 extern template struct GatedInstance<Fp8, Bf16, ConfigGated<Fp8>>;
 extern template struct GatedInstance<Fp8, Fp16, ConfigGated<Fp8>>;
 // scaled_mm_sm90_int8_gated.cu
-extern template struct GatedInstance<int8_t, Bf16, ConfigGatedM64<int8_t>>;
-extern template struct GatedInstance<int8_t, Fp16, ConfigGatedM64<int8_t>>;
+extern template struct GatedInstance<int8_t, Bf16, ConfigGatedM128<int8_t>>;
+extern template struct GatedInstance<int8_t, Fp16, ConfigGatedM128<int8_t>>;
 extern template struct GatedInstance<int8_t, Bf16, ConfigGated<int8_t>>;
 extern template struct GatedInstance<int8_t, Fp16, ConfigGated<int8_t>>;
 // scaled_mm_sm90_bf16_gated.cu
-extern template struct GatedInstance<Bf16, Bf16, ConfigGatedM64<Bf16>>;
+extern template struct GatedInstance<Bf16, Bf16, ConfigGatedM128<Bf16>>;
 extern template struct GatedInstance<Bf16, Bf16, ConfigGated<Bf16>>;
 // scaled_mm_sm90_fp16_gated.cu
-extern template struct GatedInstance<Fp16, Fp16, ConfigGatedM64<Fp16>>;
+extern template struct GatedInstance<Fp16, Fp16, ConfigGatedM128<Fp16>>;
 extern template struct GatedInstance<Fp16, Fp16, ConfigGated<Fp16>>;
 // scaled_mm_sm90_block.cu
 extern template struct BlockInstance<Bf16, ConfigBlock<Fp8>>;

@@ -7,8 +7,8 @@ namespace quant {
 namespace cuda {
 namespace sm90 {
 
-template struct GatedInstance<int8_t, Bf16, ConfigGatedM64<int8_t>>;
-template struct GatedInstance<int8_t, Fp16, ConfigGatedM64<int8_t>>;
+template struct GatedInstance<int8_t, Bf16, ConfigGatedM128<int8_t>>;
+template struct GatedInstance<int8_t, Fp16, ConfigGatedM128<int8_t>>;
 template struct GatedInstance<int8_t, Bf16, ConfigGated<int8_t>>;
 template struct GatedInstance<int8_t, Fp16, ConfigGated<int8_t>>;
 

@@ -21,8 +21,9 @@ import kernels  # noqa: E402
 import torch  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-# (M, N, K): decode, a swapped tile's edge, partial 128 x 128 tiles, a large-M tile edge.
-SHAPES = [(1, 48, 208), (17, 208, 400), (129, 400, 256), (2049, 272, 384)]
+# (M, N, K): decode, a swapped tile's edge, the half-width M <= 128 tiles, partial 128 x 128
+# tiles, a large-M tile edge.
+SHAPES = [(1, 48, 208), (17, 208, 400), (97, 1040, 208), (129, 400, 256), (2049, 272, 384)]
 
 
 def operands(m: int, n: int, k: int, dtype: torch.dtype):

@@ -308,9 +308,10 @@ def test_raw_gated_op_writes_only_out(kernel, device, operand):
 def test_raw_linear_act_writes_only_out(kernel, device, dtype):
     if device == "cuda":  # the fused CUDA kernel is not built: the op says so
         x = torch.zeros(2, 16, dtype=dtype, device=device)
+        w = torch.zeros(16, 16, dtype=dtype, device=device)
         with pytest.raises(RuntimeError, match=r"^linear_act: the fused CUDA kernel is not"):
             kernel.ops.linear_act(
-                torch.empty(2, 16, dtype=dtype, device=device), x, x, None, "none"
+                torch.empty(2, 16, dtype=dtype, device=device), x, w, None, "none"
             )
         return
     dev = fused_device(device)

@@ -116,6 +116,25 @@ def test_scale_modes(kernel, device, path, operand, a_mode, b_mode, m, nk_out):
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("operand", ["fp8", "int8"])
+@pytest.mark.parametrize(
+    "m, n",
+    # Each side of the M buckets of the Hopper dispatcher (scaled_mm_sm90.cu); at 64 < M <= 128
+    # fp8 picks half-width tiles when the 64 x 128 ones would cover at most half the SMs
+    # (97 x 1040: 18 tiles) and 64 x 128 ones otherwise (128 x 9232: 146 tiles).
+    [(16, 144), (17, 144), (65, 1040), (97, 1040), (128, 9232), (129, 400)],
+    ids=str,
+)
+def test_tile_buckets(kernel, device, path, operand, m, n):
+    dev = operand_device(device, operand)
+    k = 208
+    a, b = operands(operand, m, n, k, dev, seed=m + n)
+    sa, sb = scales(operand, m, n, "token", "channel", dev)
+    got = kernel.cutlass_scaled_mm(a, b, sa, sb, torch.bfloat16, activation="silu")
+    check(got, a, b, sa, sb, torch.bfloat16, dev, path, activation="silu")
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("operand", ["fp8", "int8"])
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
