@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "scaled_mm_sm90_gate.h"
 #include "scaled_mm_sm90_instances.h"
 
 namespace quant {
@@ -82,9 +83,33 @@ bool unsupported(const ScaledMmParams& p) {
   return !p.gated && (p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16);
 }
 
-}  // namespace
+// The quantized gated form at M <= 64 runs as a pair: the [M, 2N] product over the packed weight
+// on the swapped decode tiles, into the workspace, then the gate pass (scaled_mm_sm90_gate.h). The
+// gated kernel's 64-row tiles, mostly empty rows at decode sizes, took 1.7x as long (H200,
+// benchmarks/NOTES.md).
+bool gated_as_pair(const ScaledMmParams& p) {
+  return p.gated && !(p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16) &&
+         p.m <= 64;
+}
 
-size_t workspace_size(const ScaledMmParams& p, int sm_count) {
+// The packed product's bytes, rounded up to 256 (the GEMM's own workspace follows).
+size_t pair_product_bytes(const ScaledMmParams& p) {
+  const size_t bytes = size_t(p.m) * size_t(2 * p.n) * 2;  // bf16 / fp16
+  return (bytes + 255) / 256 * 256;
+}
+
+// The plain GEMM of the pair, writing y [M, 2N] (row stride 2N).
+ScaledMmParams pair_product(const ScaledMmParams& p, void* y) {
+  ScaledMmParams q = p;
+  q.gated = false;
+  q.n = 2 * p.n;
+  q.d = y;
+  q.ldd = 2 * p.n;
+  q.activation = Activation::kNone;
+  return q;
+}
+
+size_t plain_workspace_size(const ScaledMmParams& p, int sm_count) {
   if (unsupported(p)) return 0;
   return with_instance(p, sm_count, [&](auto ab, auto out, auto config, auto azp) -> size_t {
     using AB = typename decltype(ab)::type;
@@ -98,7 +123,8 @@ size_t workspace_size(const ScaledMmParams& p, int sm_count) {
   });
 }
 
-cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count, cudaStream_t stream) {
+cudaError_t plain_scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count,
+                            cudaStream_t stream) {
   if (unsupported(p)) return cudaErrorNotSupported;
   if (p.m == 0) return cudaSuccess;
   return with_instance(p, sm_count, [&](auto ab, auto out, auto config, auto azp) -> cudaError_t {
@@ -112,6 +138,26 @@ cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count, cu
                                                                         stream);
     }
   });
+}
+
+}  // namespace
+
+size_t workspace_size(const ScaledMmParams& p, int sm_count) {
+  if (gated_as_pair(p)) {
+    return pair_product_bytes(p) + plain_workspace_size(pair_product(p, nullptr), sm_count);
+  }
+  return plain_workspace_size(p, sm_count);
+}
+
+cudaError_t scaled_mm(const ScaledMmParams& p, void* workspace, int sm_count, cudaStream_t stream) {
+  if (gated_as_pair(p) && p.m > 0) {
+    void* y = workspace;
+    void* gemm_workspace = static_cast<char*>(workspace) + pair_product_bytes(p);
+    const cudaError_t err = plain_scaled_mm(pair_product(p, y), gemm_workspace, sm_count, stream);
+    if (err != cudaSuccess) return err;
+    return gate_packed_product(p, y, 2 * p.n, stream);
+  }
+  return plain_scaled_mm(p, workspace, sm_count, stream);
 }
 
 size_t block_workspace_size(const BlockScaledMmParams& p, int sm_count) {

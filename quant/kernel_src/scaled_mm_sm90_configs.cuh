@@ -98,6 +98,13 @@ template <class AB>
 struct ConfigM2K : cute::conditional_t<kFp8<AB>, PingpongConfig<AB>, CooperativeConfig<AB>> {
   using TileShape = cute::Shape<cute::_128, cute::_128, KTile<AB, 128>>;
   static constexpr bool kSwapAB = false;
+  // fp8 at M >= 4096: tiles scheduled in groups of 4, so that SMs working at the same time share
+  // weight and activation panels in L2 (8192^3: 891 instead of 1046 us; 8192 x 28672 x 4096: 1560
+  // instead of 1781; neutral at M = 2048).
+  template <class SchedulerArgs>
+  static void tune(SchedulerArgs& args, const ScaledMmParams& p) {
+    if (kFp8<AB> && p.m >= 4096) args.max_swizzle_size = 4;
+  }
 };
 
 // int8, M >= 2048: 128 x 256 tiles.
