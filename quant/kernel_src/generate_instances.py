@@ -27,9 +27,17 @@ OUTPUTS = ("Bf16", "Fp16")
 # 16-bit operands (linear_act) write their own type only.
 OWN_OUTPUT = {"bf16": "Bf16", "fp16": "Fp16"}
 # Tile configurations (scaled_mm_sm90_configs.cuh), smallest M bucket first.
-CONFIGS = ("ConfigM16", "ConfigM64", "ConfigM128Narrow", "ConfigM128", "ConfigM2K", "ConfigLarge")
+CONFIGS = (
+    "ConfigM16",
+    "ConfigM64",
+    "ConfigM128Narrow",
+    "ConfigM128",
+    "ConfigM2K",
+    "ConfigM2KWide",
+    "ConfigLarge",
+)
 # Configurations only one operand family uses (scaled_mm_sm90.cu's buckets).
-ONLY = {"ConfigLarge": "int8", "ConfigM128Narrow": "fp8"}
+ONLY = {"ConfigLarge": "int8", "ConfigM128Narrow": "fp8", "ConfigM2KWide": "fp8"}
 # The int8 zero-point (azp) kernels serve two buckets: M <= 64 and the rest.
 AZP_CONFIGS = ("ConfigM64", "ConfigM2K")
 BLOCK_CONFIGS = ("ConfigBlock",)

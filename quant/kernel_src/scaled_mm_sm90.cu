@@ -20,6 +20,28 @@ struct Tag {
 template <class T>
 constexpr bool kSixteenBit = std::is_same_v<T, Bf16> || std::is_same_v<T, Fp16>;
 
+// The share of the last wave's SMs that have a tile, for `tiles` tiles on `sm_count` SMs.
+double last_wave_fill(int64_t tiles, int sm_count) {
+  const int64_t waves = (tiles + sm_count - 1) / sm_count;
+  return waves == 0 ? 1.0 : double(tiles) / double(waves * sm_count);
+}
+
+enum class LargeMTile { kSquare, kWide, kNarrow };
+
+// fp8 at M > 128: 128 x 128 tiles unless they leave over a fifth of the SMs idle and 128 x 192
+// (kWide) or 64 x 128 tiles (kNarrow) fill the waves clearly better; the wider tile on a tie
+// (H200: benchmarks/NOTES.md).
+LargeMTile large_m_tile(const ScaledMmParams& p, int sm_count) {
+  const int64_t row_tiles = (p.m + 127) / 128;
+  const double square = last_wave_fill(row_tiles * ((p.n + 127) / 128), sm_count);
+  if (square >= 0.8) return LargeMTile::kSquare;
+  const double wide = last_wave_fill(row_tiles * ((p.n + 191) / 192), sm_count);
+  const double narrow = last_wave_fill(((p.m + 63) / 64) * ((p.n + 127) / 128), sm_count);
+  if (wide >= narrow && wide > square + 0.1) return LargeMTile::kWide;
+  if (narrow > square + 0.1) return LargeMTile::kNarrow;
+  return LargeMTile::kSquare;
+}
+
 // Calls f(Tag<ElementAB>, Tag<ElementD>, Tag<Config>, bool_constant<kAzp>) for the instance that
 // serves p (scaled_mm_sm90_instances.h lists them). The M buckets are where the measured best
 // configuration changes (benchmarks/NOTES.md). 16-bit operands have only the gated form (the
@@ -54,7 +76,16 @@ auto with_instance(const ScaledMmParams& p, int sm_count, Fn&& f) {
         }
         return f(ab, out, Tag<ConfigM128<AB>>{}, std::false_type{});
       }
-      if constexpr (!std::is_same_v<AB, Fp8>) {  // fp8 has no ConfigLarge (configs header)
+      if constexpr (std::is_same_v<AB, Fp8>) {
+        switch (large_m_tile(p, sm_count)) {
+          case LargeMTile::kWide:
+            return f(ab, out, Tag<ConfigM2KWide<AB>>{}, std::false_type{});
+          case LargeMTile::kNarrow:
+            return f(ab, out, Tag<ConfigM128<AB>>{}, std::false_type{});
+          default:
+            break;
+        }
+      } else {  // int8
         if (p.m >= 2048) return f(ab, out, Tag<ConfigLarge<AB>>{}, std::false_type{});
       }
       return f(ab, out, Tag<ConfigM2K<AB>>{}, std::false_type{});

@@ -61,6 +61,9 @@ extern template struct ScaledInstance<Fp8, Fp16, ConfigM128<Fp8>, false>;
 // scaled_mm_sm90_fp8_m2k.cu
 extern template struct ScaledInstance<Fp8, Bf16, ConfigM2K<Fp8>, false>;
 extern template struct ScaledInstance<Fp8, Fp16, ConfigM2K<Fp8>, false>;
+// scaled_mm_sm90_fp8_m2kwide.cu
+extern template struct ScaledInstance<Fp8, Bf16, ConfigM2KWide<Fp8>, false>;
+extern template struct ScaledInstance<Fp8, Fp16, ConfigM2KWide<Fp8>, false>;
 // scaled_mm_sm90_int8_m16.cu
 extern template struct ScaledInstance<int8_t, Bf16, ConfigM16<int8_t>, false>;
 extern template struct ScaledInstance<int8_t, Fp16, ConfigM16<int8_t>, false>;

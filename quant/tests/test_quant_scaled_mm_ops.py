@@ -120,8 +120,18 @@ def test_scale_modes(kernel, device, path, operand, a_mode, b_mode, m, nk_out):
     "m, n",
     # Each side of the M buckets of the Hopper dispatcher (scaled_mm_sm90.cu); at 64 < M <= 128
     # fp8 picks half-width tiles when the 64 x 128 ones would cover at most half the SMs
-    # (97 x 1040: 18 tiles) and 64 x 128 ones otherwise (128 x 9232: 146 tiles).
-    [(16, 144), (17, 144), (65, 1040), (97, 1040), (128, 9232), (129, 400)],
+    # (97 x 1040: 18 tiles) and 64 x 128 ones otherwise (128 x 9232: 146 tiles); above 128 on
+    # 132 SMs, 256 x 4096 takes 64 x 128 tiles and 512 x 6144 128 x 192 ones.
+    [
+        (16, 144),
+        (17, 144),
+        (65, 1040),
+        (97, 1040),
+        (128, 9232),
+        (129, 400),
+        (256, 4096),
+        (512, 6144),
+    ],
     ids=str,
 )
 def test_tile_buckets(kernel, device, path, operand, m, n):
