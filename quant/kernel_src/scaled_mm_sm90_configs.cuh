@@ -1,12 +1,12 @@
-// scaled_mm_sm90_configs.cuh: the tile configurations of the Hopper scaled GEMMs, one per M
-// bucket (scaled_mm_sm90.cu picks them), each a template on the operand type: K tiles are given
-// in bytes, so 16-bit operands get half the elements of fp8 / int8 ones. Measured choices:
-// benchmarks/NOTES.md.
+// scaled_mm_sm90_configs.cuh: the tile configurations of the Hopper scaled GEMMs, picked by
+// scaled_mm_sm90.cu per M bucket and, where a bucket's tiles would leave SMs idle, by the SM
+// count; each a template on the operand type: K tiles are given in bytes, so 16-bit operands get
+// half the elements of fp8 / int8 ones. Measured choices: benchmarks/NOTES.md.
 //
 // fp8 accumulates as vLLM's Hopper kernels and cuBLAS's fast-accumulation mode do (the
 // FP8FastAccum schedules): the tensor cores' own accumulator runs over all of K. CUTLASS's
 // default fp8 mainloop instead promotes partial sums into float32 every 4 k-steps, which needs
-// a second accumulator per thread and ran at 0.77-0.85x cuBLAS at large M (H200).
+// a second accumulator per thread and ran at 0.77-0.98x cuBLAS's exact mode at M >= 128 (H200).
 #pragma once
 
 #include "cute/tensor.hpp"
