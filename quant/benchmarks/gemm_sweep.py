@@ -195,15 +195,14 @@ def int_mm_scaled(a, b, sa, sb):
     return (torch._int_mm(a, b).float() * sa * sb).to(torch.bfloat16)
 
 
-_compiled_int_mm = None
+_COMPILED = {}
 
 
-def compiled_int_mm_scaled():
-    # One compile for every shape (dynamic): a compile per shape would not fit the budget.
-    global _compiled_int_mm
-    if _compiled_int_mm is None:
-        _compiled_int_mm = torch.compile(int_mm_scaled, dynamic=True)
-    return _compiled_int_mm
+def compiled(fn):
+    """fn compiled once for every shape (dynamic): a compile per shape would not fit the budget."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
 
 
 def gelu_tanh(y):
@@ -307,9 +306,11 @@ def contenders(kernel, case: Case, ops: Operands, *, block_fp8: bool, with_compi
             "int8_channel", lambda wb: int_mm_scaled(ops.a_int8, wb[0], ops.sa_int8, wb[1]), ref_int
         )
         if with_compile:
-            compiled = compiled_int_mm_scaled()
+            int_mm_compiled = compiled(int_mm_scaled)
             out["int_mm_compile"] = Contender(
-                "int8_channel", lambda wb: compiled(ops.a_int8, wb[0], ops.sa_int8, wb[1]), ref_int
+                "int8_channel",
+                lambda wb: int_mm_compiled(ops.a_int8, wb[0], ops.sa_int8, wb[1]),
+                ref_int,
             )
     if case.layer in FUSED_LAYERS:
         for name, act in ACTIVATIONS.items():
@@ -330,7 +331,7 @@ def contenders(kernel, case: Case, ops: Operands, *, block_fp8: bool, with_compi
     if case.layer == "gate_up":
         # The gated MLP form on the same weight read as packed gate / up blocks, against the
         # GEMM to [M, 2N] followed by act(g) * u (compiled into one kernel when compile runs).
-        gate_mul = compiled_gate_mul() if with_compile else gate_mul_silu
+        gate_mul = compiled(gate_mul_silu) if with_compile else gate_mul_silu
         out["ours_gated_silu"] = Contender(
             "fp8_channel",
             lambda wb: kernel.cutlass_scaled_mm_gated(
@@ -356,16 +357,6 @@ def gate_mul_silu(y: torch.Tensor) -> torch.Tensor:
     m, two_n = y.shape
     blocks = y.view(m, two_n // (2 * GATE_BLOCK), 2, GATE_BLOCK)
     return (F.silu(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(m, two_n // 2)
-
-
-_compiled_gate_mul = None
-
-
-def compiled_gate_mul():
-    global _compiled_gate_mul
-    if _compiled_gate_mul is None:
-        _compiled_gate_mul = torch.compile(gate_mul_silu, dynamic=True)
-    return _compiled_gate_mul
 
 
 def _quantized_token(kernel, x, wb):
