@@ -351,12 +351,17 @@ def contenders(kernel, case: Case, ops: Operands, *, block_fp8: bool, with_compi
     return out
 
 
-def gate_mul_silu(y: torch.Tensor) -> torch.Tensor:
-    """silu(g) * u of a product [M, 2N] over a packed gate / up weight (blocks of GATE_BLOCK
-    columns, gate first), in y's dtype: the epilogue a caller runs without the gated form."""
+def gate_mul(y: torch.Tensor, act) -> torch.Tensor:
+    """act(g) * u of a product [M, 2N] over a packed gate / up weight (blocks of GATE_BLOCK
+    columns, gate first), in y's dtype."""
     m, two_n = y.shape
     blocks = y.view(m, two_n // (2 * GATE_BLOCK), 2, GATE_BLOCK)
-    return (F.silu(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(m, two_n // 2)
+    return (act(blocks[:, :, 0]) * blocks[:, :, 1]).reshape(m, two_n // 2)
+
+
+def gate_mul_silu(y: torch.Tensor) -> torch.Tensor:
+    """The epilogue a caller runs without the gated form."""
+    return gate_mul(y, F.silu)
 
 
 def _quantized_token(kernel, x, wb):
@@ -406,9 +411,7 @@ def verify(name: str, contender: Contender, ops: Operands, case: Case) -> None:
     want = contender.reference(weight, rows)
     ulps, rms_ulps = 1.0, 8.0
     if contender.gated:
-        blocks = want.view(len(rows), case.n // (2 * GATE_BLOCK), 2, GATE_BLOCK)
-        gate, up = blocks[:, :, 0], blocks[:, :, 1]
-        want = (ACTIVATIONS[contender.activation](gate) * up).reshape(len(rows), cols)
+        want = gate_mul(want, ACTIVATIONS[contender.activation])
         # Both factors carry the accumulation error: twice the rms allowance.
         ulps, rms_ulps = 3.0, 16.0
     elif contender.activation is not None:
