@@ -121,11 +121,19 @@ struct MulByScale {  // x * m: one rounding, no fast path needed
 
 // x / s, bit for bit, at FMA cost: math::div_by_const_fast with r = math::div_reciprocal(s),
 // computed once per quantizer (per row, group or thread), instead of an IEEE division sequence
-// (a reciprocal on the quarter-rate MUFU pipe, FCHK and five FMAs) per element.
+// (a reciprocal on the quarter-rate MUFU pipe, FCHK and five FMAs) per element. kBounded: the
+// row or group passed math::quotients_bounded, so math::div_by_const_bounded needs no
+// per-element test (three FMA-pipe operations); the quantized values are those of x / s, for
+// fp8 (kFp8) once the sign of x is copied onto the quotient (the sign of a zero result).
+template <bool kBounded, bool kFp8>
 struct DivByScale {
   float s, r;
   __device__ explicit DivByScale(float scale) : s(scale), r(math::div_reciprocal(scale)) {}
   __device__ float scale(float x, bool& exact) const {
+    if constexpr (kBounded) {
+      const float q = math::div_by_const_bounded(x, s, r);
+      return kFp8 ? copysignf(q, x) : q;
+    }
     return math::div_by_const_fast(x, s, r, exact);
   }
   __device__ float scale_ieee(float x) const { return x / s; }
@@ -148,29 +156,35 @@ struct Fp8Mul : MulByScale {  // static and dynamic per tensor: x * (1 / scale)
   __device__ explicit Fp8Mul(float inv) : MulByScale{inv} {}
   __device__ float finish(float y) const { return fp8_range(y); }
 };
-struct Fp8DivFullRange : DivByScale {  // per token: x / scale, clamped to [-448, 448]
+// Per token, and per group over the full range ([fp8_min, fp8_max] = [-448, 448]): x / scale,
+// clamped to [-448, 448].
+template <bool kBounded>
+struct Fp8DivFullRange : DivByScale<kBounded, true> {
   static constexpr bool kFp8 = true;
-  using DivByScale::DivByScale;
+  using DivByScale<kBounded, true>::DivByScale;
   __device__ float finish(float y) const { return fp8_range(y); }
 };
-struct Fp8Div : DivByScale {  // per group: x / scale, clamped to [lo, hi] (fp8_min, fp8_max)
+template <bool kBounded>
+struct Fp8Div : DivByScale<kBounded, true> {  // per group: x / scale, clamped to [fp8_min, fp8_max]
   static constexpr bool kFp8 = true;
   float lo, hi;
-  __device__ Fp8Div(float scale, float lo_, float hi_) : DivByScale(scale), lo(lo_), hi(hi_) {}
+  __device__ Fp8Div(float scale, float lo_, float hi_)
+      : DivByScale<kBounded, true>(scale), lo(lo_), hi(hi_) {}
   __device__ float finish(float y) const { return math::clamp_keep_nan(y, lo, hi); }
 };
 // Static int8, symmetric and with a zero point as two types (it was one with a runtime flag, so
 // both paths were compiled into the loop).
-struct Int8DivSym : DivByScale {  // static: x / scale
+struct Int8DivSym : DivByScale<false, false> {  // static: x / scale
   static constexpr bool kFp8 = false;
   using DivByScale::DivByScale;
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_sat(y)); }
 };
-struct Int8DivAzp : DivByScale {  // static: x / scale + azp
+template <bool kBounded = false>
+struct Int8DivAzp : DivByScale<kBounded, false> {  // static: x / scale + azp
   static constexpr bool kFp8 = false;
   math::AzpClamp azp;
   __device__ Int8DivAzp(float scale, int32_t zero_point)
-      : DivByScale(scale), azp(math::azp_clamp(zero_point)) {}
+      : DivByScale<kBounded, false>(scale), azp(math::azp_clamp(zero_point)) {}
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_azp_sat(y, azp)); }
 };
 struct Int8Mul : MulByScale {  // dynamic symmetric: x * (127 / amax)
@@ -178,10 +192,15 @@ struct Int8Mul : MulByScale {  // dynamic symmetric: x * (127 / amax)
   __device__ explicit Int8Mul(float mul) : MulByScale{mul} {}
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_sat(y)); }
 };
-struct Int8Azp : Int8DivAzp {  // dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp
-  using Int8DivAzp::Int8DivAzp;
+// Dynamic asymmetric: x / s + azp; s == 0 (all-zero row): azp. A bounded row has s != 0 (its
+// reciprocal is a number), so that test is left out there.
+template <bool kBounded>
+struct Int8Azp : Int8DivAzp<kBounded> {
+  using Int8DivAzp<kBounded>::Int8DivAzp;
   __device__ uint8_t finish(float y) const {
-    return s == 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(azp.azp)) : Int8DivAzp::finish(y);
+    if constexpr (kBounded) return Int8DivAzp<kBounded>::finish(y);
+    return this->s == 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(this->azp.azp))
+                           : Int8DivAzp<kBounded>::finish(y);
   }
 };
 
@@ -221,6 +240,80 @@ __device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
   }
   return out;
 }
+
+// ---- statistics of a row or group ----
+
+template <typename T>
+struct PackedPair {
+  using type = float;  // float32 elements are reduced one by one
+};
+template <>
+struct PackedPair<__half> {
+  using type = __half2;
+};
+template <>
+struct PackedPair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+
+__device__ __forceinline__ __half2 splat(float x, __half2) { return __float2half2_rn(x); }
+__device__ __forceinline__ __nv_bfloat162 splat(float x, __nv_bfloat162) {
+  return __float2bfloat162_rn(x);
+}
+__device__ __forceinline__ float splat(float x, float) { return x; }
+
+// The largest |x| (kMinMax false) or the minimum and the maximum (true) of the elements added, NaN
+// skipped as by fmaxf / fminf. Pairs of 16-bit elements stay in their format: max.f16x2 /
+// max.bf16x2 (and min) skip NaN the same way, and max and min are exact in any format, so the
+// result is the same with one instruction per two elements and no conversion (the float path
+// took a conversion and one or two FMNMX per element).
+template <typename T, int V, bool kMinMax>
+struct Stats {
+  static constexpr bool kPacked = !std::is_same_v<T, float> && V % 2 == 0;
+  using Acc = std::conditional_t<kPacked, typename PackedPair<T>::type, float>;
+  Acc lo = splat(INFINITY, Acc{}), hi = splat(kMinMax ? -INFINITY : 0.0f, Acc{});
+
+  __device__ void add(const Vec<T, V>& v) {
+    if constexpr (kPacked) {
+      const auto* pairs = reinterpret_cast<const Acc*>(v.v);
+#pragma unroll
+      for (int i = 0; i < V / 2; ++i) {
+        if constexpr (kMinMax) {
+          lo = __hmin2(lo, pairs[i]);
+          hi = __hmax2(hi, pairs[i]);
+        } else {
+          hi = __hmax2(hi, __habs2(pairs[i]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float x = to_float(v.v[i]);
+        if constexpr (kMinMax) {
+          lo = fminf(lo, x);
+          hi = fmaxf(hi, x);
+        } else {
+          hi = fmaxf(hi, fabsf(x));
+        }
+      }
+    }
+  }
+  // The largest |x| (kMinMax false), or the maximum.
+  __device__ float max() const {
+    if constexpr (kPacked) {
+      return fmaxf(__low2float(hi), __high2float(hi));
+    } else {
+      return hi;
+    }
+  }
+  __device__ float min() const {
+    if constexpr (kPacked) {
+      return fminf(__low2float(lo), __high2float(lo));
+    } else {
+      return lo;
+    }
+  }
+};
 
 // ---- reductions ----
 
@@ -281,7 +374,7 @@ struct StaticInt8Sym {
 struct StaticInt8Azp {
   const float* scale;
   const int32_t* azp;
-  __device__ Int8DivAzp operator()() const { return Int8DivAzp(*scale, *azp); }
+  __device__ Int8DivAzp<> operator()() const { return Int8DivAzp<>(*scale, *azp); }
 };
 
 // f(v, store) for every input vector v of the matrix, grid-stride (consecutive threads take
@@ -346,30 +439,18 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const int64_t r = blockIdx.x;
   const int64_t nvec = m.hidden / V;
   Vec<T, V> cache[kRowCache];
-  float a = 0.0f, lo = INFINITY, hi = -INFINITY;
-  const auto stats = [&](const Vec<T, V>& v) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float x = to_float(v.v[i]);
-      if constexpr (kMode == RowMode::kInt8Asym) {
-        lo = fminf(lo, x);
-        hi = fmaxf(hi, x);
-      } else {
-        a = fmaxf(a, fabsf(x));
-      }
-    }
-  };
+  Stats<T, V, kMode == RowMode::kInt8Asym> stats;
 #pragma unroll
   for (int k = 0; k < kRowCache; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (j < nvec) {
       cache[k] = load_vec<T, V>(m, r, j);
-      stats(cache[k]);
+      stats.add(cache[k]);
     }
   }
   for (int64_t j = threadIdx.x + static_cast<int64_t>(kRowCache) * blockDim.x; j < nvec;
        j += blockDim.x) {
-    stats(load_vec<T, V>(m, r, j));
+    stats.add(load_vec<T, V>(m, r, j));
   }
   const auto emit = [&](const auto& q) {
 #pragma unroll
@@ -382,37 +463,50 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       store_vec<V>(m, r, j, quantize(load_vec<T, V>(m, r, j), q));
     }
   };
+  // The bounded division where the row allows it (math::quotients_bounded, the same for the
+  // whole block): the common case, all but rows clipped far below their amax by scale_ub or
+  // holding an infinity.
   if constexpr (kMode == RowMode::kFp8PerToken) {
-    a = block_reduce(a, Max{}, 0.0f);
+    const float a = block_reduce(stats.max(), Max{}, 0.0f);
     const float s = math::per_token_fp8_scale(a, scale_ub);
     if (threadIdx.x == 0) scale[r] = s;
-    emit(Fp8DivFullRange(s));
+    if (math::quotients_bounded(a, math::div_reciprocal(s))) {
+      emit(Fp8DivFullRange<true>(s));
+    } else {
+      emit(Fp8DivFullRange<false>(s));
+    }
   } else if constexpr (kMode == RowMode::kInt8Sym) {
-    a = block_reduce(a, Max{}, 0.0f);
+    const float a = block_reduce(stats.max(), Max{}, 0.0f);
     if (threadIdx.x == 0) scale[r] = a / 127.0f;
     emit(Int8Mul(a == 0.0f ? 0.0f : 127.0f / a));
   } else {
+    float lo = stats.min(), hi = stats.max();
     block_min_max(lo, hi);
     const math::AzpParams p = math::int8_azp_params(lo, hi);
     if (threadIdx.x == 0) {
       scale[r] = p.scale;
       azp[r] = p.azp;
     }
-    emit(Int8Azp(p.scale, p.azp));
+    if (math::quotients_bounded(fmaxf(fabsf(lo), fabsf(hi)), math::div_reciprocal(p.scale))) {
+      emit(Int8Azp<true>(p.scale, p.azp));
+    } else {
+      emit(Int8Azp<false>(p.scale, p.azp));
+    }
   }
 }
 
-// Vectors per lane of the group kernel kept in registers. With one vector per lane (16 lanes per
-// 128-element bf16 group) every lane paid the index math, the scale's division and the shuffles
-// for 8 elements, loaded once before the reduction and re-read the vector from L1 afterwards; two
-// per lane (8 lanes per bf16 group) halve that overhead per element and drop the re-read.
-constexpr int kGroupCache = 2;
+// Vectors per lane of the group kernel kept in registers, all loaded before the reduction: 4
+// lanes per 128-element bf16 group, each with 64 bytes in flight and the per-group work (index
+// math, shuffles, the scale) spread over 32 elements. Fastest of 1, 2, 4, 8 and 16 on an H200
+// (benchmarks/NOTES.md); 8 and more cost more in occupancy than they gain.
+constexpr int kGroupCache = 4;
 
 // A team of `lanes` threads (a power of two <= 32, so teams never straddle a warp) per group.
 // Index: uint32_t when every thread index fits in 31 bits (the launcher checks), so the row of a
 // group is a 32-bit division (a 64-bit one is a called routine of dozens of instructions, per
-// 16 elements here); int64_t otherwise.
-template <typename T, int V, typename Index>
+// 16 elements here); int64_t otherwise. kFullRange: [fp8_min, fp8_max] is [-448, 448] (the
+// default), whose clamp the fp8 conversion does by itself (fp8_range).
+template <typename T, int V, typename Index, bool kFullRange>
 __global__ void __launch_bounds__(kThreads)
     group_quant_kernel(const Rows m, const GroupFp8Params p, int lane_bits, int64_t total_groups) {
   // lanes = 2^lane_bits: the team index and the lane by shift and mask (a runtime 64-bit division
@@ -430,7 +524,7 @@ __global__ void __launch_bounds__(kThreads)
   // flight per lane) and kept in registers for the quantize pass; a group longer than
   // 32 * kGroupCache vectors reads the rest again (from L1) as before.
   Vec<T, V> cache[kGroupCache];
-  float a = 0.0f;
+  Stats<T, V, false> stats;
   if (active) {
 #pragma unroll
     for (int k = 0; k < kGroupCache; ++k) {
@@ -439,29 +533,40 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int k = 0; k < kGroupCache; ++k) {
-      if (lane + static_cast<int64_t>(k) * lanes < nvec) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) a = fmaxf(a, fabsf(to_float(cache[k].v[i])));
-      }
+      if (lane + static_cast<int64_t>(k) * lanes < nvec) stats.add(cache[k]);
     }
     for (int64_t j = lane + static_cast<int64_t>(kGroupCache) * lanes; j < nvec; j += lanes) {
-      const Vec<T, V> v = load_vec<T, V>(m, r, base + j);
-#pragma unroll
-      for (int i = 0; i < V; ++i) a = fmaxf(a, fabsf(to_float(v.v[i])));
+      stats.add(load_vec<T, V>(m, r, base + j));
     }
   }
+  float a = stats.max();
   for (int o = lanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
   if (!active) return;
   const float s = math::group_fp8_scale(a, p.eps, p.fp8_max, p.scale_ue8m0);
   if (lane == 0) p.scale[r * p.scale_row_stride + gi * p.scale_group_stride] = s;
-  const Fp8Div q(s, p.fp8_min, p.fp8_max);
+  const auto emit = [&](const auto& q) {
 #pragma unroll
-  for (int k = 0; k < kGroupCache; ++k) {
-    const int64_t j = lane + static_cast<int64_t>(k) * lanes;
-    if (j < nvec) store_vec<V>(m, r, base + j, quantize(cache[k], q));
-  }
-  for (int64_t j = lane + static_cast<int64_t>(kGroupCache) * lanes; j < nvec; j += lanes) {
-    store_vec<V>(m, r, base + j, quantize(load_vec<T, V>(m, r, base + j), q));
+    for (int k = 0; k < kGroupCache; ++k) {
+      const int64_t j = lane + static_cast<int64_t>(k) * lanes;
+      if (j < nvec) store_vec<V>(m, r, base + j, quantize(cache[k], q));
+    }
+    for (int64_t j = lane + static_cast<int64_t>(kGroupCache) * lanes; j < nvec; j += lanes) {
+      store_vec<V>(m, r, base + j, quantize(load_vec<T, V>(m, r, base + j), q));
+    }
+  };
+  // The bounded division for every group whose quotients stay in range (all but groups with an
+  // infinity, or a scale far from amax / fp8_max).
+  const bool bounded = math::quotients_bounded(a, math::div_reciprocal(s));
+  if constexpr (kFullRange) {
+    if (bounded) {
+      emit(Fp8DivFullRange<true>(s));
+    } else {
+      emit(Fp8DivFullRange<false>(s));
+    }
+  } else if (bounded) {
+    emit(Fp8Div<true>(s, p.fp8_min, p.fp8_max));
+  } else {
+    emit(Fp8Div<false>(s, p.fp8_min, p.fp8_max));
   }
 }
 
@@ -613,14 +718,16 @@ cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cuda
     // each: 8 for 128 bf16 / fp16 elements, 16 for 128 float32.
     while (lane_bits < 5 && (int64_t{kGroupCache} << lane_bits) < nvec) ++lane_bits;
     const int64_t blocks = ceil_div(total_groups << lane_bits, kThreads);
-    if ((total_groups << lane_bits) <= INT32_MAX) {
-      group_quant_kernel<T, V, uint32_t>
+    const auto launch = [&](auto index, auto full_range) {
+      group_quant_kernel<T, V, decltype(index), decltype(full_range)::value>
           <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
-    } else {
-      group_quant_kernel<T, V, int64_t>
-          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
+      return cudaGetLastError();
+    };
+    const bool small = (total_groups << lane_bits) <= INT32_MAX;
+    if (p.fp8_min == -math::kFp8Max && p.fp8_max == math::kFp8Max) {
+      return small ? launch(uint32_t{}, std::true_type{}) : launch(int64_t{}, std::true_type{});
     }
-    return cudaGetLastError();
+    return small ? launch(uint32_t{}, std::false_type{}) : launch(int64_t{}, std::false_type{});
   });
 }
 

@@ -88,6 +88,27 @@ QUANT_HD float div_by_const_fast(float x, float s, float r, bool& exact) {
   return fmaf(-e, r, q0);
 }
 
+// x / s for the quantize ops where every |x| of the row or group is known to satisfy
+// |x| * r <= kDivFastMax (quotients_bounded, checked once on its largest |x|; NaN elements may be
+// there too) and r = div_reciprocal(s) is a number: div_by_const_fast without its per-element
+// test. Where that test fails, x != 0 and |q0| < kDivFastMin: x / s and the result here are
+// both below 2^-49 in magnitude and quantize to 0 in int8, and to the zero of x's sign in fp8
+// once the sign of x is copied onto the result (fp8 callers do). Elsewhere the result is x / s
+// bit for bit; NaN stays NaN. tests/div_by_const_check.cpp compares the quantized values.
+QUANT_HD float div_by_const_bounded(float x, float s, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(x, r);
+#else
+  const float q0 = x * r;
+#endif
+  const float e = fmaf(q0, s, -x);
+  return fmaf(-e, r, q0);
+}
+
+// Whether div_by_const_bounded serves a row or group whose largest |x| is amax (false when r is
+// NaN, i.e. s is outside the fast range, or amax is infinite).
+QUANT_HD bool quotients_bounded(float amax, float r) { return amax * r <= kDivFastMax; }
+
 // x / s (IEEE, round to nearest even) given r = div_reciprocal(s).
 QUANT_HD float div_by_const(float x, float s, float r) {
   bool exact = true;
@@ -108,7 +129,9 @@ QUANT_HD AzpClamp azp_clamp(int32_t azp) {
           static_cast<int32_t>(hi > INT32_MAX ? INT32_MAX : hi), azp};
 }
 QUANT_HD int8_t add_azp_sat(int32_t r, const AzpClamp& c) {
-  const int32_t k = r < c.lo ? c.lo : (r > c.hi ? c.hi : r);
+  // max, then min (lo <= hi): two integer min / max instructions on the GPU.
+  const int32_t floor = r < c.lo ? c.lo : r;
+  const int32_t k = floor > c.hi ? c.hi : floor;
   return static_cast<int8_t>(static_cast<uint32_t>(k) + static_cast<uint32_t>(c.azp));
 }
 

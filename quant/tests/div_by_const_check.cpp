@@ -1,7 +1,9 @@
 // div_by_const_check.cpp: quant_math.h's div_by_const against the IEEE division, bit for bit,
-// and the int8 / fp8 values quantized from both; and add_azp_sat (the kernels' 32-bit zero point
-// add) against int8_rn_azp_sat, the reference rule. Built and run by test_quant_division_library.py
-// (g++ -O2 -ffp-contract=off, so the compiler adds no FMA of its own and fmaf is a true FMA).
+// and the int8 / fp8 values quantized from both; div_by_const_bounded likewise wherever the
+// kernels use it (bit for bit in the fast range, the same quantized values below it); and
+// add_azp_sat (the kernels' 32-bit zero point add) against int8_rn_azp_sat, the reference rule.
+// Built and run by test_quant_division_library.py (g++ -O2 -ffp-contract=off, so the compiler
+// adds no FMA of its own and fmaf is a true FMA).
 //
 //   div_by_const_check [scales] [random pairs] [x mantissas]
 //
@@ -74,7 +76,8 @@ uint8_t fp8_e4m3fn(float v) {
 }
 
 struct Checker {
-  long checked = 0, fast = 0, mismatches = 0, quant_checked = 0;
+  long checked = 0, fast = 0, mismatches = 0, quant_checked = 0, bounded_checked = 0,
+       bounded_tiny = 0;
 
   void pair(float x, float s, float r) {
     const float want = x / s;
@@ -91,20 +94,45 @@ struct Checker {
       std::printf("MISMATCH x=%a s=%a r=%a: div_by_const %a (0x%08x), x / s %a (0x%08x)\n", x, s, r,
                   got, to_bits(got), want, to_bits(want));
     }
+    if (r == r && (std::isnan(x) || quant::math::quotients_bounded(std::fabs(x), r))) {
+      bounded(x, s, r, a >= quant::math::kDivFastMin || x == 0.0f);
+    }
+  }
+
+  // div_by_const_bounded where the kernels use it (x in a row or group whose largest |x| passes
+  // quotients_bounded): x / s bit for bit where div_by_const_fast's test passes (`exact`), and
+  // the same int8, int8 + zero point and fp8 values (sign of zero included) everywhere.
+  void bounded(float x, float s, float r, bool exact) {
+    const float want = x / s;
+    const float got = quant::math::div_by_const_bounded(x, s, r);
+    ++bounded_checked;
+    const bool same = to_bits(got) == to_bits(want) || (std::isnan(got) && std::isnan(want));
+    if (exact && !same && mismatches++ < 20) {
+      std::printf("BOUNDED MISMATCH x=%a s=%a: %a, x / s %a\n", x, s, got, want);
+    }
+    if (!exact) {  // int8 from the result as it is, fp8 from it with the sign of x (as the kernels)
+      ++bounded_tiny;
+      quantized_pair(x, s, got, want, std::copysign(got, x), "BOUNDED");
+    }
   }
 
   // The quantized values from both quotients: what the ops store.
   void quantized(float x, float s, float r) {
-    const float want = x / s, got = quant::math::div_by_const(x, s, r);
+    const float got = quant::math::div_by_const(x, s, r);
+    quantized_pair(x, s, got, x / s, got, "QUANTIZED");
+  }
+
+  // int8 and int8 + zero point from `got`, fp8 from `got_fp8`, against the same from `want`.
+  void quantized_pair(float x, float s, float got, float want, float got_fp8, const char* what) {
     const int8_t i_want = quant::math::int8_rn_sat(want), i_got = quant::math::int8_rn_sat(got);
     const int8_t z_want = quant::math::int8_rn_azp_sat(want, -7);
     const int8_t z_got = quant::math::int8_rn_azp_sat(got, -7);
     const float lo = -quant::math::kFp8Max, hi = quant::math::kFp8Max;
     const uint8_t f_want = fp8_e4m3fn(quant::math::clamp_keep_nan(want, lo, hi));
-    const uint8_t f_got = fp8_e4m3fn(quant::math::clamp_keep_nan(got, lo, hi));
+    const uint8_t f_got = fp8_e4m3fn(quant::math::clamp_keep_nan(got_fp8, lo, hi));
     ++quant_checked;
     if ((i_want != i_got || z_want != z_got || f_want != f_got) && mismatches++ < 20) {
-      std::printf("QUANTIZED MISMATCH x=%a s=%a: int8 %d/%d azp %d/%d fp8 0x%02x/0x%02x\n", x, s,
+      std::printf("%s MISMATCH x=%a s=%a: int8 %d/%d azp %d/%d fp8 0x%02x/0x%02x\n", what, x, s,
                   i_got, i_want, z_got, z_want, f_got, f_want);
     }
   }
@@ -252,8 +280,9 @@ int main(int argc, char** argv) {
   c.mismatches += check_azp_clamp(azp_values);
 
   std::printf(
-      "div_by_const: %ld quotients (%ld on the fast path), %ld quantized, %zu divisors, %ld "
-      "mismatches\n",
-      c.checked, c.fast, c.quant_checked, ss.size(), c.mismatches);
+      "div_by_const: %ld quotients (%ld on the fast path), %ld quantized, %ld bounded (%ld below "
+      "the fast range), %zu divisors, %ld mismatches\n",
+      c.checked, c.fast, c.quant_checked, c.bounded_checked, c.bounded_tiny, ss.size(),
+      c.mismatches);
   return c.mismatches == 0 ? 0 : 1;
 }

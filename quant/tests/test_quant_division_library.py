@@ -1,9 +1,11 @@
 """quant_math.h's div_by_const (the division by a per-row / group / tensor scale of the CUDA
-kernels, at FMA cost) is the IEEE division bit for bit: div_by_const_check.cpp compares the two
-over every bfloat16 and float16 dividend, every float32 mantissa of a binade, random and special
-values, against the scales the ops compute and the edges of the fast range; it also checks the
-32-bit zero point add of the int8 kernels (add_azp_sat) against the rule. It is host C++,
-built here with the system compiler (-ffp-contract=off, so fmaf is the only FMA); no GPU needed.
+kernels, at FMA cost) is the IEEE division bit for bit, and div_by_const_bounded (the same
+without the per-element test, for rows and groups whose quotients are known to be in range)
+gives the same quantized values: div_by_const_check.cpp compares them over every bfloat16 and
+float16 dividend, every float32 mantissa of a binade, random and special values, against the
+scales the ops compute and the edges of the fast range; it also checks the 32-bit zero point
+add of the int8 kernels (add_azp_sat) against the rule. It is host C++, built here with the
+system compiler (-ffp-contract=off, so fmaf is the only FMA); no GPU needed.
 """
 
 import os

@@ -92,3 +92,23 @@ def test_int8_ops_at_the_edges(kernel, device, dtype):
         assert len(got) == len(want) == 5
         for g, w in zip(got, want):  # q, scale (symmetric); q, scale, azp (asymmetric)
             assert_bitwise(g, w)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_group_fp8_with_its_own_range(kernel, fp8_device, dtype):
+    """The raw group op with fp8_min / fp8_max other than +-448: the scale is
+    max(amax, eps) / fp8_max and every quotient is clamped to [fp8_min, fp8_max] before the
+    conversion (the CUDA kernel has a separate instantiation for the default range)."""
+    x = edge_input(dtype, fp8_device)
+    x = torch.where(x.isinf(), torch.zeros_like(x), x)
+    group = 128
+    for lo, hi in ((-224.0, 224.0), (-448.0, 100.0), (-30.0, 448.0)):
+        q = poisoned(x.shape, torch.float8_e4m3fn, fp8_device)
+        s = torch.full((x.shape[0], x.shape[1] // group), float("nan"), device=fp8_device)
+        kernel.ops.per_token_group_fp8_quant(x, q, s, group, 1e-10, lo, hi, False)
+        xg = x.cpu().float().unflatten(-1, (-1, group))
+        amax = torch.nan_to_num(xg.abs(), nan=0.0).amax(dim=-1, keepdim=True)
+        scale = ref.div(torch.clamp(amax, min=1e-10), hi)
+        assert_bitwise(s, scale.squeeze(-1).to(s.device))
+        assert_bitwise(q, ref.fp8((xg / scale).clamp(lo, hi)).flatten(-2).to(q.device))
