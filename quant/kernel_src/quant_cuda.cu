@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cutlass/fast_math.h>
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
@@ -501,57 +502,89 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 // (benchmarks/NOTES.md); 8 and more cost more in occupancy than they gain.
 constexpr int kGroupCache = 4;
 
-// A team of `lanes` threads (a power of two <= 32, so teams never straddle a warp) per group.
-// Index: uint32_t when every thread index fits in 31 bits (the launcher checks), so the row of a
-// group is a 32-bit division (a 64-bit one is a called routine of dozens of instructions, per
-// 16 elements here); int64_t otherwise. kFullRange: [fp8_min, fp8_max] is [-448, 448] (the
-// default), whose clamp the fp8 conversion does by itself (fp8_range).
-template <typename T, int V, typename Index, bool kFullRange>
+// The group kernel's work, worked out once on the host: integer divisions by runtime values are
+// routines of dozens of instructions on the GPU, which every thread would otherwise run.
+struct GroupLayout {
+  int64_t total_groups;
+  int64_t groups_per_row;
+  int64_t nvec;   // vectors per group
+  int lane_bits;  // lanes per group: 2^lane_bits
+  // g -> (row, group within the row) as a multiply and a shift (valid for 32-bit group indices)
+  cutlass::FastDivmod row_of;
+};
+
+// A team of 2^lane_bits threads (at most 32, so teams never straddle a warp) per group. Index:
+// uint32_t when every thread index fits in 31 bits (the launcher checks), so the row of a group
+// comes from row_of; int64_t otherwise. kFullRange: [fp8_min, fp8_max] is [-448, 448] (the
+// default), whose clamp the fp8 conversion does by itself (fp8_range). kLanes > 0: the group is
+// exactly kLanes * kGroupCache vectors (128 bf16 / fp16 elements: 4 lanes; 128 float32: 8), so
+// the lane count, every loop bound and the shuffle steps are compile-time and no lane tests a
+// vector index; 0: any group size, read from the layout.
+template <typename T, int V, typename Index, bool kFullRange, int kLanes>
 __global__ void __launch_bounds__(kThreads)
-    group_quant_kernel(const Rows m, const GroupFp8Params p, int lane_bits, int64_t total_groups) {
-  // lanes = 2^lane_bits: the team index and the lane by shift and mask (a runtime 64-bit division
-  // and modulo here cost more instructions than the quantize pass of a bf16 lane's 8 elements).
+    group_quant_kernel(const Rows m, const GroupFp8Params p, const GroupLayout layout) {
+  constexpr bool kExact = kLanes > 0;
+  const int lane_bits = kExact ? __builtin_ctz(kLanes) : layout.lane_bits;
   const int lanes = 1 << lane_bits;
+  const int64_t nvec = kExact ? int64_t{kLanes} * kGroupCache : layout.nvec;
   const Index t = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
   const Index g = t >> lane_bits;
   const int lane = static_cast<int>(t & (lanes - 1));
-  const bool active = g < static_cast<Index>(total_groups);
-  const Index groups_per_row = static_cast<Index>(m.hidden / p.group_size);
-  const int64_t r = active ? g / groups_per_row : 0;
-  const int64_t gi = g - static_cast<Index>(r) * groups_per_row;
-  const int64_t nvec = p.group_size / V, base = gi * nvec;
+  const bool active = g < static_cast<Index>(layout.total_groups);
+  int64_t r = 0, gi = 0;
+  if (active) {
+    if constexpr (std::is_same_v<Index, uint32_t>) {
+      int row, group;
+      layout.row_of(row, group, static_cast<int>(g));
+      r = row;
+      gi = group;
+    } else {
+      r = g / layout.groups_per_row;
+      gi = g - r * layout.groups_per_row;
+    }
+  }
+  const int64_t base = gi * nvec;
   // Vectors j = lane + k * lanes, k < kGroupCache, are loaded together (kGroupCache loads in
   // flight per lane) and kept in registers for the quantize pass; a group longer than
-  // 32 * kGroupCache vectors reads the rest again (from L1) as before.
+  // 32 * kGroupCache vectors reads the rest again (from L1).
+  const auto cached = [&](int k) { return kExact || lane + int64_t{k} * lanes < nvec; };
   Vec<T, V> cache[kGroupCache];
   Stats<T, V, false> stats;
   if (active) {
 #pragma unroll
     for (int k = 0; k < kGroupCache; ++k) {
-      const int64_t j = lane + static_cast<int64_t>(k) * lanes;
-      if (j < nvec) cache[k] = load_vec<T, V>(m, r, base + j);
+      if (cached(k)) cache[k] = load_vec<T, V>(m, r, base + lane + int64_t{k} * lanes);
     }
 #pragma unroll
     for (int k = 0; k < kGroupCache; ++k) {
-      if (lane + static_cast<int64_t>(k) * lanes < nvec) stats.add(cache[k]);
+      if (cached(k)) stats.add(cache[k]);
     }
-    for (int64_t j = lane + static_cast<int64_t>(kGroupCache) * lanes; j < nvec; j += lanes) {
-      stats.add(load_vec<T, V>(m, r, base + j));
+    if constexpr (!kExact) {
+      for (int64_t j = lane + int64_t{kGroupCache} * lanes; j < nvec; j += lanes) {
+        stats.add(load_vec<T, V>(m, r, base + j));
+      }
     }
   }
   float a = stats.max();
-  for (int o = lanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  if constexpr (kExact) {
+#pragma unroll
+    for (int o = kLanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  } else {
+    for (int o = lanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  }
   if (!active) return;
   const float s = math::group_fp8_scale(a, p.eps, p.fp8_max, p.scale_ue8m0);
   if (lane == 0) p.scale[r * p.scale_row_stride + gi * p.scale_group_stride] = s;
   const auto emit = [&](const auto& q) {
 #pragma unroll
     for (int k = 0; k < kGroupCache; ++k) {
-      const int64_t j = lane + static_cast<int64_t>(k) * lanes;
-      if (j < nvec) store_vec<V>(m, r, base + j, quantize(cache[k], q));
+      const int64_t j = lane + int64_t{k} * lanes;
+      if (cached(k)) store_vec<V>(m, r, base + j, quantize(cache[k], q));
     }
-    for (int64_t j = lane + static_cast<int64_t>(kGroupCache) * lanes; j < nvec; j += lanes) {
-      store_vec<V>(m, r, base + j, quantize(load_vec<T, V>(m, r, base + j), q));
+    if constexpr (!kExact) {
+      for (int64_t j = lane + int64_t{kGroupCache} * lanes; j < nvec; j += lanes) {
+        store_vec<V>(m, r, base + j, quantize(load_vec<T, V>(m, r, base + j), q));
+      }
     }
   };
   // The bounded division for every group whose quotients stay in range (all but groups with an
@@ -708,26 +741,45 @@ cudaError_t dynamic_scaled_int8_quant(DType dtype, const DynamicInt8Params& p,
 
 cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cudaStream_t stream) {
   if (p.m.rows == 0 || p.m.hidden == 0) return cudaSuccess;
-  const int64_t total_groups = p.m.rows * (p.m.hidden / p.group_size);
   return dispatch_vec(dtype, p.m, p.group_size, [&](auto tag, auto vec) -> cudaError_t {
     using T = typename decltype(tag)::type;
     constexpr int V = decltype(vec)::value;
-    const int64_t nvec = p.group_size / V;
-    int lane_bits = 0;
+    GroupLayout layout{};
+    layout.groups_per_row = p.m.hidden / p.group_size;
+    layout.total_groups = p.m.rows * layout.groups_per_row;
+    layout.nvec = p.group_size / V;
     // The fewest lanes (a power of two, at most 32) that hold the group at kGroupCache vectors
-    // each: 8 for 128 bf16 / fp16 elements, 16 for 128 float32.
-    while (lane_bits < 5 && (int64_t{kGroupCache} << lane_bits) < nvec) ++lane_bits;
-    const int64_t blocks = ceil_div(total_groups << lane_bits, kThreads);
-    const auto launch = [&](auto index, auto full_range) {
-      group_quant_kernel<T, V, decltype(index), decltype(full_range)::value>
-          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p.m, p, lane_bits, total_groups);
+    // each: 4 for 128 bf16 / fp16 elements, 8 for 128 float32.
+    while (layout.lane_bits < 5 && (int64_t{kGroupCache} << layout.lane_bits) < layout.nvec) {
+      ++layout.lane_bits;
+    }
+    const int64_t threads = layout.total_groups << layout.lane_bits;
+    const bool small = threads <= INT32_MAX;
+    if (small) layout.row_of = cutlass::FastDivmod(static_cast<int>(layout.groups_per_row));
+    const bool full_range = p.fp8_min == -math::kFp8Max && p.fp8_max == math::kFp8Max;
+    const auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(ceil_div(threads, kThreads)), kThreads, 0, stream>>>(p.m, p,
+                                                                                           layout);
       return cudaGetLastError();
     };
-    const bool small = (total_groups << lane_bits) <= INT32_MAX;
-    if (p.fp8_min == -math::kFp8Max && p.fp8_max == math::kFp8Max) {
-      return small ? launch(uint32_t{}, std::true_type{}) : launch(int64_t{}, std::true_type{});
+    // The exact-fit kernels for the usual group of 128 (vectorized rows, 32-bit indices).
+    const auto exact = [&](auto lanes) -> cudaError_t {
+      constexpr int kLanes = decltype(lanes)::value;
+      if (full_range) return launch(group_quant_kernel<T, V, uint32_t, true, kLanes>);
+      return launch(group_quant_kernel<T, V, uint32_t, false, kLanes>);
+    };
+    if constexpr (V == kVec<T>) {
+      if (small && layout.nvec == int64_t{kGroupCache} << layout.lane_bits) {
+        if (layout.lane_bits == 2) return exact(std::integral_constant<int, 4>{});
+        if (layout.lane_bits == 3) return exact(std::integral_constant<int, 8>{});
+      }
     }
-    return small ? launch(uint32_t{}, std::false_type{}) : launch(int64_t{}, std::false_type{});
+    if (small) {
+      if (full_range) return launch(group_quant_kernel<T, V, uint32_t, true, 0>);
+      return launch(group_quant_kernel<T, V, uint32_t, false, 0>);
+    }
+    if (full_range) return launch(group_quant_kernel<T, V, int64_t, true, 0>);
+    return launch(group_quant_kernel<T, V, int64_t, false, 0>);
   });
 }
 
