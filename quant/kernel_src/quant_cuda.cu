@@ -176,20 +176,20 @@ struct Fp8Div : DivByScale<kBounded, true> {  // per group: x / scale, clamped t
 // Static int8, symmetric and with a zero point as two types (it was one with a runtime flag, so
 // both paths were compiled into the loop).
 struct Int8DivSym : DivByScale<false, false> {  // static: x / scale
-  static constexpr bool kFp8 = false;
+  static constexpr bool kFp8 = false, kFinish4 = false;
   using DivByScale::DivByScale;
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_sat(y)); }
 };
 template <bool kBounded = false>
 struct Int8DivAzp : DivByScale<kBounded, false> {  // static: x / scale + azp
-  static constexpr bool kFp8 = false;
+  static constexpr bool kFp8 = false, kFinish4 = false;
   math::AzpClamp azp;
   __device__ Int8DivAzp(float scale, int32_t zero_point)
       : DivByScale<kBounded, false>(scale), azp(math::azp_clamp(zero_point)) {}
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_azp_sat(y, azp)); }
 };
 struct Int8Mul : MulByScale {  // dynamic symmetric: x * (127 / amax)
-  static constexpr bool kFp8 = false;
+  static constexpr bool kFp8 = false, kFinish4 = false;
   __device__ explicit Int8Mul(float mul) : MulByScale{mul} {}
   __device__ uint8_t finish(float y) const { return static_cast<uint8_t>(int8_rn_sat(y)); }
 };
@@ -202,6 +202,30 @@ struct Int8Azp : Int8DivAzp<kBounded> {
     if constexpr (kBounded) return Int8DivAzp<kBounded>::finish(y);
     return this->s == 0.0f ? static_cast<uint8_t>(static_cast<int8_t>(this->azp.azp))
                            : Int8DivAzp<kBounded>::finish(y);
+  }
+};
+
+// The asymmetric int8 quantizer of a row whose quotients stay below kInt8PackBound in magnitude:
+// then rn(y) + azp fits in int32 (|azp| is at most about as large), so sat8(rn(y) + azp) is
+// cvt.rni, a 32-bit add and cvt.pack.sat.s8 (which saturates two results and packs them into
+// bytes in one instruction), instead of two IMNMX, an add and a byte permute per element.
+constexpr float kInt8PackBound = 0x1p30f;
+struct Int8AzpPacked : Int8Azp<true> {
+  static constexpr bool kFinish4 = true;
+  using Int8Azp<true>::Int8Azp;
+  // Four int8 results as one little-endian word.
+  __device__ uint32_t finish4(float y0, float y1, float y2, float y3) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 720
+    const int32_t k0 = __float2int_rn(y0) + azp.azp, k1 = __float2int_rn(y1) + azp.azp;
+    const int32_t k2 = __float2int_rn(y2) + azp.azp, k3 = __float2int_rn(y3) + azp.azp;
+    uint32_t hi, w;  // cvt.pack.sat d, a, b, c: d = c << 16 | sat8(a) << 8 | sat8(b)
+    asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;" : "=r"(hi) : "r"(k3), "r"(k2));
+    asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(w) : "r"(k1), "r"(k0), "r"(hi));
+    return w;
+#else
+    return uint32_t{finish(y0)} | uint32_t{finish(y1)} << 8 | uint32_t{finish(y2)} << 16 |
+           uint32_t{finish(y3)} << 24;
+#endif
   }
 };
 
@@ -235,6 +259,9 @@ __device__ __forceinline__ Bytes<V> quantize(const Vec<T, V>& v, const Q& q) {
   } else if constexpr (Q::kFp8) {
 #pragma unroll
     for (int i = 0; i < V; ++i) out.b[i] = fp8_bits(q.finish(y[i]));
+  } else if constexpr (Q::kFinish4 && V % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < V; i += 4) out.w[i / 4] = q.finish4(y[i], y[i + 1], y[i + 2], y[i + 3]);
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) out.b[i] = q.finish(y[i]);
@@ -488,7 +515,10 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       scale[r] = p.scale;
       azp[r] = p.azp;
     }
-    if (math::quotients_bounded(fmaxf(fabsf(lo), fabsf(hi)), math::div_reciprocal(p.scale))) {
+    const float bound = fmaxf(fabsf(lo), fabsf(hi)) * math::div_reciprocal(p.scale);
+    if (bound <= kInt8PackBound) {  // (NaN when the row has no scale: not taken)
+      emit(Int8AzpPacked(p.scale, p.azp));
+    } else if (bound <= math::kDivFastMax) {  // math::quotients_bounded
       emit(Int8Azp<true>(p.scale, p.azp));
     } else {
       emit(Int8Azp<false>(p.scale, p.azp));

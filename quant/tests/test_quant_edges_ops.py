@@ -112,3 +112,25 @@ def test_group_fp8_with_its_own_range(kernel, fp8_device, dtype):
         scale = ref.div(torch.clamp(amax, min=1e-10), hi)
         assert_bitwise(s, scale.squeeze(-1).to(s.device))
         assert_bitwise(q, ref.fp8((xg / scale).clamp(lo, hi)).flatten(-2).to(q.device))
+
+
+@pytest.mark.kernels_ci
+def test_int8_asym_rows_with_huge_quotients(kernel, device):
+    """float32 rows whose range is 1, 3 or 200 ulps of their magnitude: quotients x / s up to
+    255 * 2^23 (about 2^31), beyond the bound of the CUDA kernel's packed path (2^30), next to
+    ordinary rows in the same call. (Beyond 2^31 quant_reference's float32 zero point is off
+    the rule, see test_int8_ops_at_the_edges.)"""
+    hidden = 512
+    rows = []
+    inf = torch.tensor(float("inf"))
+    for c in (1.0, 2.0**-100, 2.0**60, torch.nextafter(torch.tensor(-1.0), -inf).item()):
+        ulp = torch.nextafter(torch.tensor(c), inf).item() - c
+        for steps in (1, 3, 200):
+            row = torch.full((hidden,), c)
+            row[1::2] = c + ulp * steps
+            rows.append(row)
+    rows.append(torch.randn(hidden))
+    x = torch.stack(rows).to(device)
+    got = kernel.scaled_int8_quant(x, symmetric=False)
+    for g, w in zip(got, ref.per_token_int8_asym(x.cpu())):
+        assert_bitwise(g, w)
