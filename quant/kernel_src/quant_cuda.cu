@@ -789,7 +789,7 @@ cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cuda
     const bool full_range = p.fp8_min == -math::kFp8Max && p.fp8_max == math::kFp8Max;
     const auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(ceil_div(threads, kThreads)), kThreads, 0, stream>>>(p.m, p,
-                                                                                           layout);
+                                                                                          layout);
       return cudaGetLastError();
     };
     // The exact-fit kernels for the usual group of 128 (vectorized rows, 32-bit indices).
