@@ -255,7 +255,7 @@ def generic_panels(rows: list[dict]) -> list[Panel]:
             if k not in _SHAPE_SKIP and isinstance(v, (str, int)) and not k.startswith("speedup")
         }
         title = ", ".join([op] + [f"{k} {v}" for k, v in shape.items() if k != "op"])
-        panels.append(Panel(title, _is(**shape), _TOKENS, "tokens"))
+        panels.append(Panel(title, _is(op=op, **shape), _TOKENS, "tokens"))
     return panels
 
 

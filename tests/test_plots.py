@@ -35,6 +35,22 @@ def test_every_committed_op_has_a_flop_count():
                 assert plots.flops(plot.subject, r), f"{path}: {r['op']} has no FLOP count"
 
 
+def test_generic_panels_keep_one_op_each():
+    """A kernel without its own panels gets one per op; each panel holds only its op's rows (the
+    op was left out of the filter once, so every panel drew every op)."""
+    rows = [
+        {"op": op, "dtype": "bfloat16", "hidden": 4096, "tokens": t}
+        for op in ("fp8_per_token", "int8_asym")
+        for t in (1, 4096)
+    ]
+    panels = plots.generic_panels(rows)
+    assert [p.title.split(",")[0] for p in panels] == ["fp8_per_token", "int8_asym"]
+    for panel in panels:
+        kept = [r for r in rows if panel.keep(r)]
+        assert {r["op"] for r in kept} == {panel.title.split(",")[0]}
+        assert len(kept) == 2
+
+
 def _payload(device, copy_gbs, scale):
     """A small rmsnorm result file: rms_norm at bf16 / hidden 4096, three token counts."""
     rows = []
