@@ -596,12 +596,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   float a = stats.max();
-  if constexpr (kExact) {
-#pragma unroll
-    for (int o = kLanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  } else {
-    for (int o = lanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  }
+  for (int o = lanes >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
   if (!active) return;
   const float s = math::group_fp8_scale(a, p.eps, p.fp8_max, p.scale_ue8m0);
   if (lane == 0) p.scale[r * p.scale_row_stride + gi * p.scale_group_stride] = s;
@@ -787,29 +782,25 @@ cudaError_t per_token_group_fp8_quant(DType dtype, const GroupFp8Params& p, cuda
     const bool small = threads <= INT32_MAX;
     if (small) layout.row_of = cutlass::FastDivmod(static_cast<int>(layout.groups_per_row));
     const bool full_range = p.fp8_min == -math::kFp8Max && p.fp8_max == math::kFp8Max;
-    const auto launch = [&](auto kernel) {
+    // The kernel for an index type and a lane count (0: any), with or without the clamp.
+    const auto launch = [&](auto index, auto lanes) -> cudaError_t {
+      using Index = decltype(index);
+      constexpr int kLanes = decltype(lanes)::value;
+      auto* kernel = full_range ? group_quant_kernel<T, V, Index, true, kLanes>
+                                : group_quant_kernel<T, V, Index, false, kLanes>;
       kernel<<<static_cast<unsigned>(ceil_div(threads, kThreads)), kThreads, 0, stream>>>(p.m, p,
                                                                                           layout);
       return cudaGetLastError();
     };
     // The exact-fit kernels for the usual group of 128 (vectorized rows, 32-bit indices).
-    const auto exact = [&](auto lanes) -> cudaError_t {
-      constexpr int kLanes = decltype(lanes)::value;
-      if (full_range) return launch(group_quant_kernel<T, V, uint32_t, true, kLanes>);
-      return launch(group_quant_kernel<T, V, uint32_t, false, kLanes>);
-    };
     if constexpr (V == kVec<T>) {
       if (small && layout.nvec == int64_t{kGroupCache} << layout.lane_bits) {
-        if (layout.lane_bits == 2) return exact(std::integral_constant<int, 4>{});
-        if (layout.lane_bits == 3) return exact(std::integral_constant<int, 8>{});
+        if (layout.lane_bits == 2) return launch(uint32_t{}, std::integral_constant<int, 4>{});
+        if (layout.lane_bits == 3) return launch(uint32_t{}, std::integral_constant<int, 8>{});
       }
     }
-    if (small) {
-      if (full_range) return launch(group_quant_kernel<T, V, uint32_t, true, 0>);
-      return launch(group_quant_kernel<T, V, uint32_t, false, 0>);
-    }
-    if (full_range) return launch(group_quant_kernel<T, V, int64_t, true, 0>);
-    return launch(group_quant_kernel<T, V, int64_t, false, 0>);
+    if (small) return launch(uint32_t{}, std::integral_constant<int, 0>{});
+    return launch(int64_t{}, std::integral_constant<int, 0>{});
   });
 }
 
