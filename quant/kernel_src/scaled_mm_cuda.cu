@@ -37,9 +37,7 @@ bool use_hopper_kernels(const DeviceInfo& info, GemmPath path) {
 }
 
 // The forms only the Hopper kernels have: 16-bit operands (linear_act) and the gated MLP.
-bool hopper_only(const ScaledMmParams& p) {
-  return p.gated || p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16;
-}
+bool hopper_only(const ScaledMmParams& p) { return p.gated || is_sixteen_bit(p.operand); }
 
 }  // namespace
 

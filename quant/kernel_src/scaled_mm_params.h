@@ -16,6 +16,10 @@ namespace quant {
 // null, D of the operands' type): linear_act on the CPU, the gated form on the CPU and Hopper.
 enum class GemmOperand : int { kFp8E4m3 = 0, kInt8 = 1, kBFloat16 = 2, kFloat16 = 3 };
 
+constexpr bool is_sixteen_bit(GemmOperand operand) {
+  return operand == GemmOperand::kBFloat16 || operand == GemmOperand::kFloat16;
+}
+
 // Applied to each output element after scaling and bias (quant_math.h spells them out):
 // gelu is the erf form, gelu_tanh the tanh approximation, silu x * sigmoid(x).
 enum class Activation : int { kNone = 0, kGelu = 1, kGeluTanh = 2, kSilu = 3 };

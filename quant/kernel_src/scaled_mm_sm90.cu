@@ -110,17 +110,14 @@ auto with_instance(const ScaledMmParams& p, int sm_count, Fn&& f) {
 
 // The plain (not gated) form of 16-bit operands, linear_act, is not built: its first H200 run
 // gave wrong results, so it runs unfused on CUDA (benchmarks/NOTES.md).
-bool unsupported(const ScaledMmParams& p) {
-  return !p.gated && (p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16);
-}
+bool unsupported(const ScaledMmParams& p) { return !p.gated && is_sixteen_bit(p.operand); }
 
 // The quantized gated form at M <= 64 runs as a pair: the [M, 2N] product over the packed weight
 // on the swapped decode tiles, into the workspace, then the gate pass (scaled_mm_sm90_gate.h). The
 // gated kernel's 64-row tiles, mostly empty rows at decode sizes, took 1.7x as long (H200,
 // benchmarks/NOTES.md).
 bool gated_as_pair(const ScaledMmParams& p) {
-  return p.gated && !(p.operand == GemmOperand::kBFloat16 || p.operand == GemmOperand::kFloat16) &&
-         p.m <= 64;
+  return p.gated && !is_sixteen_bit(p.operand) && p.m <= 64;
 }
 
 // The packed product's bytes, rounded up to 256 (the GEMM's own workspace follows).

@@ -43,9 +43,11 @@ __device__ __forceinline__ float activate(ActivationTag<kKind>, float x) {
   }
 }
 
-// Calls f(ActivationTag<kind>{}): one branch per kind around the caller's whole loop.
+// Calls f(ActivationTag<kind>{}): one branch per kind around the caller's whole loop (in an
+// epilogue), or one kernel instance per kind (in a launcher).
+#pragma nv_exec_check_disable
 template <class Fn>
-__device__ __forceinline__ void with_activation(Activation kind, Fn&& f) {
+__host__ __device__ __forceinline__ void with_activation(Activation kind, Fn&& f) {
   switch (kind) {
     case Activation::kSilu:
       f(ActivationTag<Activation::kSilu>{});

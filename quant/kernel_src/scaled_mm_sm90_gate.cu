@@ -54,24 +54,10 @@ cudaError_t launch(const ScaledMmParams& p, const void* y, int64_t ldy, cudaStre
   const int64_t pairs = p.m * (p.n / 2);
   const int64_t blocks = (pairs + kThreads - 1) / kThreads;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
-  auto run = [&](auto act) {
+  with_activation(p.activation, [&](auto act) {
     gate_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(y), ldy, static_cast<T*>(p.d),
                                                p.ldd, p.m, p.n, act);
-  };
-  switch (p.activation) {
-    case Activation::kSilu:
-      run(ActivationTag<Activation::kSilu>{});
-      break;
-    case Activation::kGeluTanh:
-      run(ActivationTag<Activation::kGeluTanh>{});
-      break;
-    case Activation::kGelu:
-      run(ActivationTag<Activation::kGelu>{});
-      break;
-    default:
-      run(ActivationTag<Activation::kNone>{});
-      break;
-  }
+  });
   return cudaGetLastError();
 }
 

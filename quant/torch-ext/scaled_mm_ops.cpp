@@ -35,6 +35,7 @@ namespace {
 
 using quant::Activation;
 using quant::GemmOperand;
+using quant::is_sixteen_bit;
 using torch_checks::dtype_name;
 using torch_checks::present;
 
@@ -86,10 +87,6 @@ constexpr const char* operands_wanted(Operands accepted) {
          : accepted == Operands::kSixteenBit ? "both be bfloat16 or both float16"
                                              : "have one dtype: float8_e4m3fn, int8, bfloat16 or "
                                                "float16";
-}
-
-bool is_sixteen_bit(GemmOperand operand) {
-  return operand == GemmOperand::kBFloat16 || operand == GemmOperand::kFloat16;
 }
 
 Gemm check_gemm(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
