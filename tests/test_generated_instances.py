@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# kernel -> file-name prefix of its generated translation units
-KERNELS = {"attention": "attention_fwd_", "quant": "scaled_mm_sm90_"}
+sys.path.insert(0, str(REPO / "scripts"))
+import build as build_script  # noqa: E402
+
+# kernel -> file-name prefixes of its generated translation units
+KERNELS = {"attention": ("attention_fwd_", "attention_sm90_"), "quant": ("scaled_mm_sm90_",)}
 
 
 def _generator(kernel: str):
@@ -52,6 +56,18 @@ def test_no_stale_generated_file(kernel: str):
     generated = {n for n in GENERATED[kernel] if n.endswith(".cu")}
     # Hand-written files that share the prefix: the quant dispatcher and its gate pass.
     assert on_disk - {"scaled_mm_sm90.cu", "scaled_mm_sm90_gate.cu"} == generated
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_hopper_units_are_built_for_sm90a_only(kernel: str):
+    """The Hopper units (wgmma, setmaxnreg: sm_90a code) are listed in the components built for
+    9.0a alone, and in no other (a portable component would compile them for every capability)."""
+    project = build_script.load_project(REPO / kernel)
+    for name in (n for n in GENERATED[kernel] if "sm90" in n and n.endswith(".cu")):
+        owners = [c for c in project.components if f"kernel_src/{name}" in c.src]
+        assert owners, f"{name} is not listed in {kernel}/build.toml"
+        for comp in owners:
+            assert comp.cuda_capabilities == ["9.0a"], f"{name} is built by [kernel.{comp.name}]"
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))

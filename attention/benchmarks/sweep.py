@@ -37,6 +37,7 @@ import time
 _START = time.perf_counter()  # the time budget counts imports too
 
 import gc  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
@@ -76,6 +77,8 @@ BASELINES = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 CONTENDERS = {
     "ours": "prefill: kernel.flash_attn_func(q, k, v, causal=...) on [B, S, H, D]; decode: "
     "kernel.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=...)",
+    "ours_stage1": "prefill on capability 9.0 only: the same call with ATTENTION_HOPPER=0 (the sm_80+ "
+    "kernel where the Hopper kernel would run)",
     "sdpa_flash": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION), [B, H, S, D]",
     "sdpa_cudnn": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION), [B, H, S, D]",
     "sdpa_efficient": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), [B, H, S, D]",
@@ -246,6 +249,24 @@ def _peak_mib(fn):
     return peak / 2**20
 
 
+def _stage1(fn):
+    """fn with ATTENTION_HOPPER=0 while it runs (the op reads it at every call, so a CUDA graph
+    captured inside holds the stage-1 kernel)."""
+
+    def call():
+        before = os.environ.get("ATTENTION_HOPPER")
+        os.environ["ATTENTION_HOPPER"] = "0"
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ["ATTENTION_HOPPER"]
+            else:
+                os.environ["ATTENTION_HOPPER"] = before
+
+    return call
+
+
 def run_prefill(kernel, case: Case) -> dict:
     dtype = getattr(torch, case.dtype)
     shape = (case.batch, case.seqlen, case.heads_q, case.head_dim)
@@ -255,6 +276,8 @@ def run_prefill(kernel, case: Case) -> dict:
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     ours = lambda: kernel.flash_attn_func(q, k, v, causal=case.causal)  # noqa: E731
     calls = {"ours": ours}
+    if torch.cuda.get_device_capability() == (9, 0):
+        calls["ours_stage1"] = _stage1(ours)
     calls.update({name: sdpa(name, qt, kt, vt, case.causal, False) for name in BASELINES})
     out = ours()
     try:
@@ -351,8 +374,9 @@ def run_case(kernel, case: Case, copy_gbs: float) -> dict:
         "gbs": {k: (nbytes / (t * 1e-6) / 1e9 if t else None) for k, t in us.items()},
         **result,
     }
-    for name in BASELINES:
-        r[f"speedup_vs_{name}"] = us[name] / us["ours"] if us.get(name) and us.get("ours") else None
+    for name in BASELINES + ("ours_stage1",):
+        if name in us:
+            r[f"speedup_vs_{name}"] = us[name] / us["ours"] if us[name] and us["ours"] else None
     r["copy_fraction"] = (
         r["gbs"]["ours"] / copy_gbs if case.op == "decode" and r["gbs"]["ours"] else None
     )
@@ -367,7 +391,9 @@ def _summary(r: dict) -> str:
         else (f"{r['gbs']['ours']:6.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)")
     )
     vs = "  ".join(
-        f"{n} x{r[f'speedup_vs_{n}']:.2f}" if r[f"speedup_vs_{n}"] else f"{n} -" for n in BASELINES
+        f"{n} x{r[f'speedup_vs_{n}']:.2f}" if r.get(f"speedup_vs_{n}") else f"{n} -"
+        for n in BASELINES + ("ours_stage1",)
+        if f"speedup_vs_{n}" in r
     )
     return f"{Case(**{k: r[k] for k in Case.__dataclass_fields__}).label:48s} {us:10.1f} us {rate}  {vs}"
 

@@ -20,13 +20,15 @@
 // multiples of 8 elements; num_splits at most 128 (attention_cuda.h lists the preconditions the
 // caller checks).
 //
-// This file is the host side: device properties, the kernel choice (plan_tiles), split-KV and
-// cluster-merge decisions (plan_splits, plan_cluster), the tile order (plan_tile_group), argument
-// resolution (make_args) and the launches. It includes no kernel body: the kernels are in
-// attention_fwd_kernel.cuh (design notes there) and attention_fwd_combine_kernel.cuh, their
-// instances in the generated attention_fwd_*.cu files (generate_instances.py), reached through the
-// dispatch functions of attention_fwd_instances.h. Measurements behind the policies:
-// attention/benchmarks/NOTES.md.
+// This file is the host side: device properties, the choice between the Hopper path and stage 1,
+// and for stage 1 the kernel choice (plan_tiles), split-KV and cluster-merge decisions
+// (plan_splits, plan_cluster), the tile order (plan_tile_group), argument resolution (make_args)
+// and the launches. It includes no kernel body: the kernels are in attention_fwd_kernel.cuh
+// (design notes there) and attention_fwd_combine_kernel.cuh, their instances in the generated
+// attention_fwd_*.cu files (generate_instances.py), reached through the dispatch functions of
+// attention_fwd_instances.h. On capability 9.0 the params that attention_sm90.h's rule admits run
+// the Hopper kernel instead (attention_sm90.cu, built for 9.0a only), unless
+// params.allow_hopper is false. Measurements behind the policies: attention/benchmarks/NOTES.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,6 +44,7 @@
 #include "attention_fwd_config.h"
 #include "attention_fwd_instances.h"
 #include "attention_params.h"
+#include "attention_sm90.h"
 #include "pdl.cuh"
 
 namespace attention {
@@ -556,6 +559,12 @@ cudaError_t launch_fwd(const Plan& plan, dim3 grid, const FwdArgs& args, pdl::Re
                      dim3(plan.kernel.threads), static_cast<size_t>(plan.smem), stream, args);
 }
 
+// The Hopper kernel runs the params on capability 9.0 (the only one of major 9; its sm_90a code
+// runs there alone) unless the caller turned it off.
+bool use_hopper(const AttnFwdParams& p, const DeviceInfo& dev) {
+  return dev.cc_major == 9 && p.allow_hopper && sm90::supports(p);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -567,11 +576,20 @@ int64_t attn_fwd_accum_splits(const AttnFwdParams& p) {
   if (empty) return 0;
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return -1;
+  if (use_hopper(p, dev)) return 0;  // it never splits the keys
   Plan plan;
   if (!plan_tiles(p, dev, &plan)) return -1;
   if (plan_splits(p, dev, &plan) != cudaSuccess) return -1;
   if (plan_cluster(p, dev, &plan) != cudaSuccess) return -1;
   return plan.num_splits > 1 && plan.cluster == 1 ? plan.num_splits : 0;
+}
+
+bool attn_fwd_tile_counter_needed(const AttnFwdParams& p) {
+  bool empty = false;
+  if (!params_ok(p, &empty) || empty) return false;
+  DeviceInfo dev;
+  if (device_info(&dev) != cudaSuccess) return false;
+  return use_hopper(p, dev) && p.causal;
 }
 
 cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
@@ -581,6 +599,7 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   DeviceInfo dev;
   cudaError_t err = device_info(&dev);
   if (err != cudaSuccess) return err;
+  if (use_hopper(p, dev)) return sm90::fwd(p, dev.sms, stream);
   Plan plan;
   if (!plan_tiles(p, dev, &plan)) return cudaErrorInvalidValue;
   err = plan_splits(p, dev, &plan);

@@ -3,7 +3,10 @@
 // One entry for every form of the forward (attention_params.h): padded or varlen batches,
 // seqused_k / kv_batch_idx / leftpad_k key ranges, paged K/V, MQA/GQA, causal and sliding
 // windows, softcap, ALiBi, lse, and split-KV (flash-decoding) with its merge (a combine kernel,
-// or inside a thread-block cluster on sm_90+).
+// or inside a thread-block cluster on sm_90+). Two paths behind it: stage 1, the mma.sync kernels
+// of every capability, and on capability 9.0 the Hopper kernel (wgmma, TMA) for the params its
+// rule admits (attention_sm90.h: fixed-length fp16 / bf16 prefill at head dim 64 or 128, causal
+// or not, without softcap, ALiBi, windows or splits), unless params.allow_hopper is false.
 // Preconditions, checked by the caller (torch-ext/): pointers on the current device, the shape and
 // stride rules of attention_params.h, q/k/v/out fp16 or bf16 of one dtype, head_dim a multiple of 8
 // up to 256 (the caller pads other head dims), the int32 index arrays in range (the kernels trust
@@ -27,14 +30,18 @@ namespace attention {
 namespace cuda {
 
 // Split rows of the fp32 workspace that attn_fwd needs for `params` on the current device: 0 when
-// it needs none (a single split, or the splits of each tile merged inside a thread-block cluster,
-// decode tiles on sm_90+), else the split count (params.num_splits when >= 1, capped at 128 and
+// it needs none (the Hopper path, a single split, or the splits of each tile merged inside a
+// thread-block cluster, decode tiles on sm_90+), else the split count (params.num_splits when >= 1, capped at 128 and
 // at the number of key tiles, or the occupancy heuristic's choice), and the caller passes
 // out_accum [splits, batch, heads_q, seqlen_q, head_dim] and lse_accum [splits, batch, heads_q,
 // seqlen_q] (fp32, contiguous) for that many splits. Pass num_splits unchanged to attn_fwd (0
 // stays 0: the choice is deterministic for the same params and device). Returns -1 when the
 // params are invalid (attn_fwd would return cudaErrorInvalidValue).
 int64_t attn_fwd_accum_splits(const AttnFwdParams& params);
+
+// Whether attn_fwd would use params.tile_counter (one zeroed int32 of the caller's) on the current
+// device: the Hopper kernel's causal calls (their tiles differ in length). false for invalid params.
+bool attn_fwd_tile_counter_needed(const AttnFwdParams& params);
 
 cudaError_t attn_fwd(const AttnFwdParams& params, cudaStream_t stream);
 

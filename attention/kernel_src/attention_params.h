@@ -1,8 +1,9 @@
 // attention_params.h: the torch-free contract between the Torch-facing layer (torch-ext/) and the
 // CPU and CUDA implementations of the attention forward (kernel_src/). One parameter struct and
 // one entry point per backend; the CUDA side dispatches to kernels per architecture behind it
-// (stage 1: an sm_80+ mma.sync kernel for every capability 8.0 .. 12.0; a later stage adds a
-// Hopper wgmma/TMA kernel and the backward behind the same struct).
+// (stage 1: an sm_80+ mma.sync kernel for every capability 8.0 .. 12.0; on capability 9.0 a
+// Hopper wgmma/TMA kernel for the params attention_sm90.h's rule admits; the backward will come
+// behind the same struct).
 //
 // Semantics (flash-attn 2 forward), per batch b, query head h, query row i:
 //   hk = h / (heads_q / heads_kv)                                       (MQA / GQA)
@@ -109,6 +110,14 @@ struct AttnFwdParams {
   // false: split-KV partials always merge in the combine kernel, never in a thread-block cluster
   // (CUDA sm_90+ only; an A/B switch for benchmarks and tests, same results either way).
   bool allow_cluster_merge = true;
+  // One int32, zeroed, where attn_fwd_tile_counter_needed(params) asks for it (attention_cuda.h):
+  // the Hopper kernel's CTAs take their tiles from it in order, which balances causal tiles of
+  // unequal length. Null runs the same tiles in a fixed round robin.
+  int32_t* tile_counter = nullptr;
+  // false: the stage-1 kernels run every call, also those the Hopper kernel would take on
+  // capability 9.0 (attention_sm90.h); an A/B switch for benchmarks and tests. The two paths agree
+  // within the error bound of the tests, not bit for bit.
+  bool allow_hopper = true;
 
   DeviceErrorRecord* errors = nullptr;  // CUDA: where a bad key length is reported (null: nowhere)
   DeviceErrorOp error_op = DeviceErrorOp::kNone;

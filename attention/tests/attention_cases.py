@@ -261,6 +261,37 @@ def sequences_check(
     )
 
 
+# ---- outputs that show unwritten elements ----
+
+
+def nan_padded(shape, dtype, device):
+    """A NaN-filled buffer whose rows are wider than head_dim = shape[-1] (rounded up to a multiple
+    of 8, plus 16), and the view of its first head_dim columns: a column written past head_dim
+    (or a row left unwritten) shows in the buffer."""
+    d = shape[-1]
+    width = (d + 7) // 8 * 8 + 16
+    buf = torch.full((*shape[:-1], width), float("nan"), dtype=dtype, device=device)
+    return buf, buf[..., :d]
+
+
+def untouched_past(buf, d, what):
+    assert bool(buf[..., d:].isnan().all()), f"{what}: columns past head_dim {d} were written"
+
+
+def batch_check(out, q, k, v, lse, what, **opts):
+    """A [B, S, H, D] result, sequence by sequence, at the default scale of q's head dim."""
+    sequences_check(
+        list(out.unbind(0)),
+        q.unbind(0),
+        k.unbind(0),
+        v.unbind(0),
+        q.shape[-1] ** -0.5,
+        what,
+        lses=list(lse.unbind(0)),
+        **opts,
+    )
+
+
 # ---- rotary (flash-attn's apply_rotary_emb, float64) ----
 
 

@@ -10,7 +10,8 @@ context usable and make check_kvcache_errors raise an error naming the argument;
 exactly the capacity must raise nothing. The overflowing sequence is the last one and every
 tensor is an exact-size allocation (PyTorch's caching allocator is switched off, so each tensor
 is an allocation of its own): a read or write past a block-table row, a cache or a slot range
-leaves its allocation, which memcheck reports. Not collected by pytest (no test_ prefix).
+leaves its allocation, which memcheck reports. A few plain prefill calls follow (on an H100 / H200
+the Hopper kernel's, for memcheck and racecheck). Not collected by pytest (no test_ prefix).
 `--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
 """
 
@@ -154,6 +155,17 @@ def slot_calls(k, dtype, device):
                 fits(k, device, call)
 
 
+def prefill_calls(k, dtype, device):
+    """Exact-size prefill calls, causal or not, with GQA and lengths off the tile sizes (on an
+    H100 / H200 the Hopper kernel runs them: TMA loads past a tensor's end, the persistent tile
+    hand-out, the epilogue staged in shared memory), plus fewer keys than queries."""
+    for sq, sk, d in ((77, 77, 64), (200, 333, 128), (300, 130, 128)):
+        q = torch.randn(2, sq, 4, d, dtype=dtype, device=device)
+        kv = [torch.randn(2, sk, 2, d, dtype=dtype, device=device) for _ in range(2)]
+        for causal in (False, True):
+            k.flash_attn_func(q, *kv, causal=causal)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -162,7 +174,7 @@ def main():
         Path(__file__).resolve().parent.parent / "build", backend=args.device
     )
     for dtype in (torch.bfloat16, torch.float16):
-        for run in (kvcache_calls, append_calls, varlen_calls, slot_calls):
+        for run in (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls):
             run(k, dtype, args.device)
     if args.device == "cuda":
         torch.cuda.synchronize()

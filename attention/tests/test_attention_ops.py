@@ -14,13 +14,16 @@ from attention_cases import (
     BF16,
     F32,
     alibi_slopes,
+    batch_check,
     cu_seqlens,
     dtype_id,
     dtypes_for,
     lengths,
+    nan_padded,
     paged_cache,
     randn,
     sequences_check,
+    untouched_past,
 )
 from attention_fixture import run_in_fresh_process
 
@@ -669,34 +672,6 @@ def test_split_kv_merges_at_every_head_dim(kernel, device, head_dim):
 BETWEEN_HEAD_DIMS = [40, 59, 80, 111, 160, 224]
 
 
-def _nan_padded(shape, dtype, device):
-    """A NaN-filled buffer whose rows are wider than head_dim = shape[-1] (rounded up to a multiple
-    of 8, plus 16), and the view of its first head_dim columns: a column written past head_dim
-    (or a row left unwritten) shows in the buffer."""
-    d = shape[-1]
-    width = (d + 7) // 8 * 8 + 16
-    buf = torch.full((*shape[:-1], width), float("nan"), dtype=dtype, device=device)
-    return buf, buf[..., :d]
-
-
-def _untouched_past(buf, d, what):
-    assert bool(buf[..., d:].isnan().all()), f"{what}: columns past head_dim {d} were written"
-
-
-def _batch_check(out, q, k, v, lse, what, **opts):
-    """A [B, S, H, D] result, sequence by sequence, at the default scale of q's head dim."""
-    sequences_check(
-        list(out.unbind(0)),
-        q.unbind(0),
-        k.unbind(0),
-        v.unbind(0),
-        q.shape[-1] ** -0.5,
-        what,
-        lses=list(lse.unbind(0)),
-        **opts,
-    )
-
-
 @pytest.mark.parametrize("head_dim", BETWEEN_HEAD_DIMS)
 def test_head_dims_between_instances(kernel, device, head_dim):
     """Dense prefill (GQA; causal with whole query tiles above the diagonal; a window with softcap
@@ -715,20 +690,20 @@ def test_head_dims_between_instances(kernel, device, head_dim):
         v = randn((b, sk, hk, d), dtype, device, seed=3)
         out, lse, _ = kernel.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
         assert out.shape == q.shape and lse.shape == (b, h, sq)
-        _batch_check(out, q, k, v, lse, f"{what} causal", causal=True)
+        batch_check(out, q, k, v, lse, f"{what} causal", causal=True)
         # dense, window + softcap + ALiBi, into out=
         b, sq, sk, h, hk = 2, 70, 90, 4, 1
         q = randn((b, sq, h, d), dtype, device, seed=4)
         k = randn((b, sk, hk, d), dtype, device, seed=5)
         v = randn((b, sk, hk, d), dtype, device, seed=6)
         slopes = alibi_slopes(h, device, batch=b)
-        buf, dst = _nan_padded(q.shape, dtype, device)
+        buf, dst = nan_padded(q.shape, dtype, device)
         got, lse = kernel.ops.fwd(
             q, k, v, dst, slopes, 0.0, d**-0.5, False, 24, 8, 3.0, False, None
         )
         assert got.data_ptr() == dst.data_ptr()
-        _untouched_past(buf, d, f"{what} fwd out=")
-        _batch_check(
+        untouched_past(buf, d, f"{what} fwd out=")
+        batch_check(
             dst, q, k, v, lse, f"{what} window softcap alibi", window=(24, 8), softcap=3.0,
             slopes=list(slopes.unbind(0)),
         )  # fmt: skip
@@ -739,14 +714,14 @@ def test_head_dims_between_instances(kernel, device, head_dim):
         k = randn((b, sk, hk, d), dtype, device, seed=8)
         v = randn((b, sk, hk, d), dtype, device, seed=9)
         for splits in (0, 3, 16):
-            buf, dst = _nan_padded(q.shape, dtype, device)
+            buf, dst = nan_padded(q.shape, dtype, device)
             lse = torch.full((b, h, 1), float("nan"), dtype=F32, device=device)
             kernel.ops.attn_fwd(
                 dst, q, k, v, lse, None, None, None, None, None, None, None, 0, 0,
                 d**-0.5, 0.0, False, 300, 0, splits,
             )  # fmt: skip
-            _untouched_past(buf, d, f"{what} decode splits {splits}")
-            _batch_check(dst, q, k, v, lse, f"{what} decode splits {splits}", window=(300, 0))
+            untouched_past(buf, d, f"{what} decode splits {splits}")
+            batch_check(dst, q, k, v, lse, f"{what} decode splits {splits}", window=(300, 0))
         # varlen, GQA, causal window
         lens_q, lens_k = [1, 0, 17, 130], [1, 5, 0, 200]
         cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
@@ -774,13 +749,13 @@ def test_head_dims_between_instances(kernel, device, head_dim):
         # values (NaN), or with zero_tensors become 0
         qp = torch.cat([q, randn((3, h, d), dtype, device, seed=15)])
         for zero in (False, True):
-            buf, dst = _nan_padded(qp.shape, dtype, device)
+            buf, dst = nan_padded(qp.shape, dtype, device)
             got, _ = kernel.ops.varlen_fwd(
                 qp, k, v, dst, cu_q, cu_k, None, None, None, None, max(lens_q), max(lens_k), 0.0,
                 d**-0.5, zero, True, 16, -1, 0.0, False, None,
             )  # fmt: skip
             assert got.data_ptr() == dst.data_ptr()
-            _untouched_past(buf, d, f"{what} varlen_fwd out=")
+            untouched_past(buf, d, f"{what} varlen_fwd out=")
             assert torch.equal(dst[: sum(lens_q)], out), f"{what} varlen_fwd out="
             rest = dst[sum(lens_q) :]
             assert bool((rest == 0).all() if zero else rest.isnan().all()), f"{what} zero {zero}"
@@ -790,13 +765,13 @@ def test_head_dims_between_instances(kernel, device, head_dim):
         vs = [randn((n, hk, d), dtype, device, seed=30 + i) for i, n in enumerate(lens_k)]
         k_cache, v_cache, table = paged_cache(ks, vs, 16, seed=13)
         q = randn((sum(lens_q), h, d), dtype, device, seed=14)
-        buf, dst = _nan_padded(q.shape, dtype, device)
+        buf, dst = nan_padded(q.shape, dtype, device)
         kernel.ops.attn_fwd(
             dst, q, k_cache, v_cache, None, cu_seqlens(lens_q, device), None,
             torch.tensor(lens_k, dtype=torch.int32, device=device), table, None, None, None,
             max(lens_q), max(lens_k), d**-0.5, 0.0, True, -1, -1, 0,
         )  # fmt: skip
-        _untouched_past(buf, d, f"{what} paged")
+        untouched_past(buf, d, f"{what} paged")
         sequences_check(
             list(dst.split(lens_q)),
             list(q.split(lens_q)),

@@ -111,6 +111,15 @@ bool cluster_merge_allowed() {
   return allowed;
 }
 
+// ATTENTION_HOPPER=0 runs every CUDA call on the stage-1 kernels, also on capability 9.0 where the
+// Hopper kernel would take it (AttnFwdParams::allow_hopper, kernel_src/attention_sm90.h): a switch
+// for benchmarks and for the tests that compare the two paths, read at every call (a benchmark
+// times both paths in one process; the lookup is far below a launch's cost).
+bool hopper_allowed() {
+  const char* value = std::getenv("ATTENTION_HOPPER");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 using Named = std::pair<const char*, const at::Tensor*>;
 
 // Each written tensor must not share memory with any other tensor of the call, written or read
@@ -754,6 +763,7 @@ AttnFwdParams make_params(const AttentionCall& c, const Geometry& g) {
   p.num_splits = c.num_splits;
   p.pdl_request = c.pdl_request;
   p.allow_cluster_merge = cluster_merge_allowed();
+  p.allow_hopper = hopper_allowed();
   return p;
 }
 
@@ -823,6 +833,11 @@ void run_attention(AttentionCall& c) {
       lse_accum = at::empty({splits, g.batch, g.heads_q, g.seqlen_q}, f32);
       p.out_accum = out_accum.mutable_data_ptr<float>();
       p.lse_accum = lse_accum.mutable_data_ptr<float>();
+    }
+    at::Tensor tile_counter;
+    if (attention::cuda::attn_fwd_tile_counter_needed(p)) {
+      tile_counter = at::zeros({1}, c.q.options().dtype(at::kInt));
+      p.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
     }
     const cudaError_t err = attention::cuda::attn_fwd(p, stream);
     TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));

@@ -1,0 +1,127 @@
+// attention_sm90.cu: the host side of the Hopper attention forward (attention_sm90.h): which params
+// it takes, their translation into the kernel's arguments, and the instance of their dtype and
+// head dim (attention_sm90_instances.h; the kernel is attention_sm90_fwd.cuh). Built for 9.0a
+// only; attention_cuda.cu, built for every capability, calls the two functions below.
+#include "attention_sm90.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "attention_sm90_instances.h"
+
+namespace attention {
+namespace cuda {
+namespace sm90 {
+namespace {
+
+using KernelArgs = attention::sm90::FwdArgs;
+
+constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+// Below this many query rows the stage-1 decode tiles (and split-KV) are the tuned path.
+constexpr int64_t kMinSeqlenQ = 64;
+// Rows of the smallest query tile a Hopper kernel can have (the M of one wgmma): the kernel counts
+// its tiles in int32.
+constexpr int64_t kMinBlockM = 64;
+// A TMA descriptor's global strides are below 2^40 bytes.
+constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;
+constexpr int64_t kElementBytes = 2;  // fp16 / bf16
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Whether a TMA descriptor (q, k, v) can address a dimension of `extent` indices with `stride`:
+// any stride for a single index (it is never multiplied by anything but 0), else a nonzero one
+// below 2^40 bytes.
+bool tma_addressable(int64_t stride, int64_t extent) {
+  if (extent <= 1) return true;
+  return stride > 0 && stride < kMaxTmaStrideBytes / kElementBytes;
+}
+
+// The params carry stride 0 for a dimension of one index (attention_params.h: never used); a TMA
+// descriptor takes positive multiples of 16 bytes only, and for such a dimension any of them
+// addresses the same elements.
+int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 16 / kElementBytes; }
+
+KernelArgs kernel_args(const AttnFwdParams& p) {
+  KernelArgs a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.out = p.out;
+  a.lse = p.lse;
+  a.lse_batch = p.lse_batch_stride;
+  a.lse_head = p.lse_head_stride;
+  a.batch = static_cast<int>(p.batch);
+  a.heads_q = static_cast<int>(p.heads_q);
+  a.heads_kv = static_cast<int>(p.heads_kv);
+  a.seqlen_q = static_cast<int>(p.seqlen_q);
+  a.seqlen_k = static_cast<int>(p.seqlen_k);
+  a.q_row = tma_stride(p.q_row_stride);
+  a.q_head = tma_stride(p.q_head_stride);
+  a.q_batch = tma_stride(p.q_batch_stride);
+  a.k_row = tma_stride(p.k_row_stride);
+  a.k_head = tma_stride(p.k_head_stride);
+  a.k_batch = tma_stride(p.k_batch_stride);
+  a.v_row = tma_stride(p.v_row_stride);
+  a.v_head = tma_stride(p.v_head_stride);
+  a.v_batch = tma_stride(p.v_batch_stride);
+  a.o_row = p.out_row_stride;
+  a.o_head = p.out_head_stride;
+  a.o_batch = p.out_batch_stride;
+  a.softmax_scale = p.softmax_scale;
+  a.causal = p.causal;
+  a.tile_counter = p.tile_counter;
+  return a;
+}
+
+template <class Element>
+cudaError_t run_head_dim(const KernelArgs& a, int64_t head_dim, int sm_count, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return attention::sm90::run_fwd_instance<Element, 64>(a, sm_count, stream);
+    case 128:
+      return attention::sm90::run_fwd_instance<Element, 128>(a, sm_count, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+bool supports(const AttnFwdParams& p) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr ||
+      p.kv_batch_idx != nullptr || p.leftpad_k != nullptr || p.block_table != nullptr) {
+    return false;
+  }
+  if (p.softcap != 0.0f || p.alibi_slopes != nullptr) return false;
+  if (p.window_left >= 0 || (p.window_right >= 0 && !p.causal)) return false;
+  if (p.num_splits > 1) return false;
+  if (p.seqlen_q < kMinSeqlenQ) return false;
+  for (const int64_t n : {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k}) {
+    if (n < 0 || n > kMax32) return false;
+  }
+  if (p.batch * p.heads_q > kMax32 / ceil_div(p.seqlen_q, kMinBlockM)) return false;
+  const struct {
+    int64_t stride, extent;
+  } strides[] = {
+      {p.q_batch_stride, p.batch}, {p.q_row_stride, p.seqlen_q}, {p.q_head_stride, p.heads_q},
+      {p.k_batch_stride, p.batch}, {p.k_row_stride, p.seqlen_k}, {p.k_head_stride, p.heads_kv},
+      {p.v_batch_stride, p.batch}, {p.v_row_stride, p.seqlen_k}, {p.v_head_stride, p.heads_kv}};
+  for (const auto& st : strides) {
+    if (!tma_addressable(st.stride, st.extent)) return false;
+  }
+  return true;
+}
+
+cudaError_t fwd(const AttnFwdParams& p, int sm_count, cudaStream_t stream) {
+  if (!supports(p)) return cudaErrorInvalidValue;
+  const KernelArgs a = kernel_args(p);
+  return p.dtype == DType::kBFloat16
+             ? run_head_dim<cutlass::bfloat16_t>(a, p.head_dim, sm_count, stream)
+             : run_head_dim<cutlass::half_t>(a, p.head_dim, sm_count, stream);
+}
+
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace attention

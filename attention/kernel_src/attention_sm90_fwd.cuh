@@ -1,0 +1,572 @@
+// attention_sm90_fwd.cuh: the Hopper (sm_90a) attention forward. Design:
+//   - persistent CTAs (one per SM) take the (query block, head, batch) tiles in TileOrder, each
+//     its next one from a global counter (or round robin without one); a CTA owns kBlockM query
+//     rows of a tile: one producer warpgroup and kBlockM / 64 consumer warpgroups, 64 rows each
+//     (the M of one wgmma);
+//   - the producer's first thread loads Q (double-buffered across tiles) and K / V tiles of
+//     kBlockN keys through a kStages-deep TMA pipeline (cutlass::PipelineTmaAsync: full / empty
+//     barriers per stage), running ahead into the next tile;
+//   - consumers: S = Q K^T by wgmma from shared memory, online softmax in registers (each thread
+//     holds two rows, reduced across the four threads of a quad), P converted to the input type
+//     in registers and O += P V by wgmma with P from registers and V from shared memory read
+//     MN-major (V is stored as it is laid out in memory, keys x head_dim);
+//   - registers move from the producer warpgroup to the consumers (setmaxnreg);
+//   - the epilogue divides by the row sums, stages O in the tile's Q buffer and writes it in
+//     16-byte chunks; the log-sum-exp from registers.
+// Covered: fp16 / bf16, head_dim 64 / 128, fixed-length batches with any strides (16-byte
+// aligned), MQA / GQA, non-causal and causal (bottom-right), any seqlen_q / seqlen_k.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+namespace attention {
+namespace sm90 {
+
+using namespace cute;
+
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;  // lse[b * lse_batch + h * lse_head + row] (row stride 1), or null
+  int64_t lse_batch, lse_head;
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  int64_t q_row, q_head, q_batch;
+  int64_t k_row, k_head, k_batch;
+  int64_t v_row, v_head, v_batch;
+  int64_t o_row, o_head, o_batch;
+  float softmax_scale;
+  bool causal;
+  // Zeroed by the caller before each launch: CTAs take their next tile from it (atomicAdd), so
+  // unequal causal tiles balance across SMs. Null: a static round robin over the tiles.
+  int* tile_counter;
+};
+
+// Where tile t lies: query block, head, batch. Query blocks of one head are consecutive, so the
+// CTAs working at one time share a few heads' K / V in L2; causal tiles go longest first (the
+// last query block reads every key block), so with tiles handed out in order (tile_counter) the
+// short ones fill the tail.
+struct TileCoord {
+  int m_block, head, head_kv, batch;
+};
+struct TileOrder {
+  int tiles, m_blocks, heads_q, group;  // group: query heads per K / V head
+  bool longest_first;
+  CUTE_HOST_DEVICE TileCoord at(int t) const {
+    const int m = t % m_blocks, bh = t / m_blocks;
+    TileCoord c;
+    c.m_block = longest_first ? m_blocks - 1 - m : m;
+    c.head = bh % heads_q;
+    c.batch = bh / heads_q;
+    c.head_kv = c.head / group;
+    return c;
+  }
+};
+
+// kPingpong: the two consumer warpgroups take turns on the tensor cores (named barriers), and
+// each overlaps its softmax with its own next GEMMs: S(n+1) = Q K(n+1)^T and O += P(n) V(n) are
+// issued together, the exponentials of S(n+1) computed while O += P(n) V(n) runs. Otherwise one
+// block at a time: S, wait, softmax, O += P V, wait.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_,
+          bool kPingpong_ = false>
+struct FwdKernel {
+  using Element = Element_;
+  static constexpr bool kPingpong = kPingpong_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+
+  // One consumer warpgroup's GEMMs: S (64 x kBlockN) = Q (64 x d) K^T, O (64 x d) += P V.
+  using AtomQK = decltype(GMMA::ss_op_selector<Element, Element, float,
+                                               Shape<_64, Int<kBlockN>, Int<kHeadDim>>>());
+  using AtomPV = decltype(GMMA::rs_op_selector<Element, Element, float,
+                                               Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                                               GMMA::Major::K, GMMA::Major::MN>());
+  using MmaQK = decltype(make_tiled_mma(AtomQK{}));
+  using MmaPV = decltype(make_tiled_mma(AtomPV{}));
+
+  // Q: two buffers (the next tile's Q loads while this one runs).
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));
+  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V seen as the B operand of O += P V: (head_dim, keys, stage), head_dim contiguous (MN-major).
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{},
+      make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename cutlass::PipelineState<kStages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    typename Pipeline::SharedStorage pipe_k;
+    typename Pipeline::SharedStorage pipe_v;
+    alignas(8) uint64_t q_full[2];
+    uint64_t q_empty[2];
+    int tile[2];  // the tile of each Q buffer (-1: no tile left), written before q_full
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+
+  // Global tensors as TMA sees them: (rows, head_dim, heads, batch), head_dim contiguous.
+  static auto gmem_tensor(const void* p, int rows, int heads, int batch, int64_t row, int64_t head,
+                          int64_t batch_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(p)),
+                       make_shape(rows, Int<kHeadDim>{}, heads, batch),
+                       make_stride(row, _1{}, head, batch_stride));
+  }
+  using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutK{})));
+
+  struct Params {
+    FwdArgs args;
+    TmaQ tma_q;
+    TmaK tma_k;
+    TmaK tma_v;
+    float scale_log2;  // softmax_scale * log2(e)
+  };
+
+  static Params make_params(const FwdArgs& a) {
+    auto gq = gmem_tensor(a.q, a.seqlen_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
+    // No key at all: nothing is loaded (every tile has 0 key blocks), but a TMA descriptor needs
+    // a row.
+    const int keys = a.seqlen_k > 0 ? a.seqlen_k : 1;
+    auto gk = gmem_tensor(a.k, keys, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
+    auto gv = gmem_tensor(a.v, keys, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
+    return {a, make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
+            make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(SmemLayoutK{})),
+            make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(SmemLayoutV{})),
+            a.softmax_scale * 1.44269504088896340736f};
+  }
+
+  CUTE_HOST_DEVICE static TileOrder tile_order(const FwdArgs& a) {
+    const int m_blocks = (a.seqlen_q + kBlockM - 1) / kBlockM;
+    return {m_blocks * a.heads_q * a.batch, m_blocks, a.heads_q, a.heads_q / a.heads_kv, a.causal};
+  }
+
+  // Key blocks [0, n_blocks) a query block reads: all of them, or (causal, bottom-right aligned:
+  // query i sees keys j <= i + seqlen_k - seqlen_q) up to its last row's diagonal.
+  CUTE_DEVICE static int key_blocks(const FwdArgs& a, int m_block) {
+    int keys = a.seqlen_k;
+    if (a.causal) {
+      const int last_row = min((m_block + 1) * kBlockM, a.seqlen_q) - 1;
+      keys = max(0, min(keys, last_row + a.seqlen_k - a.seqlen_q + 1));
+    }
+    return (keys + kBlockN - 1) / kBlockN;
+  }
+};
+
+// The accumulator fragment of S (C of the SS wgmma) reinterpreted as the A register operand of
+// the RS wgmma of O += P V: ((2, 2, V), M, N) -> ((2, 2, 2), M, (V / 2) * N), K chunks of 16.
+template <class Layout>
+CUTE_HOST_DEVICE auto acc_as_a_operand(Layout acc) {
+  auto l = logical_divide(acc, Shape<Shape<Underscore, Underscore, _2>, Underscore, Underscore>{});
+  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 2, 0>(l)), get<1>(l),
+                     coalesce(make_layout(get<0, 2, 1>(l), get<2>(l))));
+}
+
+// The accumulator fragment with (row, column) modes: ((2, 2, V), M, N) -> ((2, M), (2, V, N)),
+// rows (the second value mode, 8 rows apart) first.
+template <class Layout>
+CUTE_HOST_DEVICE auto acc_rows_cols(Layout acc) {
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+// exp2 on the MUFU unit, subnormal results flushed to zero (they vanish in the fp32 sums).
+CUTE_DEVICE float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats rounded to one packed pair of the element type (one cvt for both).
+template <class Element>
+CUTE_DEVICE uint32_t pack_pair(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    fwd_kernel(const __grid_constant__ typename Kernel::Params params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Element = typename Kernel::Element;
+  constexpr int kBlockM = Kernel::kBlockM, kBlockN = Kernel::kBlockN;
+  constexpr int kHeadDim = Kernel::kHeadDim;
+  constexpr int kConsumerThreads = 128 * Kernel::kConsumerWarpgroups;
+  using SharedStorage = typename Kernel::SharedStorage;
+  using Pipeline = typename Kernel::Pipeline;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  extern __shared__ __align__(1024) char smem_raw[];  // the 128-byte swizzle needs 1024
+  SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_raw);
+  const FwdArgs& a = params.args;
+  const TileOrder order = Kernel::tile_order(a);
+  const int warpgroup = threadIdx.x / 128;
+
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Kernel::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Kernel::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Kernel::SmemLayoutV{});
+  Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Kernel::SmemLayoutVt{});
+
+  // K / V pipelines: the producer's one thread arrives with the transaction bytes; every consumer
+  // thread releases. Q is double-buffered across tiles: q_full[b] (the load, or the producer's
+  // plain arrival for a tile without keys), q_empty[b] (every consumer thread, once its output
+  // has left the buffer: the epilogue stages O in the Q slice it no longer reads).
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = kBlockN * kHeadDim * sizeof(Element);
+  pipe_params.role =
+      warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      TxBarrier::init(&shared.q_full[b], 1);
+      Barrier::init(&shared.q_empty[b], kConsumerThreads);
+    }
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (threadIdx.x != 0) return;
+    Tensor mQ =
+        params.tma_q.get_tma_tensor(make_shape(a.seqlen_q, Int<kHeadDim>{}, a.heads_q, a.batch));
+    Tensor mK =
+        params.tma_k.get_tma_tensor(make_shape(a.seqlen_k, Int<kHeadDim>{}, a.heads_kv, a.batch));
+    Tensor mV =
+        params.tma_v.get_tma_tensor(make_shape(a.seqlen_k, Int<kHeadDim>{}, a.heads_kv, a.batch));
+    auto state = cutlass::make_producer_start_state<Pipeline>();
+    int t = blockIdx.x;
+    for (int q_iter = 0;; ++q_iter) {
+      const int buf = q_iter & 1;
+      if (q_iter >= 2) Barrier::wait(&shared.q_empty[buf], ((q_iter >> 1) - 1) & 1);
+      if (t >= order.tiles) {  // tell the consumers: no tile left
+        shared.tile[buf] = -1;
+        Barrier::arrive(&shared.q_full[buf]);
+        break;
+      }
+      shared.tile[buf] = t;
+      // The next tile's index, asked for now: its latency hides behind this tile's loads.
+      const int next = a.tile_counter != nullptr
+                           ? static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1)
+                           : t + static_cast<int>(gridDim.x);
+      const TileCoord c = order.at(t);
+      const int n_blocks = Kernel::key_blocks(a, c.m_block);
+      t = next;
+      if (n_blocks == 0) {  // nothing to load; the consumers write zeros
+        Barrier::arrive(&shared.q_full[buf]);
+        continue;
+      }
+      Tensor gQ = local_tile(mQ(_, _, c.head, c.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(c.m_block, 0));
+      Tensor gK = local_tile(mK(_, _, c.head_kv, c.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(_, 0));  // (kBlockN, d, n)
+      Tensor gV = local_tile(mV(_, _, c.head_kv, c.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(_, 0));
+      auto [tQg, tQs] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
+                                      group_modes<0, 2>(sQ(_, _, buf)), group_modes<0, 2>(gQ));
+      auto [tKg, tKs] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+      TxBarrier::arrive_and_expect_tx(&shared.q_full[buf], kBlockM * kHeadDim * sizeof(Element));
+      copy(params.tma_q.with(shared.q_full[buf]), tQg, tQs);
+      // Key blocks from the last (the diagonal block of a causal tile, which needs masking)
+      // down to the first, so the consumers mask only their first iteration.
+      for (int n = n_blocks - 1; n >= 0; --n) {
+        pipe_k.producer_acquire(state);
+        copy(params.tma_k.with(*pipe_k.producer_get_barrier(state)), tKg(_, n),
+             tKs(_, state.index()));
+        pipe_v.producer_acquire(state);
+        copy(params.tma_v.with(*pipe_v.producer_get_barrier(state)), tVg(_, n),
+             tVs(_, state.index()));
+        ++state;
+      }
+    }
+    return;
+  }
+
+  // consumers
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int consumer = warpgroup - 1;
+  const int tid = threadIdx.x % 128;
+  typename Kernel::MmaQK mma_qk;
+  typename Kernel::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, N, K, stage)
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<_64, Int<kHeadDim>>{});
+  Tensor o = make_tensor(tOrO.data(), acc_rows_cols(tOrO.layout()));
+
+  // (row, column) of every accumulator element of S within the 64 x kBlockN tile, and of O.
+  Tensor cS = make_identity_tensor(Shape<_64, Int<kBlockN>>{});
+  Tensor tScS = thr_qk.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rows_cols(tScS.layout()));
+  constexpr int kRows = size<0>(decltype(acc_rows_cols(tScS.layout())){});
+  constexpr int kCols = size<1>(decltype(acc_rows_cols(tScS.layout())){});
+  Tensor cO = make_identity_tensor(Shape<_64, Int<kHeadDim>>{});
+  Tensor tOcO = thr_pv.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rows_cols(tOcO.layout()));
+  float row_max[kRows], row_sum[kRows];
+
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<_64, Int<kBlockN>>{});
+  Tensor s_rc = make_tensor(tSrS.data(), acc_rows_cols(tSrS.layout()));
+  Tensor p = make_tensor_like<Element>(tSrS);  // P in the input type: the A operand of P V
+  Tensor tOrP = make_tensor(p.data(), acc_as_a_operand(p.layout()));
+  Tensor p_pairs = recast<uint32_t>(p);
+  // Adjacent accumulator registers hold adjacent columns: one packed conversion per pair.
+  const auto convert_p = [&] {
+    for (int i = 0; i < size(p_pairs); ++i) {
+      p_pairs(i) = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+    }
+  };
+  cute::array<float, kRows> correction;
+  typename Kernel::PipelineState state;
+
+  // Pingpong turns on the tensor cores: warpgroup c issues after the other has arrived on
+  // barrier c; consumer 0 goes first, and every issue section ends by handing the turn over.
+  // Both warpgroups of a tile issue the same number of sections, so the turns stay in step
+  // across tiles.
+  using cutlass::arch::NamedBarrier;
+  const auto my_turn = [&] { NamedBarrier::sync(kConsumerThreads, consumer); };
+  const auto their_turn = [&] { NamedBarrier::arrive(kConsumerThreads, 1 - consumer); };
+  if constexpr (Kernel::kPingpong) {
+    if (consumer == 1) NamedBarrier::arrive(kConsumerThreads, 0);
+  }
+
+  for (int q_iter = 0;; ++q_iter) {
+    const int buf = q_iter & 1;
+    Barrier::wait(&shared.q_full[buf], (q_iter >> 1) & 1);
+    const int t = shared.tile[buf];
+    if (t < 0) break;
+    const TileCoord c = order.at(t);
+    const int n_blocks = Kernel::key_blocks(a, c.m_block);
+    Tensor sQw = local_tile(sQ(_, _, buf), Shape<_64, Int<kHeadDim>>{}, make_coord(consumer, 0));
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQw);
+    const int row0 = c.m_block * kBlockM + consumer * 64;
+    const int diag = a.seqlen_k - a.seqlen_q;  // causal: key j visible to query i iff j <= i + diag
+    for (int i = 0; i < kRows; ++i) {
+      row_max[i] = -INFINITY;
+      row_sum[i] = 0.0f;
+    }
+    clear(tOrO);
+
+    // S = Q K(stage)^T, issued and committed (not waited for).
+    const auto issue_s = [&](int stage) {
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+      for (int k = 0; k < size<2>(tSrQ); ++k) {
+        gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k, stage), tSrS);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    };
+    // O += P V(stage), issued and committed. P's registers are read by the wgmma after the
+    // issuing instruction: the fences keep the compiler from reusing them (or moving their
+    // writes) until the GEMM has been waited for.
+    const auto issue_pv = [&](int stage) {
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      warpgroup_arrive();
+      for (int k = 0; k < size<2>(tOrP); ++k) {
+        gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k, stage), tOrO);
+      }
+      warpgroup_commit_batch();
+    };
+    // Masks keys beyond seqlen_k (the last block) and, causal, right of the diagonal.
+    const auto mask = [&](int n) {
+      const bool edge =
+          (n + 1) * kBlockN > a.seqlen_k || (a.causal && (n + 1) * kBlockN - 1 > row0 + diag);
+      if (!edge) return;
+      for (int i = 0; i < kRows; ++i) {
+        for (int j = 0; j < kCols; ++j) {
+          const int row = row0 + get<0>(tScS_rc(i, j));
+          const int col = n * kBlockN + get<1>(tScS_rc(i, j));
+          if (col >= a.seqlen_k || (a.causal && col > row + diag)) s_rc(i, j) = -INFINITY;
+        }
+      }
+    };
+    // Online softmax of one block in place (S becomes P); correction[i] = exp2(old max - new
+    // max) for the rows' O and sums.
+    const auto softmax = [&] {
+      for (int i = 0; i < kRows; ++i) {
+        float mx = row_max[i];
+        for (int j = 0; j < kCols; ++j) mx = fmaxf(mx, s_rc(i, j));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row without a visible key so far keeps max -inf: exp2 of (-inf) - (-inf) is NaN,
+        // so scale against 0 instead.
+        const float base = mx == -INFINITY ? 0.0f : mx * params.scale_log2;
+        correction[i] = exp2_ftz(row_max[i] * params.scale_log2 - base);
+        row_max[i] = mx;
+        float sum = 0.0f;
+        for (int j = 0; j < kCols; ++j) {
+          const float e = exp2_ftz(s_rc(i, j) * params.scale_log2 - base);
+          s_rc(i, j) = e;
+          sum += e;
+        }
+        row_sum[i] = row_sum[i] * correction[i] + sum;
+      }
+    };
+    const auto rescale_o = [&] {
+      for (int i = 0; i < kRows; ++i) {
+        for (int j = 0; j < size<1>(o); ++j) o(i, j) *= correction[i];
+      }
+    };
+
+    if constexpr (!Kernel::kPingpong) {
+      for (int it = 0; it < n_blocks; ++it) {
+        pipe_k.consumer_wait(state);
+        issue_s(state.index());
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        pipe_k.consumer_release(state);
+        mask(n_blocks - 1 - it);
+        softmax();
+        rescale_o();
+        convert_p();
+        pipe_v.consumer_wait(state);
+        issue_pv(state.index());
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        pipe_v.consumer_release(state);
+        ++state;
+      }
+    } else if (n_blocks > 0) {
+      // The first block: S only.
+      pipe_k.consumer_wait(state);
+      my_turn();
+      issue_s(state.index());
+      their_turn();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      pipe_k.consumer_release(state);
+      mask(n_blocks - 1);
+      softmax();  // O is still 0: no rescale
+      convert_p();
+      auto state_v = state;  // V of the block whose P is in registers
+      ++state;
+      // Then S(n + 1) with O += P(n) V(n) per turn: the exponentials of S(n + 1) run while
+      // P(n) V(n) does.
+      for (int it = 1; it < n_blocks; ++it) {
+        pipe_k.consumer_wait(state);
+        pipe_v.consumer_wait(state_v);
+        my_turn();
+        issue_s(state.index());
+        issue_pv(state_v.index());
+        their_turn();
+        warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
+        warpgroup_fence_operand(tSrS);
+        pipe_k.consumer_release(state);
+        mask(n_blocks - 1 - it);
+        softmax();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        pipe_v.consumer_release(state_v);
+        rescale_o();
+        convert_p();
+        state_v = state;
+        ++state;
+      }
+      pipe_v.consumer_wait(state_v);
+      my_turn();
+      issue_pv(state_v.index());
+      their_turn();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      pipe_v.consumer_release(state_v);
+    }
+
+    // Epilogue: O / row sum (rows without keys: 0) into this warpgroup's Q slice as pairs, then
+    // out in 16-byte rows-contiguous chunks; the log-sum-exp from registers.
+    const int64_t lse_base = c.batch * a.lse_batch + c.head * a.lse_head;
+    for (int i = 0; i < kRows; ++i) {
+      float sum = row_sum[i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // A row that saw no key has sum 0: out 0, lse +inf. A NaN score or value makes the sum or
+      // O NaN, and both stay NaN (attention_params.h).
+      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+      for (int j = 0; j < size<1>(o); j += 2) {
+        const int r = get<0>(tOcO_rc(i, j)), col = get<1>(tOcO_rc(i, j));
+        // sQw(r, col) and sQw(r, col + 1) are adjacent (the swizzle moves 16-byte chunks).
+        *reinterpret_cast<uint32_t*>(&sQw(r, col)) =
+            pack_pair<Element>(o(i, j) * inv, o(i, j + 1) * inv);
+      }
+      const int row = row0 + get<0>(tOcO_rc(i, 0));
+      if (a.lse != nullptr && (tid & 3) == 0 && row < a.seqlen_q) {
+        a.lse[lse_base + row] = sum == 0.0f ? INFINITY : row_max[i] * a.softmax_scale + logf(sum);
+      }
+    }
+    NamedBarrier::sync(128, 2 + consumer);  // this warpgroup's slice is written
+    constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+    Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head;
+    for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const int row = row0 + r;
+      if (row < a.seqlen_q) {
+        *reinterpret_cast<uint4*>(out + row * a.o_row + chunk * 8) =
+            *reinterpret_cast<const uint4*>(&sQw(r, chunk * 8));
+      }
+    }
+    Barrier::arrive(&shared.q_empty[buf]);
+  }
+#endif
+}
+
+// The configuration each (element type, head dim) runs; the instance units name only this.
+template <class Element, int kHeadDim>
+using FwdKernelFor = FwdKernel<Element, kHeadDim, 128, 128, 2, true>;
+
+// Launches the kernel for `args` on `stream` (sm_count: the device's SMs, for the persistent
+// grid).
+template <class Kernel>
+cudaError_t run_fwd(const FwdArgs& args, int sm_count, cudaStream_t stream) {
+  if (args.batch == 0 || args.heads_q == 0 || args.seqlen_q == 0) return cudaSuccess;
+  const int64_t tiles =
+      int64_t((args.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM) * args.heads_q * args.batch;
+  if (tiles > INT32_MAX || sm_count <= 0) return cudaErrorInvalidValue;
+  const auto params = Kernel::make_params(args);
+  auto* kernel = fwd_kernel<Kernel>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const unsigned grid = static_cast<unsigned>(tiles < sm_count ? tiles : sm_count);  // persistent
+  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace attention
