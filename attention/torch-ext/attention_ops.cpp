@@ -46,6 +46,7 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
