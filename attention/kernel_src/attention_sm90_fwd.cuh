@@ -210,7 +210,7 @@ CUTE_DEVICE uint32_t pack_pair(float lo, float hi) {
 
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)
-    fwd_kernel(const __grid_constant__ typename Kernel::Params params) {
+    attn_fwd_sm90_kernel(const __grid_constant__ typename Kernel::Params params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Element = typename Kernel::Element;
   constexpr int kBlockM = Kernel::kBlockM, kBlockN = Kernel::kBlockN;
@@ -559,7 +559,7 @@ cudaError_t run_fwd(const FwdArgs& args, int sm_count, cudaStream_t stream) {
       int64_t((args.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM) * args.heads_q * args.batch;
   if (tiles > INT32_MAX || sm_count <= 0) return cudaErrorInvalidValue;
   const auto params = Kernel::make_params(args);
-  auto* kernel = fwd_kernel<Kernel>;
+  auto* kernel = attn_fwd_sm90_kernel<Kernel>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
   if (err != cudaSuccess) return err;

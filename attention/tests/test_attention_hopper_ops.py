@@ -2,7 +2,7 @@
 capability 9.0; skipped everywhere else, the CPU included.
 
 - Which calls take it: the CUDA kernels a torch.profiler trace names (the Hopper kernel is
-  attention::sm90::fwd_kernel, stage 1's attn_fwd_kernel) for calls inside and outside the rule,
+  attention::sm90::attn_fwd_sm90_kernel, stage 1's attn_fwd_kernel) for calls inside and outside the rule,
   and with ATTENTION_HOPPER=0 (read at every call).
 - Its results against the float64 reference (attention_cases.py: within twice PyTorch's own error
   in the dtype), lse included: fp16 and bf16, head dims 64 and 128, causal or not, GQA / MQA,
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(
     reason="the Hopper path runs on devices of capability 9.0",
 )
 
-HOPPER_KERNEL = "sm90::fwd_kernel"
+HOPPER_KERNEL = "attn_fwd_sm90_kernel"
 STAGE1_KERNEL = "attn_fwd_kernel"
 
 
