@@ -468,6 +468,14 @@ def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
     assert set(sweep.cases(quick=True)) <= set(full)
     args = sweep.parse_args(["--quick", "--budget-s", "30"])
     assert args.quick and args.budget_s == 30.0
+    args = sweep.parse_args(["--match", " D96 ", "--match", "S512 "])
+    picked = sweep.selected(full, args.match)
+    assert {c.head_dim for c in picked if c.seqlen != 512} == {96}
+    assert {(c.causal, c.seqlen) for c in picked if c.head_dim == 96} == {
+        (c, s) for c in (True, False) for s in sweep.PREFILL_SEQLENS
+    }
+    assert any(c.head_dim == 128 and c.seqlen == 512 for c in picked)
+    assert sweep.selected(full, []) == full
 
 
 def _gemm_sweep(monkeypatch):

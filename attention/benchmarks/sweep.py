@@ -16,7 +16,7 @@ query rows before timing it, then times ours and three baselines in the same pro
              8, 128] through a random block table          heads beforehand: noted per row in gqa_mode)
 
 Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256,
-192}, causal and not, and causal at S in {2K, 16K} for head dims without an instance of their own
+192, 96}, causal and not, and causal at S in {2K, 16K} for head dims without an instance of their own
 {80, 160, 40, 224} (CUDA runs the next instantiated head dim, 96 / 192 / 64 / 256; their TFLOP/s
 count the actual head dim); decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1,
 8, 64} x {contiguous, paged 16, paged 256} (the baselines are timed once per batch and length, on
@@ -26,7 +26,8 @@ contender allocates beyond its inputs. A backend that rejects a shape (cuDNN at 
 instance) is recorded as null. --quick: prefill head_dim 128 at 2K and 16K, decode batch {1, 64} at
 32K (contiguous and paged 16). Cases run in priority order (the README's rows first, then the head
 dims between the instances) and the sweep starts no new case once --budget-s, counted from process
-start, would be exceeded (skipped cases are listed in the result file; --budget-s 0 runs them all).
+start, would be exceeded (skipped cases are listed in the result file; --budget-s 0 runs them all);
+--match TEXT keeps only the cases whose label contains TEXT.
 Writes benchmarks/results/<device>.json with device, versions and commit (scripts/benchlib.py).
 """
 
@@ -56,7 +57,7 @@ import benchlib  # noqa: E402
 DEVICE = "cuda"
 PREFILL_TOKENS = 16384
 PREFILL_SEQLENS = [512, 2048, 8192, 16384]
-PREFILL_HEAD_DIMS = [64, 128, 256, 192]  # 192 last: the issue's grid first
+PREFILL_HEAD_DIMS = [64, 128, 256, 192, 96]  # 192 and 96 last: the issue's grid first
 # Head dims between the instances (each runs the next instantiated one), causal prefill only.
 BETWEEN_HEAD_DIMS = [80, 160, 40, 224]
 BETWEEN_SEQLENS = [2048, 16384]
@@ -154,6 +155,12 @@ def cases(quick: bool) -> list[Case]:
         if not ((b, kv) in HEADLINE_DECODE and lay in HEADLINE_LAYOUTS)
     ]
     return ordered
+
+
+def selected(todo: list[Case], match: list[str]) -> list[Case]:
+    """The cases whose label (with a trailing space, so ' D96 ' also matches a non-causal label)
+    contains any of `match`; all of them when `match` is empty."""
+    return [c for c in todo if not match or any(m in c.label + " " for m in match)]
 
 
 def flops(case: Case) -> int:
@@ -402,6 +409,13 @@ def parse_args(argv=None):
     parser = benchlib.sweep_arguments(
         __doc__.split("\n\n")[0], "prefill D128 at 2K / 16K, decode B1 / B64 at 32K", BUDGET_S
     )
+    parser.add_argument(
+        "--match",
+        action="append",
+        default=[],
+        help="run only the cases whose label contains this text (repeatable; any match), e.g. "
+        "--match ' D96 ' --match 'S512 '",
+    )
     return parser.parse_args(argv)
 
 
@@ -419,7 +433,7 @@ def main():
     copy_gbs = benchlib.copy_bandwidth_gbs()
     print(f"{env['device']}: copy ceiling {copy_gbs:.0f} GB/s", flush=True)
 
-    todo = cases(args.quick)
+    todo = selected(cases(args.quick), args.match)
     results, skipped, spent = [], [], {}
     gc.collect()
     gc.freeze()

@@ -5,8 +5,9 @@
 // windows, softcap, ALiBi, lse, and split-KV (flash-decoding) with its merge (a combine kernel,
 // or inside a thread-block cluster on sm_90+). Two paths behind it: stage 1, the mma.sync kernels
 // of every capability, and on capability 9.0 the Hopper kernel (wgmma, TMA) for the params its
-// rule admits (attention_sm90.h: fixed-length fp16 / bf16 prefill at head dim 64 or 128, causal
-// or not, without softcap, ALiBi, windows or splits), unless params.allow_hopper is false.
+// rule admits (attention_sm90.h: fixed-length fp16 / bf16 prefill at head dim 64, 96, 128, 192
+// or 256, causal or not, without softcap, ALiBi, windows or splits), unless params.allow_hopper
+// is false.
 // Preconditions, checked by the caller (torch-ext/): pointers on the current device, the shape and
 // stride rules of attention_params.h, q/k/v/out fp16 or bf16 of one dtype, head_dim a multiple of 8
 // up to 256 (the caller pads other head dims), the int32 index arrays in range (the kernels trust

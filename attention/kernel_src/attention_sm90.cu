@@ -78,8 +78,14 @@ cudaError_t run_head_dim(const KernelArgs& a, int64_t head_dim, int sm_count, cu
   switch (head_dim) {
     case 64:
       return attention::sm90::run_fwd_instance<Element, 64>(a, sm_count, stream);
+    case 96:
+      return attention::sm90::run_fwd_instance<Element, 96>(a, sm_count, stream);
     case 128:
       return attention::sm90::run_fwd_instance<Element, 128>(a, sm_count, stream);
+    case 192:
+      return attention::sm90::run_fwd_instance<Element, 192>(a, sm_count, stream);
+    case 256:
+      return attention::sm90::run_fwd_instance<Element, 256>(a, sm_count, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -89,7 +95,16 @@ cudaError_t run_head_dim(const KernelArgs& a, int64_t head_dim, int sm_count, cu
 
 bool supports(const AttnFwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  switch (p.head_dim) {
+    case 64:
+    case 96:
+    case 128:
+    case 192:
+    case 256:
+      break;
+    default:
+      return false;
+  }
   if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr ||
       p.kv_batch_idx != nullptr || p.leftpad_k != nullptr || p.block_table != nullptr) {
     return false;

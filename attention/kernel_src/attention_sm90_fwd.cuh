@@ -3,9 +3,9 @@
 //     its next one from a global counter (or round robin without one); a CTA owns kBlockM query
 //     rows of a tile: one producer warpgroup and kBlockM / 64 consumer warpgroups, 64 rows each
 //     (the M of one wgmma);
-//   - the producer's first thread loads Q (double-buffered across tiles) and K / V tiles of
-//     kBlockN keys through a kStages-deep TMA pipeline (cutlass::PipelineTmaAsync: full / empty
-//     barriers per stage), running ahead into the next tile;
+//   - the producer's first thread loads Q (double-buffered across tiles up to head dim 128) and
+//     K / V tiles of kBlockN keys through a kStages-deep TMA pipeline (cutlass::PipelineTmaAsync:
+//     full / empty barriers per stage), running ahead into the next tile;
 //   - consumers: S = Q K^T by wgmma from shared memory, online softmax in registers (each thread
 //     holds two rows, reduced across the four threads of a quad), P converted to the input type
 //     in registers and O += P V by wgmma with P from registers and V from shared memory read
@@ -13,8 +13,8 @@
 //   - registers move from the producer warpgroup to the consumers (setmaxnreg);
 //   - the epilogue divides by the row sums, stages O in the tile's Q buffer and writes it in
 //     16-byte chunks; the log-sum-exp from registers.
-// Covered: fp16 / bf16, head_dim 64 / 128, fixed-length batches with any strides (16-byte
-// aligned), MQA / GQA, non-causal and causal (bottom-right), any seqlen_q / seqlen_k.
+// Covered: fp16 / bf16, head_dim 64 / 96 / 128 / 192 / 256, fixed-length batches with any strides
+// (16-byte aligned), MQA / GQA, non-causal and causal (bottom-right), any seqlen_q / seqlen_k.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,15 +78,30 @@ struct TileOrder {
 // each overlaps its softmax with its own next GEMMs: S(n+1) = Q K(n+1)^T and O += P(n) V(n) are
 // issued together, the exponentials of S(n+1) computed while O += P(n) V(n) runs. Otherwise one
 // block at a time: S, wait, softmax, O += P V, wait.
+// kQBuffers: Q tiles in shared memory, 2 to load the next tile's Q during this one, 1 where the
+// larger head dims leave no room for a second.
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_,
-          bool kPingpong_ = false>
+          bool kPingpong_ = false, int kQBuffers_ = 2>
 struct FwdKernel {
   using Element = Element_;
   static constexpr bool kPingpong = kPingpong_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;
+  static constexpr int kStages = kStages_, kQBuffers = kQBuffers_;
+  static_assert(kQBuffers == 1 || kQBuffers == 2);
+  static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3);
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  // setmaxnreg moves registers from the producer to the consumers, within what the launch gave
+  // the block (65536 / kThreads a thread, rounded down to 8): asking for more waits forever.
+  // Two consumers: 24 + 2 x 240 = 3 x 168. Three: 32 + 3 x 160 = 4 x 128 (with 24 ptxas spilled
+  // the producer's tile hand-out, 60 bytes at head dim 128; at two consumers that spill stays).
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters <=
+                    (1 + kConsumerWarpgroups) * kLaunchRegisters,
+                "setmaxnreg would wait for registers the block was not given");
 
   // One consumer warpgroup's GEMMs: S (64 x kBlockN) = Q (64 x d) K^T, O (64 x d) += P V.
   using AtomQK = decltype(GMMA::ss_op_selector<Element, Element, float,
@@ -97,11 +112,15 @@ struct FwdKernel {
   using MmaQK = decltype(make_tiled_mma(AtomQK{}));
   using MmaPV = decltype(make_tiled_mma(AtomPV{}));
 
-  // Q: two buffers (the next tile's Q loads while this one runs).
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // Rows of head_dim elements in 128-byte swizzle atoms where the head dim is a multiple of 64,
+  // else (96) in 64-byte ones. Read as (head_dim, keys), the K-major atom is the MN-major one of
+  // the same swizzle, which V's GEMM needs.
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                      GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQBuffers>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = SmemLayoutK;
   // V seen as the B operand of O += P V: (head_dim, keys, stage), head_dim contiguous (MN-major).
   using SmemLayoutVt = decltype(composition(
@@ -117,9 +136,9 @@ struct FwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
-    alignas(8) uint64_t q_full[2];
-    uint64_t q_empty[2];
-    int tile[2];  // the tile of each Q buffer (-1: no tile left), written before q_full
+    alignas(8) uint64_t q_full[kQBuffers];
+    uint64_t q_empty[kQBuffers];
+    int tile[kQBuffers];  // the tile of each Q buffer (-1: no tile left), written before q_full
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
@@ -232,7 +251,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Kernel::SmemLayoutVt{});
 
   // K / V pipelines: the producer's one thread arrives with the transaction bytes; every consumer
-  // thread releases. Q is double-buffered across tiles: q_full[b] (the load, or the producer's
+  // thread releases. Q has kQBuffers buffers across tiles: q_full[b] (the load, or the producer's
   // plain arrival for a tile without keys), q_empty[b] (every consumer thread, once its output
   // has left the buffer: the epilogue stages O in the Q slice it no longer reads).
   typename Pipeline::Params pipe_params;
@@ -244,7 +263,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < Kernel::kQBuffers; ++b) {
       TxBarrier::init(&shared.q_full[b], 1);
       Barrier::init(&shared.q_empty[b], kConsumerThreads);
     }
@@ -253,7 +272,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {  // producer
-    cutlass::arch::warpgroup_reg_dealloc<24>();
+    cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     Tensor mQ =
         params.tma_q.get_tma_tensor(make_shape(a.seqlen_q, Int<kHeadDim>{}, a.heads_q, a.batch));
@@ -264,8 +283,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     auto state = cutlass::make_producer_start_state<Pipeline>();
     int t = blockIdx.x;
     for (int q_iter = 0;; ++q_iter) {
-      const int buf = q_iter & 1;
-      if (q_iter >= 2) Barrier::wait(&shared.q_empty[buf], ((q_iter >> 1) - 1) & 1);
+      const int buf = q_iter % Kernel::kQBuffers, use = q_iter / Kernel::kQBuffers;
+      if (use > 0) Barrier::wait(&shared.q_empty[buf], (use - 1) & 1);
       if (t >= order.tiles) {  // tell the consumers: no tile left
         shared.tile[buf] = -1;
         Barrier::arrive(&shared.q_full[buf]);
@@ -313,7 +332,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   }
 
   // consumers
-  cutlass::arch::warpgroup_reg_alloc<240>();
+  cutlass::arch::warpgroup_reg_alloc<Kernel::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int tid = threadIdx.x % 128;
   typename Kernel::MmaQK mma_qk;
@@ -351,20 +370,21 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   cute::array<float, kRows> correction;
   typename Kernel::PipelineState state;
 
-  // Pingpong turns on the tensor cores: warpgroup c issues after the other has arrived on
-  // barrier c; consumer 0 goes first, and every issue section ends by handing the turn over.
-  // Both warpgroups of a tile issue the same number of sections, so the turns stay in step
-  // across tiles.
+  // Pingpong turns on the tensor cores, in a ring: warpgroup c issues after warpgroup c - 1 has
+  // arrived on barrier c (256 threads: the one arriving, the one waiting); consumer 0 goes
+  // first, and every issue section ends by handing the turn to the next. All warpgroups of a
+  // tile issue the same number of sections, so the turns stay in step across tiles.
   using cutlass::arch::NamedBarrier;
-  const auto my_turn = [&] { NamedBarrier::sync(kConsumerThreads, consumer); };
-  const auto their_turn = [&] { NamedBarrier::arrive(kConsumerThreads, 1 - consumer); };
+  constexpr int kWarpgroups = Kernel::kConsumerWarpgroups;
+  const auto my_turn = [&] { NamedBarrier::sync(256, consumer); };
+  const auto their_turn = [&] { NamedBarrier::arrive(256, (consumer + 1) % kWarpgroups); };
   if constexpr (Kernel::kPingpong) {
-    if (consumer == 1) NamedBarrier::arrive(kConsumerThreads, 0);
+    if (consumer == kWarpgroups - 1) NamedBarrier::arrive(256, 0);
   }
 
   for (int q_iter = 0;; ++q_iter) {
-    const int buf = q_iter & 1;
-    Barrier::wait(&shared.q_full[buf], (q_iter >> 1) & 1);
+    const int buf = q_iter % Kernel::kQBuffers;
+    Barrier::wait(&shared.q_full[buf], (q_iter / Kernel::kQBuffers) & 1);
     const int t = shared.tile[buf];
     if (t < 0) break;
     const TileCoord c = order.at(t);
@@ -530,8 +550,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         a.lse[lse_base + row] = sum == 0.0f ? INFINITY : row_max[i] * a.softmax_scale + logf(sum);
       }
     }
-    NamedBarrier::sync(128, 2 + consumer);  // this warpgroup's slice is written
-    constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+    NamedBarrier::sync(128, kWarpgroups + consumer);  // this warpgroup's slice is written
+    constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
     Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head;
     for (int idx = tid; idx < 64 * kChunks; idx += 128) {
       const int r = idx / kChunks, chunk = idx % kChunks;
@@ -547,8 +567,19 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 }
 
 // The configuration each (element type, head dim) runs; the instance units name only this.
+// Head dim 64 runs 192-row tiles: three consumer warpgroups hide its softmax, long next to
+// GEMMs of 64-wide K and V, behind the other two's tensor-core turns. Key blocks and Q buffers
+// fit shared memory (227 KB): 192 and 256 take one Q buffer and shorter key blocks (Q 48 / 64
+// KB, K and V 2 x 42 / 2 x 40 KB each).
+template <int kHeadDim>
+struct FwdTile {
+  static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 112 : 80;
+  static constexpr int kQBuffers = kHeadDim <= 128 ? 2 : 1;
+};
 template <class Element, int kHeadDim>
-using FwdKernelFor = FwdKernel<Element, kHeadDim, 128, 128, 2, true>;
+using FwdKernelFor = FwdKernel<Element, kHeadDim, FwdTile<kHeadDim>::kBlockM,
+                               FwdTile<kHeadDim>::kBlockN, 2, true, FwdTile<kHeadDim>::kQBuffers>;
 
 // Launches the kernel for `args` on `stream` (sm_count: the device's SMs, for the persistent
 // grid).

@@ -22,6 +22,14 @@ cudaError_t run_fwd_instance<cutlass::half_t, 64>(const FwdArgs& args, int sm_co
 template <>
 cudaError_t run_fwd_instance<cutlass::bfloat16_t, 64>(const FwdArgs& args, int sm_count,
                                                       cudaStream_t stream);
+// attention_sm90_hdim96_fp16.cu
+template <>
+cudaError_t run_fwd_instance<cutlass::half_t, 96>(const FwdArgs& args, int sm_count,
+                                                  cudaStream_t stream);
+// attention_sm90_hdim96_bf16.cu
+template <>
+cudaError_t run_fwd_instance<cutlass::bfloat16_t, 96>(const FwdArgs& args, int sm_count,
+                                                      cudaStream_t stream);
 // attention_sm90_hdim128_fp16.cu
 template <>
 cudaError_t run_fwd_instance<cutlass::half_t, 128>(const FwdArgs& args, int sm_count,
@@ -29,6 +37,22 @@ cudaError_t run_fwd_instance<cutlass::half_t, 128>(const FwdArgs& args, int sm_c
 // attention_sm90_hdim128_bf16.cu
 template <>
 cudaError_t run_fwd_instance<cutlass::bfloat16_t, 128>(const FwdArgs& args, int sm_count,
+                                                       cudaStream_t stream);
+// attention_sm90_hdim192_fp16.cu
+template <>
+cudaError_t run_fwd_instance<cutlass::half_t, 192>(const FwdArgs& args, int sm_count,
+                                                   cudaStream_t stream);
+// attention_sm90_hdim192_bf16.cu
+template <>
+cudaError_t run_fwd_instance<cutlass::bfloat16_t, 192>(const FwdArgs& args, int sm_count,
+                                                       cudaStream_t stream);
+// attention_sm90_hdim256_fp16.cu
+template <>
+cudaError_t run_fwd_instance<cutlass::half_t, 256>(const FwdArgs& args, int sm_count,
+                                                   cudaStream_t stream);
+// attention_sm90_hdim256_bf16.cu
+template <>
+cudaError_t run_fwd_instance<cutlass::bfloat16_t, 256>(const FwdArgs& args, int sm_count,
                                                        cudaStream_t stream);
 
 }  // namespace sm90

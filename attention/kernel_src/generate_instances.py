@@ -40,7 +40,7 @@ CONFIGS = {
 }
 SCORE_MODS = ("false", "true")
 # The Hopper forward: head dims with a kernel (attention_sm90.h's rule), and its element types.
-SM90_HEAD_DIMS = (64, 128)
+SM90_HEAD_DIMS = (64, 96, 128, 192, 256)
 SM90_DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 # The units CI compiles (scripts/compile_check.py --sample-instances): the others instantiate the
 # same kernel template with other tile constants; the device builds compile every unit.

@@ -78,7 +78,7 @@ def qkv(b, sq, sk, h, hk, d, dtype, seed=0):
 
 # ---- (a) which calls take the Hopper path ----
 
-# name -> (call on a kernel, expected path). Eligible: fp16 / bf16, head dim 64 / 128, fixed
+# name -> (call on a kernel, expected path). Eligible: fp16 / bf16, head dim 64 / 96 / 128 / 192 / 256, fixed
 # length, no softcap / ALiBi / window, num_splits 0 or 1, seqlen_q >= 64.
 B, S, H, HK = 2, 256, 8, 2
 
@@ -130,7 +130,8 @@ PATH_CASES = {
     "window": (_func(window_size=(32, 0)), "stage1"),
     "causal_window": (_func(causal=True, window_size=(32, -1)), "stage1"),
     "alibi": (_func(causal=True, alibi=True), "stage1"),
-    "head_dim_96": (_func(causal=True, d=96), "stage1"),
+    "head_dim_96": (_func(causal=True, d=96), "hopper"),
+    "head_dim_256": (_func(causal=True, d=256), "hopper"),
     "head_dim_80": (_func(causal=True, d=80), "stage1"),
     "seqlen_q_1": (_func(sq=1), "stage1"),
     "seqlen_q_63": (_func(causal=True, sq=63), "stage1"),
@@ -156,8 +157,12 @@ CASES = [
     (2, 1300, 77, 4, 4, 128),  # more queries than keys: causal rows 0..1222 see no key
     (1, 1000, 1000, 6, 3, 64),
     (3, 64, 1300, 2, 1, 128),  # the shortest query length the rule admits
-    (2, 129, 200, 2, 2, 64),  # one row past a 128-row query tile
+    (2, 129, 200, 2, 2, 64),  # one row past a 128-row tile, inside a 192-row one
+    (1, 577, 600, 4, 2, 64),  # one row past three 192-row query tiles (head dim 64's tile)
     (2, 200, 1, 4, 2, 128),  # a single key
+    (2, 300, 333, 4, 2, 96),  # 64-byte swizzle atoms
+    (1, 200, 333, 4, 1, 192),  # one Q buffer, 112-key blocks
+    (2, 300, 250, 2, 2, 256),  # one Q buffer, 80-key blocks
 ]
 
 
@@ -187,7 +192,7 @@ def test_hopper_against_reference(kernel, case, causal):
         batch_check(out, q, k, v, lse, f"{dtype_id(dtype)} causal={causal}", causal=causal)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 def test_hopper_strided_views(kernel, d):
     """q, k, v unbound from packed tensors (qkv [B, S, 3, H, D], and kv [B, S, 2, H_kv, D] with q
     sliced out of a wider buffer), k / v as transposes of [B, H_kv, S, D] (transformers' layout)."""
