@@ -24,5 +24,10 @@ int64_t attn_fwd_num_splits(const AttnFwdParams& params);
 // pool (at::parallel_for; torch.set_num_threads applies).
 void attn_fwd(const AttnFwdParams& params);
 
+// Computes params.dq, dk and dv (attention_params.h, AttnBwdParams), one task per (sequence, kv
+// head) on ATen's thread pool; each task writes only its own rows, so the result does not depend
+// on the thread count.
+void attn_bwd(const AttnBwdParams& params);
+
 }  // namespace cpu
 }  // namespace attention

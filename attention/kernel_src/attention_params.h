@@ -2,8 +2,8 @@
 // CPU and CUDA implementations of the attention forward (kernel_src/). One parameter struct and
 // one entry point per backend; the CUDA side dispatches to kernels per architecture behind it
 // (stage 1: an sm_80+ mma.sync kernel for every capability 8.0 .. 12.0; on capability 9.0 a
-// Hopper wgmma/TMA kernel for the params attention_sm90.h's rule admits; the backward will come
-// behind the same struct).
+// Hopper wgmma/TMA kernel for the params attention_sm90.h's rule admits). The backward
+// (AttnBwdParams, below) is on the CPU so far.
 //
 // Semantics (flash-attn 2 forward), per batch b, query head h, query row i:
 //   hk = h / (heads_q / heads_kv)                                       (MQA / GQA)
@@ -121,6 +121,25 @@ struct AttnFwdParams {
 
   DeviceErrorRecord* errors = nullptr;  // CUDA: where a bad key length is reported (null: nowhere)
   DeviceErrorOp error_op = DeviceErrorOp::kNone;
+};
+
+// The backward of the forward above: the gradients dq, dk, dv of a loss whose gradient with
+// respect to out is dout, given the forward's out and lse (fwd.lse must be set). fwd carries the
+// forward's tensors and options; the backward takes dense and varlen batches (cu_seqlens_q / _k)
+// without paging, seqused_k, kv_batch_idx, leftpad_k or splits. dout has out's layout, dq q's,
+// dk and dv those of k and v (for GQA / MQA, dk and dv sum over the query heads of each kv head).
+// Written in full (rows no query sees get zeros); accumulation in fp32, each gradient rounded
+// once.
+struct AttnBwdParams {
+  AttnFwdParams fwd;
+  const void* dout = nullptr;
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  void* dq = nullptr;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  void* dk = nullptr;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  void* dv = nullptr;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 };
 
 }  // namespace attention

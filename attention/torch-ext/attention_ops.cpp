@@ -1058,6 +1058,83 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
   run_attention(c);
 }
 
+void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
+              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+              const at::Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+              const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
+              double softmax_scale, double softcap, bool causal, int64_t window_left,
+              int64_t window_right) {
+  // The forward's call, checked as attn_fwd checks it (lse required here), then each gradient
+  // against the tensor it is the gradient of.
+  AttentionCall c;
+  c.op = "attn_bwd";
+  c.out = out;
+  c.q = q;
+  c.k = k;
+  c.v = v;
+  c.lse = lse;
+  c.cu_seqlens_q = cu_seqlens_q;
+  c.cu_seqlens_k = cu_seqlens_k;
+  c.alibi_slopes = alibi_slopes;
+  c.max_seqlen_q = max_seqlen_q;
+  c.max_seqlen_k = max_seqlen_k;
+  c.softmax_scale = softmax_scale;
+  c.softcap = softcap;
+  c.causal = causal;
+  c.window_left = window_left;
+  c.window_right = window_right;
+  const Geometry g = check(c);
+  for (const auto& [name, grad, of, of_name] :
+       {std::tuple<const char*, const at::Tensor*, const at::Tensor*, const char*>{"dout", &dout,
+                                                                                   &out, "out"},
+        {"dq", &dq, &q, "q"},
+        {"dk", &dk, &k, "k"},
+        {"dv", &dv, &v, "v"}}) {
+    check_device(c, name, *grad);
+    check_dtype_of(c.op, name, *grad, of_name, *of);
+    TORCH_CHECK(grad->sizes() == of->sizes(), c.op, ": ", name, " must have the shape of ", of_name,
+                " ", of->sizes(), ", got ", grad->sizes());
+    TORCH_CHECK(grad->size(-1) <= 1 || grad->stride(-1) == 1, c.op, ": ", name,
+                " must have unit stride along the head dim, got strides ", grad->strides());
+  }
+  check_no_overlap(
+      c.op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
+      {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  if (dk.numel() > 0) dk.zero_();  // rows of keys no sequence covers keep zero gradients
+  if (dv.numel() > 0) dv.zero_();
+  if (dq.numel() > 0) dq.zero_();
+  if (g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || c.k.numel() == 0) return;
+  attention::AttnBwdParams p;
+  p.fwd = make_params(c, g);
+  const auto strides = [&](const at::Tensor& t, bool varlen, int64_t& batch, int64_t& row,
+                           int64_t& head) {
+    if (varlen) {
+      row = stride(t, 0);
+      head = stride(t, 1);
+    } else {
+      batch = stride(t, 0);
+      row = stride(t, 1);
+      head = stride(t, 2);
+    }
+  };
+  p.dout = dout.const_data_ptr();
+  strides(dout, g.varlen_q, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
+  p.dq = dq.mutable_data_ptr();
+  strides(dq, g.varlen_q, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  p.dk = dk.mutable_data_ptr();
+  strides(dk, g.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  p.dv = dv.mutable_data_ptr();
+  strides(dv, g.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+#if defined(CPU_KERNEL)
+  if (q.device().is_cpu()) {
+    on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
+    return;
+  }
+#endif
+  TORCH_CHECK(false, c.op, ": the backward runs on the CPU only so far; no kernel for device ",
+              q.device());
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& out,
     const OptTensor& alibi_slopes, double p_dropout, double softmax_scale, bool is_causal,

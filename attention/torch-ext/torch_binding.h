@@ -38,6 +38,18 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
               bool causal, int64_t window_left, int64_t window_right, int64_t num_splits,
               std::optional<bool> enable_pdl);
 
+// The backward of attn_fwd (kernel_src/attention_params.h, AttnBwdParams): dq, dk, dv (shapes of
+// q, k, v, written in full) from dout (out's shape), the forward's out and lse, and the forward's
+// options; dense or varlen (cu_seqlens_q / _k), no paged cache. CPU only so far: on CUDA it raises.
+void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
+              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+              const at::Tensor& lse,
+              const std::optional<at::Tensor>& cu_seqlens_q,  // [B + 1] int32
+              const std::optional<at::Tensor>& cu_seqlens_k,  // [B + 1] int32
+              const std::optional<at::Tensor>& alibi_slopes,  // [Hq] or [B, Hq] float32
+              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, double softcap,
+              bool causal, int64_t window_left, int64_t window_right);
+
 // flash-attn's mha_fwd: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]. Returns (out, softmax_lse
 // [B, Hq, Sq]) (out is `out` when given). p_dropout > 0 and return_softmax raise
 // NotImplementedError (forward without dropout only).

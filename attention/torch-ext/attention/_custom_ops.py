@@ -336,6 +336,44 @@ def _attn_fwd_fake(
     )
 
 
+@torch.library.register_fake(add_op_namespace_prefix("attn_bwd"))
+def _attn_bwd_fake(
+    dq,
+    dk,
+    dv,
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    alibi_slopes,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    softcap,
+    causal,
+    window_left,
+    window_right,
+):
+    op = "attn_bwd"
+    check_attention(
+        op, q, k, v, out, cu_seqlens_q, cu_seqlens_k, None, None, None, None, alibi_slopes
+    )
+    for name, grad, of_name, of in (
+        ("dout", dout, "out", out),
+        ("dq", dq, "q", q),
+        ("dk", dk, "k", k),
+        ("dv", dv, "v", v),
+    ):
+        torch._check(
+            grad.shape == of.shape and grad.dtype == of.dtype,
+            lambda: f"{op}: {name} must have the shape and dtype of {of_name}",
+        )
+
+
 @torch.library.register_fake(add_op_namespace_prefix("fwd"))
 def _fwd_fake(
     q,

@@ -1,0 +1,268 @@
+"""The attention backward (attn_bwd, CPU): dq, dk, dv against float64 autograd of the reference
+formula, for every mode the forward has (causal, sliding window, softcap, ALiBi, MQA / GQA,
+S_q != S_k, rows that see no key, varlen). The error bound is twice that of PyTorch's own
+autograd of the same formula in the input dtype against float64 (the issue's "2x SDPA's own
+gradient error"), plus a floor of 8 units of roundoff of the largest gradient."""
+
+import pytest
+import torch
+from attention_cases import alibi_slopes, bias, cu_seqlens, dtype_id, randn, visible
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def formula(q, k, v, scale, causal, window, softcap, slopes):
+    """Differentiable attention of one sequence in q's dtype: q [S_q, H, D], k / v [S_k, H_kv, D]
+    -> out [S_q, H, D]; rows with no visible key give 0."""
+    sq, h, _ = q.shape
+    sk, hk, _ = k.shape
+    qt = q.transpose(0, 1)
+    kt = k.repeat_interleave(h // hk, dim=1).transpose(0, 1)
+    vt = v.repeat_interleave(h // hk, dim=1).transpose(0, 1)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    b = bias(sq, sk, slopes)
+    if b is not None:
+        s = s + b.to(s.dtype)
+    mask = visible(sq, sk, causal, window)
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p @ vt).transpose(0, 1)
+
+
+def grads(q, k, v, dout, dtype, **opts):
+    """(dq, dk, dv) of sum(out * dout) by autograd of `formula` in `dtype`, as float64."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out = formula(*leaves, **opts)
+    out.backward(dout.to(dtype))
+    return [t.grad.double() for t in leaves]
+
+
+def scalars(opts) -> tuple:
+    """softmax_scale, softcap, causal, window_left, window_right: both ops' trailing options."""
+    return opts["scale"], opts["softcap"], opts["causal"], opts["window"][0], opts["window"][1]
+
+
+def forward(kernel, q, k, v, opts, cu_q=None, cu_k=None, max_q=0, max_k=0):
+    """(out, lse) of attn_fwd for the batch (dense [B, S, H, D], or varlen packed rows)."""
+    varlen = cu_q is not None
+    out = torch.empty_like(q)
+    heads = q.shape[-2]
+    lse_shape = (heads, q.shape[0]) if varlen else (q.shape[0], heads, q.shape[1])
+    lse = torch.empty(lse_shape, dtype=torch.float32)
+    kernel.ops.attn_fwd(
+        out,
+        q,
+        k,
+        v,
+        lse,
+        cu_q,
+        cu_k,
+        None,
+        None,
+        None,
+        None,
+        opts["slopes"],
+        max_q,
+        max_k,
+        *scalars(opts),
+        0,
+        None,
+    )
+    return out, lse
+
+
+def backward(kernel, dout, q, k, v, out, lse, opts, cu_q=None, cu_k=None, max_q=0, max_k=0):
+    """(dq, dk, dv) of attn_bwd, each written into a NaN-filled tensor (an element it leaves
+    unwritten fails the comparison)."""
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    kernel.ops.attn_bwd(
+        dq,
+        dk,
+        dv,
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_q,
+        cu_k,
+        opts["slopes"],
+        max_q,
+        max_k,
+        *scalars(opts),
+    )
+    return dq, dk, dv
+
+
+def assert_grads(got, q, k, v, dout, dtype, what, **opts):
+    """got (dq, dk, dv) of one sequence against float64 autograd, within twice the error of
+    PyTorch's autograd in `dtype` plus a floor."""
+    exact = grads(q, k, v, dout, torch.float64, **opts)
+    torch_grads = grads(q, k, v, dout, dtype, **opts)
+    for name, g, want, theirs in zip(("dq", "dk", "dv"), got, exact, torch_grads):
+        floor = 8 * UNIT[dtype] * float(want.abs().max())
+        err = float((g.double() - want).abs().max())
+        torch_err = float((theirs - want).abs().max())
+        assert err <= 2 * torch_err + floor, (
+            f"{what} {name}: error {err:.3g}, PyTorch's {torch_err:.3g} (floor {floor:.3g})"
+        )
+
+
+# (S_q, S_k, H, H_kv, D, causal, window, softcap, alibi)
+CASES = [
+    (37, 37, 4, 4, 32, False, (-1, -1), 0.0, False),
+    (37, 37, 4, 2, 32, True, (-1, -1), 0.0, False),  # GQA, causal
+    (20, 45, 6, 1, 16, True, (-1, -1), 0.0, False),  # MQA, fewer queries than keys
+    (45, 20, 2, 2, 24, True, (-1, -1), 0.0, False),  # more queries: rows that see no key
+    (40, 40, 4, 2, 32, False, (8, 3), 0.0, False),  # sliding window
+    (33, 33, 2, 2, 40, True, (-1, -1), 5.0, False),  # softcap
+    (33, 50, 4, 2, 32, True, (-1, -1), 0.0, True),  # ALiBi
+    (30, 30, 4, 4, 8, False, (5, -1), 3.0, True),  # everything at once
+]
+
+
+def _id(c):
+    sq, sk, h, hk, d, causal, window, cap, alibi = c
+    return (
+        f"q{sq}_k{sk}_h{h}x{hk}_d{d}"
+        + "_causal" * causal
+        + (f"_w{window[0]}x{window[1]}" if window != (-1, -1) else "")
+        + (f"_cap{cap:g}" if cap else "")
+        + "_alibi" * alibi
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_bwd_against_float64_autograd(kernel, dtype, case):
+    sq, sk, h, hk, d, causal, window, cap, alibi = case
+    batch = 2
+    q = randn((batch, sq, h, d), dtype, "cpu", seed=sq + h)
+    k = randn((batch, sk, hk, d), dtype, "cpu", seed=sk + hk + 1)
+    v = randn((batch, sk, hk, d), dtype, "cpu", seed=sk + d + 2)
+    dout = randn((batch, sq, h, d), dtype, "cpu", seed=3)
+    slopes = alibi_slopes(h, "cpu") if alibi else None
+    opts = dict(scale=d**-0.5, causal=causal, window=window, softcap=cap, slopes=slopes)
+    out, lse = forward(kernel, q, k, v, opts)
+    dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts)
+    for b in range(batch):
+        assert_grads((dq[b], dk[b], dv[b]), q[b], k[b], v[b], dout[b], dtype, f"batch {b}", **opts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_bwd_varlen(kernel, dtype):
+    """Packed sequences of different lengths (one with no key rows visible to its first queries),
+    GQA, causal: each sequence's gradients as if computed alone."""
+    lens_q, lens_k = [5, 33, 17], [9, 33, 40]
+    h, hk, d = 4, 2, 16
+    cu_q, cu_k = cu_seqlens(lens_q, "cpu"), cu_seqlens(lens_k, "cpu")
+    q = randn((sum(lens_q), h, d), dtype, "cpu", seed=4)
+    k = randn((sum(lens_k), hk, d), dtype, "cpu", seed=5)
+    v = randn((sum(lens_k), hk, d), dtype, "cpu", seed=6)
+    dout = randn((sum(lens_q), h, d), dtype, "cpu", seed=7)
+    opts = dict(scale=d**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
+    sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
+    out, lse = forward(kernel, q, k, v, opts, *sizes)
+    dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts, *sizes)
+    for i in range(len(lens_q)):
+        rq = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        rk = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        assert_grads(
+            (dq[rq], dk[rk], dv[rk]), q[rq], k[rk], v[rk], dout[rq], dtype, f"seq {i}", **opts
+        )
+
+
+def test_bwd_is_deterministic(kernel):
+    """Tasks own disjoint rows: the same bits whatever the thread count."""
+    q = randn((2, 64, 4, 32), torch.bfloat16, "cpu", seed=8)
+    k = randn((2, 64, 2, 32), torch.bfloat16, "cpu", seed=9)
+    dout = randn((2, 64, 4, 32), torch.bfloat16, "cpu", seed=10)
+    opts = dict(scale=32**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
+    out, lse = forward(kernel, q, k, k, opts)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = backward(kernel, dout, q, k, k, out, lse, opts)
+        torch.set_num_threads(max(2, threads))
+        many = backward(kernel, dout, q, k, k, out, lse, opts)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, many))
+
+
+def test_bwd_errors_name_the_argument(kernel):
+    q = randn((1, 8, 2, 16), torch.float32, "cpu")
+    opts = dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None)
+    out, lse = forward(kernel, q, q, q, opts)
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    args = lambda **kw: dict(  # noqa: E731
+        dict(dq=dq, dk=dk, dv=dv, dout=torch.randn_like(q), q=q, k=q, v=q, out=out, lse=lse), **kw
+    )
+
+    def call(a):
+        kernel.ops.attn_bwd(
+            a["dq"],
+            a["dk"],
+            a["dv"],
+            a["dout"],
+            a["q"],
+            a["k"],
+            a["v"],
+            a["out"],
+            a["lse"],
+            None,
+            None,
+            None,
+            0,
+            0,
+            0.25,
+            0.0,
+            False,
+            -1,
+            -1,
+        )
+
+    with pytest.raises(RuntimeError, match=r"attn_bwd: dq must have the shape of q"):
+        call(args(dq=torch.empty((1, 8, 2, 8))))
+    with pytest.raises(RuntimeError, match=r"attn_bwd: dout must have the dtype of out"):
+        call(args(dout=q.double()))
+    with pytest.raises(RuntimeError, match=r"attn_bwd: dk must not share memory with q"):
+        call(args(dk=q))
+    with pytest.raises(RuntimeError, match=r"attn_bwd: lse must have shape"):
+        call(args(lse=lse[:, :1]))
+
+
+def test_opcheck_attn_bwd(kernel):
+    """Schema (dq, dk, dv the only tensors written), fake kernel and AOT dispatch: dense with
+    softcap and ALiBi, and varlen without."""
+    slopes = alibi_slopes(4, "cpu")
+    cu = cu_seqlens([4, 9], "cpu")
+    cases = [  # (q, k, options, (cu_q, cu_k, max_q, max_k))
+        (
+            randn((2, 9, 4, 16), torch.float32, "cpu", seed=11),
+            randn((2, 12, 2, 16), torch.float32, "cpu", seed=12),
+            dict(scale=0.25, causal=True, window=(-1, -1), softcap=2.0, slopes=slopes),
+            (None, None, 0, 0),
+        ),
+        (
+            randn((13, 4, 16), torch.float32, "cpu", seed=13),
+            randn((13, 2, 16), torch.float32, "cpu", seed=14),
+            dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None),
+            (cu, cu, 9, 9),
+        ),
+    ]
+    for q, k, opts, sizes in cases:
+        out, lse = forward(kernel, q, k, k, opts, *sizes)
+        cu_q, cu_k, max_q, max_k = sizes
+        args = (
+            torch.empty_like(q),
+            torch.empty_like(k),
+            torch.empty_like(k),
+            torch.randn_like(out),
+        )
+        args += (q, k, k, out, lse, cu_q, cu_k, opts["slopes"], max_q, max_k, *scalars(opts))
+        torch.library.opcheck(kernel.ops.attn_bwd.default, args)
