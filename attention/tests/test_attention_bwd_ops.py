@@ -266,3 +266,52 @@ def test_opcheck_attn_bwd(kernel):
         )
         args += (q, k, k, out, lse, cu_q, cu_k, opts["slopes"], max_q, max_k, *scalars(opts))
         torch.library.opcheck(kernel.ops.attn_bwd.default, args)
+
+
+# ---- through autograd: the public functions ----
+
+
+def test_flash_attn_func_backward_is_attn_bwd(kernel):
+    """loss.backward() through flash_attn_func (softcap, window, ALiBi, GQA) gives attn_bwd's
+    gradients bit for bit, and through the qkv-packed form the sum of its three slices."""
+    dtype = torch.bfloat16
+    q = randn((2, 21, 4, 16), dtype, "cpu", seed=15).requires_grad_()
+    k = randn((2, 30, 2, 16), dtype, "cpu", seed=16).requires_grad_()
+    v = randn((2, 30, 2, 16), dtype, "cpu", seed=17).requires_grad_()
+    dout = randn((2, 21, 4, 16), dtype, "cpu", seed=18)
+    slopes = alibi_slopes(4, "cpu")
+    kw = dict(causal=True, window_size=(6, -1), softcap=4.0, alibi_slopes=slopes)
+    kernel.flash_attn_func(q, k, v, **kw).backward(dout)
+    opts = dict(scale=16**-0.5, causal=True, window=(6, -1), softcap=4.0, slopes=slopes)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = forward(kernel, qd, kd, vd, opts)
+    want = backward(kernel, dout, qd, kd, vd, out, lse, opts)
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        assert torch.equal(got, w)
+
+    qkv = randn((1, 12, 3, 2, 16), dtype, "cpu", seed=19).requires_grad_()
+    kernel.flash_attn_qkvpacked_func(qkv, causal=True).sum().backward()
+    parts = [t.detach() for t in qkv.unbind(2)]
+    plain = dict(scale=16**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
+    out, lse = forward(kernel, *parts, plain)
+    want = backward(kernel, torch.ones_like(out), *parts, out, lse, plain)
+    assert torch.equal(qkv.grad, torch.stack(want, dim=2))
+
+
+def test_varlen_backward_and_paged_raises(kernel):
+    dtype = torch.float32
+    lens = [7, 12]
+    cu = cu_seqlens(lens, "cpu")
+    q = randn((19, 2, 8), dtype, "cpu", seed=20).requires_grad_()
+    k = randn((19, 2, 8), dtype, "cpu", seed=21).requires_grad_()
+    out = kernel.flash_attn_varlen_func(q, k, k, cu, cu, 12, 12, causal=True)
+    out.sum().backward()
+    assert q.grad is not None and bool(torch.isfinite(k.grad).all())
+    # paged K/V (a block table) is inference-only
+    cache = randn((4, 16, 2, 8), dtype, "cpu", seed=22).requires_grad_()
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    out = kernel.flash_attn_varlen_func(
+        q, cache, cache, cu, cu, 12, 12, causal=True, block_table=table
+    )
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        out.sum().backward()

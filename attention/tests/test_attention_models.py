@@ -365,3 +365,37 @@ assert torch.equal(got, ours.flash_attn_func(q, k, v, causal=True))
 print("ok")
 """
     )
+
+
+def _loss_and_grads(model, ids, mask):
+    """Causal-LM loss on ids (labels = ids) and every parameter's gradient, float64 on the CPU."""
+    model.train()
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False)
+    out.loss.backward()
+    grads = {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()}
+    return out.loss.detach().double().cpu(), grads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_id)
+def test_llama_training_step(kernel, device, dtype, isolated_interfaces):
+    """One training step of the tiny Llama with our attention (the backward runs on the CPU):
+    the loss and every parameter's gradient at most twice as far from float64 SDPA as SDPA in
+    the same dtype, plus a floor of 8 roundoff units of the largest gradient of each tensor."""
+    if device == "cuda":
+        pytest.skip("the attention backward runs on the CPU only so far")
+    AttentionInterface.register(NAME, kernel.transformers_attention_forward)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    ids, _ = _inputs(device)
+    full = torch.ones_like(ids)
+    ref_loss, ref = _loss_and_grads(_model(device, "sdpa", torch.float64), ids, full)
+    pt_loss, pt = _loss_and_grads(_model(device, "sdpa", dtype), ids, full)
+    our_loss, ours = _loss_and_grads(_model(device, NAME, dtype), ids, full)
+    unit = 2.0**-24 if dtype == F32 else 2.0**-8
+    assert abs(our_loss - ref_loss) <= 2 * abs(pt_loss - ref_loss) + 8 * unit * abs(ref_loss)
+    for name, r in ref.items():
+        err = float((ours[name] - r).abs().max())
+        err_pt = float((pt[name] - r).abs().max())
+        floor = 8 * unit * float(r.abs().max())
+        assert err <= 2 * err_pt + floor, f"{name}: {err:.3g} vs SDPA {err_pt:.3g}"

@@ -631,35 +631,78 @@ def _attn_func_fake(
 
 
 BACKWARD_MESSAGE = (
-    "attention: the backward pass is not implemented in this version of the kernel (forward only); run the "
-    "forward under torch.no_grad() / torch.inference_mode(), or use another attention implementation for training"
+    "attention: the backward pass runs on the CPU only in this version of the kernel (the CUDA backward "
+    "is not written yet); on CUDA run the forward under torch.no_grad() / torch.inference_mode(), or use "
+    "another attention implementation for training"
+)
+INFERENCE_ONLY_MESSAGE = (
+    "attention: the backward pass does not cover seqused_k, block_table, kv_batch_idx or leftpad_k "
+    "(KV-cache and paged forms are inference-only); run them under torch.no_grad()"
 )
 
 
 @torch.library.custom_op(add_op_namespace_prefix("attn_backward_unsupported"), mutates_args=())
 def _attn_backward_unsupported(
-    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged: bool
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of attn_func: raises when it runs. An op rather than a bare raise, so that
-    torch.compile (whose AOT autograd traces the backward while compiling the forward) still
-    compiles a forward whose inputs require grad; the compiled backward raises when it runs. It
-    takes grad_out so that the partitioner cannot move it into the forward graph."""
-    raise NotImplementedError(BACKWARD_MESSAGE)
+    """The backward of attn_func where there is none (CUDA; the KV-cache and paged forms): raises
+    when it runs. An op rather than a bare raise, so that torch.compile (whose AOT autograd traces
+    the backward while compiling the forward) still compiles a forward whose inputs require grad;
+    the compiled backward raises when it runs. It takes grad_out so that the partitioner cannot
+    move it into the forward graph."""
+    raise NotImplementedError(INFERENCE_ONLY_MESSAGE if paged else BACKWARD_MESSAGE)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("attn_backward_unsupported"))
-def _attn_backward_unsupported_fake(grad_out, q, k, v):
+def _attn_backward_unsupported_fake(grad_out, q, k, v, paged):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+@torch.library.custom_op(
+    add_op_namespace_prefix("attn_func_backward"),
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
+    "Tensor? cu_seqlens_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+    "float softcap, bool causal, int window_left, int window_right) -> (Tensor, Tensor, Tensor)",
+)
+def _attn_func_backward(grad_out, q, k, v, out, *lse_and_options):
+    """(dq, dk, dv) of attn_func through the C++ attn_bwd, whose arguments after out are this
+    op's."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ops.attn_bwd(dq, dk, dv, grad_out.contiguous(), q, k, v, out, *lse_and_options)
+    return dq, dk, dv
+
+
+@torch.library.register_fake(add_op_namespace_prefix("attn_func_backward"))
+def _attn_func_backward_fake(grad_out, q, k, v, *rest):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# attn_func's inputs, by position (its schema above).
+_CU_Q, _CU_K, _SEQUSED, _TABLE, _KV_IDX, _LEFTPAD, _ALIBI = range(3, 10)
+_MAX_Q, _MAX_K, _SCALE, _SOFTCAP, _CAUSAL, _LEFT, _RIGHT = range(10, 17)
+
+
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v = ctx.saved_tensors
-    dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v)
+    # The gradient of lse is not propagated (flash-attn's backward ignores it too).
+    q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
+    if ctx.paged or q.device.type != "cpu":
+        dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v, ctx.paged)
+    else:
+        dq, dk, dv = _attn_func_backward(
+            grad_out, q, k, v, out, lse, *ctx.optional(cu_q, cu_k, alibi), *ctx.scalars
+        )
     return (dq, dk, dv) + (None,) * 16
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
+    present = [inputs[i] is not None for i in (_CU_Q, _CU_K, _ALIBI)]
+    placeholder = inputs[0].new_empty(0)  # save_for_backward takes tensors, not None
+    saved = [inputs[i] if inputs[i] is not None else placeholder for i in (_CU_Q, _CU_K, _ALIBI)]
+    ctx.save_for_backward(*inputs[:3], *output, *saved)
+    ctx.optional = lambda *ts: [t if p else None for t, p in zip(ts, present)]
+    ctx.paged = any(inputs[i] is not None for i in (_SEQUSED, _TABLE, _KV_IDX, _LEFTPAD))
+    ctx.scalars = [inputs[i] for i in range(_MAX_Q, _RIGHT + 1)]
 
 
 torch.library.register_autograd(

@@ -13,8 +13,10 @@ Conventions (flash-attn's):
 - ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: the log-sum-exp ``[B, H, S_q]``
   (varlen ``[H, total_q]``) in float32, as flash-attn returns it; the probabilities themselves
   (flash-attn's ``S_dmask``, which needs dropout) are not available (None).
-- ``dropout_p > 0`` raises NotImplementedError, and so does a backward through any of these
-  functions (the forward works with gradients enabled, so ``torch.no_grad`` is not required).
+- ``dropout_p > 0`` raises NotImplementedError. A backward through the dense and varlen functions
+  runs on the CPU (all of their options); on CUDA it raises NotImplementedError for now, as it
+  does for ``flash_attn_with_kvcache`` and the paged varlen form everywhere (the forward works
+  with gradients enabled, so ``torch.no_grad`` is not required for inference).
 - Beyond flash-attn: the public functions take ``enable_pdl: Optional[bool] = None``
   (programmatic dependent launch on CUDA sm_90+; None: the kernels' default, on; False: off;
   ignored on CPU).
