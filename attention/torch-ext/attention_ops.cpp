@@ -1083,7 +1083,7 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
   c.causal = causal;
   c.window_left = window_left;
   c.window_right = window_right;
-  const Geometry g = check(c);
+  [[maybe_unused]] const Geometry g = check(c);  // used by the CPU build only
   for (const auto& [name, grad, of, of_name] :
        {std::tuple<const char*, const at::Tensor*, const at::Tensor*, const char*>{"dout", &dout,
                                                                                    &out, "out"},
@@ -1100,6 +1100,9 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
   check_no_overlap(
       c.op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
       {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  TORCH_CHECK(q.device().is_cpu(), c.op,
+              ": the backward runs on the CPU only so far; no kernel for device ", q.device());
+#if defined(CPU_KERNEL)
   if (dk.numel() > 0) dk.zero_();  // rows of keys no sequence covers keep zero gradients
   if (dv.numel() > 0) dv.zero_();
   if (dq.numel() > 0) dq.zero_();
@@ -1125,14 +1128,8 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
   strides(dk, g.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
   p.dv = dv.mutable_data_ptr();
   strides(dv, g.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-#if defined(CPU_KERNEL)
-  if (q.device().is_cpu()) {
-    on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
-    return;
-  }
+  on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
 #endif
-  TORCH_CHECK(false, c.op, ": the backward runs on the CPU only so far; no kernel for device ",
-              q.device());
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd(
