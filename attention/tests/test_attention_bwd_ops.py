@@ -46,32 +46,11 @@ def scalars(opts) -> tuple:
 
 
 def forward(kernel, q, k, v, opts, cu_q=None, cu_k=None, max_q=0, max_k=0):
-    """(out, lse) of attn_fwd for the batch (dense [B, S, H, D], or varlen packed rows)."""
-    varlen = cu_q is not None
-    out = torch.empty_like(q)
-    heads = q.shape[-2]
-    lse_shape = (heads, q.shape[0]) if varlen else (q.shape[0], heads, q.shape[1])
-    lse = torch.empty(lse_shape, dtype=torch.float32)
-    kernel.ops.attn_fwd(
-        out,
-        q,
-        k,
-        v,
-        lse,
-        cu_q,
-        cu_k,
-        None,
-        None,
-        None,
-        None,
-        opts["slopes"],
-        max_q,
-        max_k,
-        *scalars(opts),
-        0,
-        None,
+    """(out, lse) of the forward op behind the Python API, for the batch (dense [B, S, H, D], or
+    varlen packed rows)."""
+    return kernel.ops.attn_func(
+        q, k, v, cu_q, cu_k, None, None, None, None, opts["slopes"], max_q, max_k, *scalars(opts), 0
     )
-    return out, lse
 
 
 def backward(kernel, dout, q, k, v, out, lse, opts, cu_q=None, cu_k=None, max_q=0, max_k=0):

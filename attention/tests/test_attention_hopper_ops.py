@@ -2,10 +2,11 @@
 capability 9.0; skipped everywhere else, the CPU included.
 
 - Which calls take it: the CUDA kernels a torch.profiler trace names (the Hopper kernel is
-  attention::sm90::attn_fwd_sm90_kernel, stage 1's attn_fwd_kernel) for calls inside and outside the rule,
-  and with ATTENTION_HOPPER=0 (read at every call).
+  attention::sm90::attn_fwd_sm90_kernel, stage 1's attn_fwd_kernel) for calls inside and
+  outside the rule, and with ATTENTION_HOPPER=0 (read at every call).
 - Its results against the float64 reference (attention_cases.py: within twice PyTorch's own error
-  in the dtype), lse included: fp16 and bf16, head dims 64 and 128, causal or not, GQA / MQA,
+  in the dtype), lse included: fp16 and bf16, head dims 64, 96, 128, 192 and 256, causal or not,
+  GQA / MQA,
   odd lengths, fewer and more queries than keys (causal rows that see no key: out 0, lse +inf),
   batches of one and of several, strided views of packed tensors; out and lse start as NaN and out
   is a view into a wider NaN buffer, so an element left unwritten, or a column written past head_dim, fails.

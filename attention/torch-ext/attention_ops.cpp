@@ -1103,10 +1103,15 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
   TORCH_CHECK(q.device().is_cpu(), c.op,
               ": the backward runs on the CPU only so far; no kernel for device ", q.device());
 #if defined(CPU_KERNEL)
-  if (dk.numel() > 0) dk.zero_();  // rows of keys no sequence covers keep zero gradients
-  if (dv.numel() > 0) dv.zero_();
-  if (dq.numel() > 0) dq.zero_();
-  if (g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || c.k.numel() == 0) return;
+  // The kernel writes every row of a dense batch. Packed (varlen) rows past the last sequence,
+  // and every row when there is nothing to compute, get zero gradients here.
+  const bool nothing = g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || c.k.numel() == 0;
+  if (nothing || g.varlen_q) dq.zero_();
+  if (nothing || g.varlen_k) {
+    dk.zero_();
+    dv.zero_();
+  }
+  if (nothing) return;
   attention::AttnBwdParams p;
   p.fwd = make_params(c, g);
   const auto strides = [&](const at::Tensor& t, bool varlen, int64_t& batch, int64_t& row,
