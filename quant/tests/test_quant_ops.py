@@ -83,6 +83,22 @@ def test_dynamic_per_tensor_fp8(kernel, fp8_device, dtype, shape):
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 4096), (16, 4096), (17, 4096), (3, 21847)], ids=str)
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_dynamic_per_tensor_fp8_small_and_large(kernel, fp8_device, dtype, shape, strided):
+    """Both sides of the CUDA kernel's one-block path for small tensors (65536 elements): the
+    same scale and bits either way, also through a view with a row stride twice its width."""
+    x = make_input(shape, dtype, fp8_device)
+    if strided:
+        x = make_input((shape[0], 2 * shape[1]), dtype, fp8_device)[:, : shape[1]]
+    q, scale = kernel.scaled_fp8_quant(x)
+    q_ref, scale_ref = ref.dynamic_fp8(x.cpu())
+    assert_bitwise(scale, scale_ref)
+    assert_bitwise(q, q_ref)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("ub", [None, 2.5], ids=["no_ub", "ub"])
 def test_dynamic_per_token_fp8(kernel, fp8_device, dtype, shape, ub):
