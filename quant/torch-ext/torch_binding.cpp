@@ -62,6 +62,16 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "scaled_mm_gated(Tensor! out, Tensor a, Tensor b, Tensor? a_scales, Tensor? b_scales, "
       "Tensor? bias, str activation) -> ()");
   QUANT_IMPL(scaled_mm_gated);
+
+  // int4 weight-only GEMM and its weight layout (w4a16_ops.cpp), ours.
+  ops.def("int4_pack(Tensor! packed, Tensor codes) -> ()");
+  QUANT_IMPL(int4_pack);
+  ops.def("int4_unpack(Tensor! codes, Tensor packed) -> ()");
+  QUANT_IMPL(int4_unpack);
+  ops.def(
+      "w4a16_gemm(Tensor! out, Tensor a, Tensor b, Tensor scales, Tensor? zeros, Tensor? perm, "
+      "Tensor? bias) -> ()");
+  QUANT_IMPL(w4a16_gemm);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -94,3 +94,23 @@ bool cutlass_scaled_mm_supports_block_fp8(int64_t cuda_device_capability);
 // Process-wide choice of CUDA GEMM family: "auto" or "sm80" (the mma.sync kernels on any GPU
 // that runs them). Accepted and ignored by the CPU build.
 void _set_scaled_mm_path(const std::string& path);
+
+// ---- int4 weight-only (w4a16_ops.cpp; layout: kernel_src/w4a16_layout.h, formula:
+// kernel_src/w4a16_params.h). CPU only for now. ----
+
+// packed = our layout of codes (uint8 [K, N], values 0..15, higher bits ignored); K a multiple
+// of 16, N of 64
+void int4_pack(at::Tensor& packed,        // int32 [K / 16, 2 N], written
+               const at::Tensor& codes);  // uint8 [K, N]
+// codes = the 4-bit codes of packed (the inverse of int4_pack)
+void int4_unpack(at::Tensor& codes,          // uint8 [K, N], written
+                 const at::Tensor& packed);  // int32 [K / 16, 2 N]
+// out = a[:, perm] @ w + bias, w[k, n] = (q[k, n] - z) * s with z, s per group of K / groups rows
+// (z = 8 without zeros)
+void w4a16_gemm(at::Tensor& out,                         // [M, N] of a's dtype
+                const at::Tensor& a,                     // [M, K] float16 / bfloat16
+                const at::Tensor& b,                     // int32 [K / 16, 2 N], packed
+                const at::Tensor& scales,                // [groups, N] of a's dtype
+                const std::optional<at::Tensor>& zeros,  // [groups, N] of a's dtype
+                const std::optional<at::Tensor>& perm,   // int32 [K]
+                const std::optional<at::Tensor>& bias);  // [N] of a's dtype

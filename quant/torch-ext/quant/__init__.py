@@ -43,8 +43,18 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import _custom_ops, _reference, quantized_linear
+from . import _custom_ops, _reference, int4, quantized_linear
 from ._ops import add_op_namespace_prefix, ops
+from .int4 import (
+    awq_repack,
+    awq_unrepack,
+    awq_zeros,
+    gptq_repack,
+    gptq_unrepack,
+    int4_pack,
+    int4_unpack,
+    w4a16_gemm,
+)
 
 # The layers reach the functions below through the package, at call time.
 from .quantized_linear import (
@@ -55,6 +65,14 @@ from .quantized_linear import (
 )
 
 __all__ = [
+    "int4_pack",
+    "int4_unpack",
+    "w4a16_gemm",
+    "gptq_repack",
+    "gptq_unrepack",
+    "awq_repack",
+    "awq_unrepack",
+    "awq_zeros",
     "scaled_fp8_quant",
     "scaled_int8_quant",
     "per_token_group_quant_fp8",

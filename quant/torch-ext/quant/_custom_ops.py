@@ -290,3 +290,50 @@ def _scaled_mm_gated_fake(out, a, b, a_scales, b_scales, bias, activation) -> No
         _check_dtype(op, "bias", bias, out.dtype)
         _check_shape(op, "bias", bias, (2 * n,), "[2N], packed like b")
     _check_activation(op, activation)
+
+
+# ---- int4 weight-only (w4a16_ops.cpp) ----
+
+
+@torch.library.register_fake(add_op_namespace_prefix("int4_pack"))
+def _int4_pack_fake(packed, codes) -> None:
+    op = "int4_pack"
+    _check_dtype(op, "codes", codes, torch.uint8)
+    _check_dtype(op, "packed", packed, torch.int32)
+    torch._check(codes.dim() == 2, lambda: f"{op}: codes must be 2-D [K, N]")
+    k, n = codes.shape
+    _check_shape(op, "packed", packed, (k // 16, 2 * n), "[K / 16, 2 N] for codes [K, N]")
+
+
+@torch.library.register_fake(add_op_namespace_prefix("int4_unpack"))
+def _int4_unpack_fake(codes, packed) -> None:
+    _int4_pack_fake(packed, codes)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("w4a16_gemm"))
+def _w4a16_gemm_fake(out, a, b, scales, zeros, perm, bias) -> None:
+    op = "w4a16_gemm"
+    torch._check(
+        a.dtype in SIXTEEN_BIT,
+        lambda: f"{op}: a must be float16 or bfloat16, got {dtype_name(a.dtype)}",
+    )
+    torch._check(a.dim() == 2, lambda: f"{op}: a must be 2-D [M, K], got shape {list(a.shape)}")
+    _check_dtype(op, "b", b, torch.int32)
+    m, k, n = a.shape[0], a.shape[1], b.shape[-1] // 2
+    _check_shape(op, "b", b, (k // 16, 2 * n), f"[K / 16, 2 N] with K = {k}")
+    _check_dtype(op, "out", out, a.dtype)
+    _check_shape(op, "out", out, (m, n), "[M, N]")
+    _check_dtype(op, "scales", scales, a.dtype)
+    torch._check(
+        scales.dim() == 2 and scales.shape[1] == n,
+        lambda: f"{op}: scales must be [K / group_size, N] with N = {n}",
+    )
+    if zeros is not None:
+        _check_dtype(op, "zeros", zeros, a.dtype)
+        _check_shape(op, "zeros", zeros, scales.shape, "the shape of scales, [K / group, N]")
+    if perm is not None:
+        _check_dtype(op, "perm", perm, torch.int32)
+        _check_shape(op, "perm", perm, (k,), "[K], a's column for each packed row")
+    if bias is not None:
+        _check_dtype(op, "bias", bias, a.dtype)
+        _check_shape(op, "bias", bias, (n,), "[N], one per output column")

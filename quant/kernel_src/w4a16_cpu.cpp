@@ -1,0 +1,116 @@
+// w4a16_cpu.cpp: the int4 weight-only ops on the CPU (w4a16_cpu.h), the formulas of
+// w4a16_params.h evaluated directly: the reference CPU users and CI run.
+//
+// The GEMM dequantizes one 64-column panel of the weight (K x 64, float32) per task of
+// at::parallel_for, each weight rounded to the activations' dtype as the formula says, then
+// accumulates every row of A against it in float32 and rounds once.
+#include "w4a16_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "w4a16_layout.h"
+
+namespace quant {
+namespace cpu {
+namespace {
+
+template <typename T>
+float load(const void* base, int64_t i) {
+  return static_cast<float>(static_cast<const T*>(base)[i]);
+}
+
+template <typename T>
+void gemm(const W4A16GemmParams& p) {
+  const int64_t M = p.m, N = p.n, K = p.k;
+  // A as float32, its columns in the packed weight's row order.
+  std::vector<float> a(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      a[m * K + k] = load<T>(p.a, m * p.lda + (p.perm != nullptr ? p.perm[k] : k));
+    }
+  }
+  const auto* words = reinterpret_cast<const uint32_t*>(p.b);
+  constexpr int64_t kPanel = w4::kTileN;
+  at::parallel_for(0, N / kPanel, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(static_cast<size_t>(K * kPanel));
+    float acc[kPanel];
+    for (int64_t panel = begin; panel < end; ++panel) {
+      const int64_t n0 = panel * kPanel;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / p.group_size;
+        for (int64_t j = 0; j < kPanel; ++j) {
+          const int64_t n = n0 + j;
+          const w4::NibblePos pos = w4::position_of(k, n, N);
+          const int q = static_cast<int>((words[pos.word] >> (4 * pos.nibble)) & 0xFu);
+          const float z =
+              p.zeros != nullptr ? load<T>(p.zeros, g * N + n) : static_cast<float>(w4::kZeroPoint);
+          // (q - z) * s is exact in float32; the cast rounds it once, as the GPU's multiply does.
+          w[k * kPanel + j] = static_cast<float>(
+              static_cast<T>((static_cast<float>(q) - z) * load<T>(p.scales, g * N + n)));
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t j = 0; j < kPanel; ++j) acc[j] = 0.0f;
+        const float* row = a.data() + m * K;
+        for (int64_t k = 0; k < K; ++k) {
+          const float x = row[k];
+          const float* wk = w.data() + k * kPanel;
+          for (int64_t j = 0; j < kPanel; ++j) acc[j] += x * wk[j];
+        }
+        T* d = static_cast<T*>(p.d) + m * p.ldd + n0;
+        for (int64_t j = 0; j < kPanel; ++j) {
+          const float bias = p.bias != nullptr ? load<T>(p.bias, n0 + j) : 0.0f;
+          d[j] = static_cast<T>(acc[j] + bias);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void w4_pack(const W4PackParams& p) {
+  auto* words = reinterpret_cast<uint32_t*>(p.packed);
+  const int64_t row_words = w4::packed_row_words(p.n);
+  // Row tiles of 16 k own disjoint words.
+  at::parallel_for(0, p.k / w4::kTileK, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * row_words; i < end * row_words; ++i) words[i] = 0;
+    for (int64_t k = begin * w4::kTileK; k < end * w4::kTileK; ++k) {
+      for (int64_t n = 0; n < p.n; ++n) {
+        const w4::NibblePos pos = w4::position_of(k, n, p.n);
+        words[pos.word] |= (static_cast<uint32_t>(p.codes[k * p.ld + n]) & 0xFu)
+                           << (4 * pos.nibble);
+      }
+    }
+  });
+}
+
+void w4_unpack(const W4PackParams& p) {
+  const auto* words = reinterpret_cast<const uint32_t*>(p.packed);
+  uint8_t* codes = p.codes;
+  at::parallel_for(0, p.k, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      for (int64_t n = 0; n < p.n; ++n) {
+        const w4::NibblePos pos = w4::position_of(k, n, p.n);
+        codes[k * p.ld + n] = static_cast<uint8_t>((words[pos.word] >> (4 * pos.nibble)) & 0xFu);
+      }
+    }
+  });
+}
+
+void w4a16_gemm(const W4A16GemmParams& p) {
+  if (p.m == 0 || p.n == 0) return;
+  if (p.dtype == DType::kBFloat16) {
+    gemm<c10::BFloat16>(p);
+  } else {
+    gemm<c10::Half>(p);
+  }
+}
+
+}  // namespace cpu
+}  // namespace quant

@@ -1,0 +1,346 @@
+"""The int4 weight-only ops: our packed layout (checked against its specification word by word),
+the GPTQ / AWQ round trips (bit-exact), and w4a16_gemm against a float64 product of the
+dequantized weight, with bounds derived from float32 accumulation and one final rounding.
+
+The ops run on the CPU here; their CUDA kernels are not written yet (a test checks that a CUDA
+call says so)."""
+
+import pytest
+import torch
+from quant_op_conformance import assert_only_declared_arguments_change, opcheck_all
+
+DTYPES = (torch.float16, torch.bfloat16)
+# Unit roundoff of each dtype (half an ulp at 1) and of float32.
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+F32_ROUNDOFF = 2.0**-24
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_codes(k: int, n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 16, (k, n), generator=gen(seed), dtype=torch.uint8)
+
+
+# ---- the layout against its specification (kernel_src/w4a16_layout.h) ----
+
+
+def spec_pack(codes: torch.Tensor) -> torch.Tensor:
+    """The layout written out from its description, in the other direction from the kernel's
+    position_of: for every tile, lane, word and nibble, the (k, n) it holds."""
+    k_all, n_all = codes.shape
+    words = torch.zeros((k_all // 16, 2 * n_all), dtype=torch.int64)
+    for kt in range(k_all // 16):
+        for nt in range(n_all // 64):
+            base = nt * 128
+            for lane in range(32):
+                c = lane % 4
+                for j in range(4):
+                    word = 0
+                    for p in range(8):
+                        k = kt * 16 + 2 * c + (p >> 2) + 8 * (p & 1)
+                        f = 2 * j + ((p >> 1) & 1)
+                        n = nt * 64 + 8 * f + lane // 4
+                        word |= int(codes[k, n]) << (4 * p)
+                    words[kt, base + lane * 4 + j] = word
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def test_pack_matches_the_layout_spec(kernel):
+    codes = random_codes(32, 128, seed=1)
+    assert torch.equal(kernel.int4_pack(codes), spec_pack(codes))
+
+
+def test_pack_puts_mma_fragment_pairs_in_half_words(kernel):
+    """(word >> 4 i) & 0x000F000F holds B-fragment elements (b0, b1) / (b2, b3) of the lane's
+    n8 blocks: rows (2c, 2c+1) and (2c+8, 2c+9) of column 8 f + lane / 4."""
+    codes = random_codes(16, 64, seed=2)
+    words = kernel.int4_pack(codes).view(-1).tolist()
+    for lane in range(32):
+        c, col = lane % 4, lane // 4
+        for j in range(4):
+            w = words[lane * 4 + j] & 0xFFFFFFFF
+            for i in range(4):
+                f = 2 * j + i // 2
+                rows = (2 * c, 2 * c + 1) if i % 2 == 0 else (2 * c + 8, 2 * c + 9)
+                pair = (w >> (4 * i)) & 0x000F000F
+                got = (pair & 0xF, pair >> 16)
+                assert got == (int(codes[rows[0], 8 * f + col]), int(codes[rows[1], 8 * f + col]))
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (48, 192), (128, 320), (0, 64), (16, 0)], ids=str)
+def test_pack_round_trip(kernel, shape):
+    codes = random_codes(*shape, seed=3)
+    packed = kernel.int4_pack(codes)
+    assert packed.shape == (shape[0] // 16, 2 * shape[1])
+    assert torch.equal(kernel.int4_unpack(packed), codes)
+
+
+def test_pack_reads_a_strided_view(kernel):
+    wide = random_codes(32, 256, seed=4)
+    view = wide[:, 64:192]
+    assert torch.equal(kernel.int4_pack(view), kernel.int4_pack(view.contiguous()))
+
+
+# ---- checkpoint formats ----
+
+
+def gptq_checkpoint(k: int, n: int, group: int, act_order: bool, seed: int):
+    """A GPTQ-format (qweight, scales, g_idx) and the codes it holds, packed here from the format's
+    definition: the code of row k in bits 4 (k % 8) of qweight[k // 8]."""
+    codes = random_codes(k, n, seed)
+    qweight = torch.zeros((k // 8, n), dtype=torch.int64)
+    for i in range(8):
+        qweight |= codes[i::8].to(torch.int64) << (4 * i)
+    qweight = torch.where(qweight >= 2**31, qweight - 2**32, qweight).to(torch.int32)
+    groups = torch.arange(k) // group
+    g_idx = groups[torch.randperm(k, generator=gen(seed + 1))] if act_order else groups
+    scales = torch.rand((k // group, n), generator=gen(seed + 2)) * 0.02 + 0.001
+    return qweight, scales, g_idx.to(torch.int32), codes
+
+
+def awq_checkpoint(k: int, n: int, group: int, seed: int):
+    """An AWQ-format (qweight, qzeros, scales) and its codes and zeros: the code of column
+    8 c + order[i] in bits 4 i of word c, order = (0, 2, 4, 6, 1, 3, 5, 7)."""
+    order = (0, 2, 4, 6, 1, 3, 5, 7)
+    codes = random_codes(k, n, seed)
+    zeros = random_codes(k // group, n, seed + 1)
+
+    def pack(t):
+        out = torch.zeros((t.shape[0], t.shape[1] // 8), dtype=torch.int64)
+        for i in range(8):
+            out |= t[:, order[i] :: 8].to(torch.int64) << (4 * i)
+        return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
+
+    scales = torch.rand((k // group, n), generator=gen(seed + 2)) * 0.02 + 0.001
+    return pack(codes), pack(zeros), scales, codes, zeros
+
+
+@pytest.mark.parametrize("act_order", [False, True], ids=["ordered", "act_order"])
+def test_gptq_round_trip(kernel, act_order):
+    qweight, _, g_idx, codes = gptq_checkpoint(256, 192, 64, act_order, seed=5)
+    packed, perm = kernel.gptq_repack(qweight, g_idx)
+    assert (perm is not None) == act_order
+    if act_order:
+        assert torch.equal(g_idx[perm.long()], g_idx.sort().values)  # groups made contiguous
+        assert torch.equal(kernel.int4_unpack(packed), codes[perm.long()])
+    else:
+        assert torch.equal(kernel.int4_unpack(packed), codes)
+    assert torch.equal(kernel.gptq_unrepack(packed, perm), qweight)
+
+
+def test_awq_round_trip(kernel):
+    qweight, qzeros, _, codes, zeros = awq_checkpoint(128, 320, 32, seed=6)
+    packed = kernel.awq_repack(qweight)
+    assert torch.equal(kernel.int4_unpack(packed), codes)
+    assert torch.equal(kernel.awq_unrepack(packed), qweight)
+    assert torch.equal(kernel.awq_zeros(qzeros, torch.bfloat16), zeros.to(torch.bfloat16))
+
+
+# ---- the GEMM ----
+
+
+def reference(a, codes, scales, zeros, perm, bias, dtype):
+    """float64 a[..., perm] @ w + bias with w = dtype((q - z) * s), and the error bound of a float32
+    sum of K products rounded once to dtype: K * u32 * sum |a w| + u * |ref| (+ the smallest
+    normal's half ulp, for results near 0)."""
+    k = codes.shape[0]
+    group = k // scales.shape[0]
+    s = scales.double().repeat_interleave(group, 0)
+    z = zeros.double().repeat_interleave(group, 0) if zeros is not None else 8.0
+    w = ((codes.double() - z) * s).to(dtype).double()
+    a2 = a.double()[..., perm.long()] if perm is not None else a.double()
+    ref = a2 @ w
+    if bias is not None:
+        ref = ref + bias.double()
+    bound = k * F32_ROUNDOFF * (a2.abs() @ w.abs()) + UNIT_ROUNDOFF[dtype] * ref.abs() + 2.0**-24
+    return ref, bound
+
+
+def make_case(m, k, n, group, dtype, zeros, act_order, bias, seed):
+    codes = random_codes(k, n, seed)
+    scales = (torch.rand((k // group, n), generator=gen(seed + 1)) * 0.02 + 0.001).to(dtype)
+    z = random_codes(k // group, n, seed + 2).to(dtype) if zeros else None
+    perm = torch.randperm(k, generator=gen(seed + 3)).to(torch.int32) if act_order else None
+    a = torch.randn((m, k), generator=gen(seed + 4)).to(dtype)
+    b = torch.randn(n, generator=gen(seed + 5)).to(dtype) if bias else None
+    return a, codes, scales, z, perm, b
+
+
+def check(kernel, a, codes, scales, zeros, perm, bias, dtype, label):
+    out = kernel.w4a16_gemm(a, kernel.int4_pack(codes), scales, zeros, perm, bias)
+    ref, bound = reference(a, codes, scales, zeros, perm, bias, dtype)
+    assert out.dtype == dtype and out.shape == ref.shape, label
+    err = (out.double() - ref).abs()
+    assert bool((err <= bound).all()), (
+        f"{label}: max error {err.max():.3g}, bound {bound.max():.3g}"
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group", [32, 64, 128, None], ids=lambda g: f"g{g or 'channel'}")
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_gemm_against_reference(kernel, dtype, group, fmt):
+    k, n = 384, 192  # three 128-groups, three 64-column tiles
+    for m in (1, 2, 7, 16, 64, 257):
+        for act_order, bias in ((False, False), (fmt == "gptq", True)):
+            case = make_case(
+                m, k, n, group or k, dtype, fmt == "awq", act_order, bias, seed=m + k + n
+            )
+            check(kernel, *case, dtype, f"m={m} act_order={act_order} bias={bias}")
+
+
+def test_gemm_writes_every_element_of_out(kernel):
+    """Through the raw op into a NaN-filled view with wider rows: every element written, the
+    padding left alone."""
+    a, codes, scales, zeros, perm, bias = make_case(
+        5, 128, 128, 64, torch.bfloat16, True, True, True, 7
+    )
+    buf = torch.full((5, 200), float("nan"), dtype=torch.bfloat16)
+    out = buf[:, :128]
+    kernel.ops.w4a16_gemm(out, a, kernel.int4_pack(codes), scales, zeros, perm, bias)
+    ref, bound = reference(a, codes, scales, zeros, perm, bias, torch.bfloat16)
+    assert bool(((out.double() - ref).abs() <= bound).all())
+    assert bool(buf[:, 128:].isnan().all())
+
+
+def test_gemm_strided_and_batched_activations(kernel):
+    dtype = torch.float16
+    a, codes, scales, zeros, perm, bias = make_case(6, 128, 64, 32, dtype, False, False, False, 8)
+    wide = torch.randn((6, 300), generator=gen(9)).to(dtype)
+    wide[:, 100:228] = a
+    check(kernel, wide[:, 100:228], codes, scales, zeros, perm, bias, dtype, "row stride 300")
+    batched = a.reshape(2, 3, 128)
+    out = kernel.w4a16_gemm(batched, kernel.int4_pack(codes), scales)
+    assert out.shape == (2, 3, 64)
+    flat = kernel.w4a16_gemm(a, kernel.int4_pack(codes), scales)
+    assert torch.equal(out.reshape(6, 64), flat)
+
+
+def test_gemm_empty(kernel):
+    dtype = torch.bfloat16
+    codes = random_codes(64, 64, 10)
+    scales = torch.ones((2, 64), dtype=dtype)
+    out = kernel.w4a16_gemm(torch.empty((0, 64), dtype=dtype), kernel.int4_pack(codes), scales)
+    assert out.shape == (0, 64)
+    bias = torch.randn(64, generator=gen(11)).to(dtype)
+    empty_k = kernel.int4_pack(random_codes(0, 64, 12))
+    out = kernel.w4a16_gemm(
+        torch.empty((3, 0), dtype=dtype), empty_k, torch.ones((1, 64), dtype=dtype), bias=bias
+    )
+    assert torch.equal(out, bias.expand(3, 64))
+
+
+# ---- from checkpoints to products ----
+
+
+@pytest.mark.parametrize("act_order", [False, True], ids=["ordered", "act_order"])
+def test_gptq_checkpoint_product(kernel, act_order):
+    """x @ W for W as the GPTQ format defines it: (q[k, n] - 8) * scales[g_idx[k], n]."""
+    dtype = torch.float16
+    qweight, scales, g_idx, codes = gptq_checkpoint(256, 128, 64, act_order, seed=13)
+    scales = scales.to(dtype)
+    packed, perm = kernel.gptq_repack(qweight, g_idx)
+    x = torch.randn((9, 256), generator=gen(14)).to(dtype)
+    w = ((codes.double() - 8) * scales.double()[g_idx.long()]).to(dtype).double()
+    ref = x.double() @ w
+    bound = 256 * F32_ROUNDOFF * (x.double().abs() @ w.abs()) + 2.0**-11 * ref.abs() + 2.0**-24
+    out = kernel.w4a16_gemm(x, packed, scales, perm=perm)
+    assert bool(((out.double() - ref).abs() <= bound).all())
+
+
+def test_awq_checkpoint_product(kernel):
+    """x @ W for W as the AWQ format defines it: (q[k, n] - z[k // g, n]) * s[k // g, n]."""
+    dtype = torch.bfloat16
+    qweight, qzeros, scales, codes, zeros = awq_checkpoint(256, 192, 128, seed=15)
+    scales = scales.to(dtype)
+    x = torch.randn((4, 256), generator=gen(16)).to(dtype)
+    rows = torch.arange(256) // 128
+    w = ((codes.double() - zeros.double()[rows]) * scales.double()[rows]).to(dtype).double()
+    ref = x.double() @ w
+    bound = 256 * F32_ROUNDOFF * (x.double().abs() @ w.abs()) + 2.0**-8 * ref.abs() + 2.0**-24
+    out = kernel.w4a16_gemm(x, kernel.awq_repack(qweight), scales, kernel.awq_zeros(qzeros, dtype))
+    assert bool(((out.double() - ref).abs() <= bound).all())
+
+
+# ---- errors, torch.library conformance, compile ----
+
+
+def test_errors_name_the_argument(kernel):
+    dtype = torch.bfloat16
+    codes = random_codes(64, 128, 17)
+    packed = kernel.int4_pack(codes)
+    a = torch.randn((2, 64)).to(dtype)
+    scales = torch.ones((2, 128), dtype=dtype)
+    with pytest.raises(ValueError, match="codes must be 0..15"):
+        kernel.int4_pack(codes + 16)
+    with pytest.raises(RuntimeError, match="int4_pack: N must be a multiple of 64"):
+        kernel.int4_pack(random_codes(16, 96, 18))
+    with pytest.raises(RuntimeError, match="int4_pack: K must be a multiple of 16"):
+        kernel.int4_pack(random_codes(24, 64, 18))
+    with pytest.raises(RuntimeError, match="w4a16_gemm: a must be float16 or bfloat16"):
+        kernel.w4a16_gemm(a.float(), packed, scales)
+    with pytest.raises(RuntimeError, match="w4a16_gemm: b must have shape"):
+        kernel.w4a16_gemm(torch.randn((2, 80)).to(dtype), packed, scales)
+    with pytest.raises(RuntimeError, match="w4a16_gemm: scales must be"):
+        kernel.w4a16_gemm(a, packed, scales[:, :64])
+    with pytest.raises(RuntimeError, match="w4a16_gemm: scales' rows must split K"):
+        kernel.w4a16_gemm(a, packed, torch.ones((3, 128), dtype=dtype))
+    with pytest.raises(RuntimeError, match="w4a16_gemm: scales must be bfloat16"):
+        kernel.w4a16_gemm(a, packed, scales.half())
+    with pytest.raises(RuntimeError, match="w4a16_gemm: zeros must have shape"):
+        kernel.w4a16_gemm(a, packed, scales, torch.ones((1, 128), dtype=dtype))
+    with pytest.raises(RuntimeError, match=r"w4a16_gemm: perm\[1\] = 64 is outside"):
+        kernel.w4a16_gemm(
+            a, packed, scales, perm=torch.tensor([0, 64] + [0] * 62, dtype=torch.int32)
+        )
+    with pytest.raises(RuntimeError, match="w4a16_gemm: bias must have shape"):
+        kernel.w4a16_gemm(a, packed, scales, bias=torch.ones(64, dtype=dtype))
+    with pytest.raises(
+        ValueError, match="gptq_repack: every group of g_idx must hold the same number of rows"
+    ):
+        kernel.gptq_repack(torch.zeros((8, 64), dtype=torch.int32), torch.tensor([0] * 63 + [1]))
+
+
+def _op_cases(kernel):
+    codes = random_codes(32, 64, 19)
+    packed = kernel.int4_pack(codes)
+    a, codes2, scales, zeros, perm, bias = make_case(
+        3, 64, 64, 32, torch.float16, True, True, True, 20
+    )
+    out = torch.empty((3, 64), dtype=torch.float16)
+    return [
+        ("int4_pack", (torch.empty_like(packed), codes)),
+        ("int4_unpack", (torch.empty_like(codes), packed)),
+        ("w4a16_gemm", (out, a, kernel.int4_pack(codes2), scales, zeros, perm, bias)),
+        ("w4a16_gemm", (out, a, kernel.int4_pack(codes2), scales, None, None, None)),
+    ]
+
+
+def test_opcheck(kernel):
+    opcheck_all(kernel, _op_cases(kernel))
+
+
+def test_only_declared_arguments_change(kernel):
+    assert_only_declared_arguments_change(kernel, _op_cases(kernel))
+
+
+def test_compile_fullgraph(kernel):
+    dtype = torch.bfloat16
+    a, codes, scales, zeros, perm, bias = make_case(4, 128, 128, 64, dtype, True, True, True, 21)
+    packed = kernel.int4_pack(codes)
+
+    def f(x):
+        return kernel.w4a16_gemm(x * 2, packed, scales, zeros, perm, bias)
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True)(a), f(a))
+
+
+def test_cuda_says_it_has_no_kernel_yet(kernel):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    codes = random_codes(16, 64, 22).cuda()
+    with pytest.raises(RuntimeError, match="int4_pack: no implementation for device cuda"):
+        kernel.int4_pack(codes)
