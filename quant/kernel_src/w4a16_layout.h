@@ -56,5 +56,15 @@ inline W4_HOST_DEVICE NibblePos position_of(int64_t k, int64_t n, int64_t N) {
   return {(kt * (N / kTileN) + nt) * kTileWords + lane * kWordsPerLane + j, p};
 }
 
+// The other direction: the element (k, n within the tile) that nibble p of word j of lane l holds.
+struct TileElement {
+  int k, n;
+};
+
+inline W4_HOST_DEVICE TileElement tile_element(int lane, int j, int p) {
+  const int c = lane % 4;
+  return {2 * c + (p >> 2) + 8 * (p & 1), 8 * (2 * j + ((p >> 1) & 1)) + lane / 4};
+}
+
 }  // namespace w4
 }  // namespace quant

@@ -22,7 +22,7 @@ struct W4A16GemmParams {
   const void* a;        // A[m, k] at a[m * lda + k]
   const int32_t* b;     // packed weight, int32 [K / 16, 2 N]
   const void* scales;   // s[g, n] at scales[g * N + n], g = k / group_size
-  const void* zeros;    // z[g, n] at zeros[g * N + n], or nullptr: z = 8
+  const void* zeros;    // z[g, n] at zeros[g * N + n] (integers 0..15), or nullptr: z = 8
   const int32_t* perm;  // [K] or nullptr
   const void* bias;     // [N] or nullptr
   void* d;              // D[m, n] at d[m * ldd + n]

@@ -96,7 +96,7 @@ bool cutlass_scaled_mm_supports_block_fp8(int64_t cuda_device_capability);
 void _set_scaled_mm_path(const std::string& path);
 
 // ---- int4 weight-only (w4a16_ops.cpp; layout: kernel_src/w4a16_layout.h, formula:
-// kernel_src/w4a16_params.h). CPU only for now. ----
+// kernel_src/w4a16_params.h). CUDA: capability 8.0 or newer. ----
 
 // packed = our layout of codes (uint8 [K, N], values 0..15, higher bits ignored); K a multiple
 // of 16, N of 64

@@ -2,8 +2,8 @@
 //
 // Each op validates its tensors (dtypes, devices, shapes, strides, overlap) with messages that
 // name the op and the argument, fills the params of kernel_src/w4a16_params.h and runs the CPU
-// implementation (-DCPU_KERNEL). The CUDA kernels are not written yet: on a CUDA tensor every op
-// raises, naming itself and the device.
+// implementation (-DCPU_KERNEL) or the CUDA launchers of w4a16_cuda.h on the current stream of the
+// tensors' device under a device guard (-DCUDA_KERNEL; capability 8.0 or newer).
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -18,6 +18,13 @@
 
 #if defined(CPU_KERNEL)
 #include "w4a16_cpu.h"
+#endif
+#if defined(CUDA_KERNEL)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "w4a16_cuda.h"
 #endif
 
 namespace {
@@ -67,6 +74,19 @@ void no_device(const char* op, const at::Device& device) {
   TORCH_CHECK(false, op, ": no implementation for device ", device, " in this build");
 }
 
+#if defined(CUDA_KERNEL)
+// mma.sync m16n8k16 with bf16 operands needs capability 8.0.
+void check_capability(const char* op, const at::Device& device) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device.index());
+  TORCH_CHECK(prop->major >= 8, op, ": needs a GPU of compute capability 8.0 or newer, got ",
+              prop->major, ".", prop->minor, " (", prop->name, ")");
+}
+
+void check_launch(const char* op, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+#endif
+
 // A per-group table (scales, zeros): the activations' dtype, [groups, N], contiguous, on out's
 // device and apart from it.
 void check_group_table(const char* op, const char* name, const at::Tensor& t,
@@ -84,6 +104,14 @@ void run_pack(const char* op, const at::Tensor& codes, const at::Tensor& packed,
 #if defined(CPU_KERNEL)
   if (codes.device().is_cpu()) {
     unpack ? quant::cpu::w4_unpack(p) : quant::cpu::w4_pack(p);
+    return;
+  }
+#endif
+#if defined(CUDA_KERNEL)
+  if (codes.device().is_cuda()) {
+    const c10::cuda::CUDAGuard device_guard(codes.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    check_launch(op, unpack ? quant::cuda::w4_unpack(p, stream) : quant::cuda::w4_pack(p, stream));
     return;
   }
 #endif
@@ -173,6 +201,25 @@ void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const
       }
     }
     quant::cpu::w4a16_gemm(p);
+    return;
+  }
+#endif
+#if defined(CUDA_KERNEL)
+  // perm's values are not read on the host (that would synchronize); they must be in [0, K).
+  if (out.device().is_cuda()) {
+    check_capability(op, out.device());
+    const c10::cuda::CUDAGuard device_guard(out.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const int sms = at::cuda::getDeviceProperties(out.device().index())->multiProcessorCount;
+    const quant::cuda::W4A16Plan plan = quant::cuda::w4a16_plan(p, sms);
+    at::Tensor workspace;
+    if (plan.workspace_bytes > 0) {
+      workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
+                            at::TensorOptions().dtype(at::kByte).device(out.device()));
+    }
+    check_launch(
+        op, quant::cuda::w4a16_gemm(
+                p, plan, workspace.defined() ? workspace.mutable_data_ptr() : nullptr, stream));
     return;
   }
 #endif

@@ -22,7 +22,10 @@ Checkpoint formats (what AutoGPTQ / GPTQModel and AutoAWQ write):
   ``4 i`` of column c; ``qzeros`` int32 ``[K / group, N / 8]`` packed the same way;
   ``awq_repack(qweight)`` and ``awq_zeros(qzeros, dtype)``.
 
-The CUDA kernels are not written yet: on CUDA tensors the ops raise.
+On CUDA (capability 8.0 or newer) the GEMM is decode-first: mma.sync tiles of 16 rows stream the
+packed weight, K split over CTAs when there are few output tiles (deterministic: the partials are
+added in a fixed order). ``perm``'s values are not checked on CUDA (reading them would
+synchronize): gptq_repack's perm is always valid.
 """
 
 from typing import Optional, Tuple
