@@ -37,3 +37,11 @@ def gemm_device(kernel, device, request):
         ):
             pytest.skip("blockwise fp8 needs compute capability 9.0")
     return device
+
+
+@pytest.fixture
+def int4_device(kernel, device):
+    """`device`, where the int4 weight-only tests run: on CUDA the GEMM needs capability 8.0."""
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the int4 GEMM needs compute capability 8.0")
+    return device

@@ -15,13 +15,11 @@ F32_ROUNDOFF = 2.0**-24
 
 
 @pytest.fixture
-def dev(kernel, device):
-    """Moves tensors (or None) to the device under test; a GPU needs capability 8.0."""
-    if device == "cuda" and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("the int4 GEMM needs compute capability 8.0")
+def dev(int4_device):
+    """Moves tensors (or None) to the device under test."""
 
     def move(*ts):
-        moved = [None if t is None else t.to(device) for t in ts]
+        moved = [None if t is None else t.to(int4_device) for t in ts]
         return moved[0] if len(moved) == 1 else moved
 
     return move

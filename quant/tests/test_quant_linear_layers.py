@@ -205,7 +205,7 @@ def test_extra_repr(kernel):
         (dict(in_features=24, out_features=32), r"multiples of 16"),
         (dict(in_features=32, out_features=40), r"multiples of 16"),
         (dict(in_features=64, out_features=32, quant="fp8_block"), r"multiple of 128"),
-        (dict(in_features=32, out_features=32, quant="int4"), r"quant must be one of"),
+        (dict(in_features=32, out_features=32, quant="nf4"), r"quant must be one of"),
         (dict(in_features=32, out_features=32, activation="relu"), r"activation must be one"),
         (dict(in_features=32, out_features=32, dtype=torch.float32), r"dtype must be bfloat16"),
         (dict(in_features=0, out_features=32), r"in_features must be a positive int"),

@@ -61,6 +61,7 @@ from .quantized_linear import (
     QuantizedLinear,
     ReplaceReport,
     calibrate_input_scales,
+    load_int4_checkpoint,
     replace_linear_with_quantized,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "awq_repack",
     "awq_unrepack",
     "awq_zeros",
+    "load_int4_checkpoint",
     "scaled_fp8_quant",
     "scaled_int8_quant",
     "per_token_group_quant_fp8",

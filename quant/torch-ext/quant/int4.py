@@ -50,6 +50,8 @@ def int4_pack(codes: torch.Tensor) -> torch.Tensor:
     if codes.numel() and int(codes.max()) > 15:
         raise ValueError(f"int4_pack: codes must be 0..15, got a maximum of {int(codes.max())}")
     k, n = codes.shape
+    if n > 1 and codes.stride(1) != 1:
+        codes = codes.contiguous()  # the op reads rows of unit stride
     packed = torch.empty((k // TILE_K, 2 * n), dtype=torch.int32, device=codes.device)
     ops.int4_pack(packed, codes)
     return packed
@@ -190,3 +192,37 @@ def awq_unrepack(packed: torch.Tensor) -> torch.Tensor:
 def awq_zeros(qzeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """AWQ ``qzeros`` int32 [K / group, N / 8] -> the GEMM's zeros [K / group, N] of ``dtype``."""
     return awq_unpack(qzeros).to(dtype)
+
+
+# ---- round-to-nearest quantization of a float weight ----
+
+
+def quantize_rtn(
+    weight: torch.Tensor, group_size: int, zero_point: bool, dtype: torch.dtype
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """A float ``weight`` [N, K] (nn.Linear's) -> (codes uint8 [K, N], scales [K / group, N] of
+    ``dtype``, zeros of ``dtype`` or None), round to nearest per group of ``group_size`` rows of K.
+
+    Symmetric (no zero point): ``s = amax / 7``, ``q = clamp(round(w / s), -8, 7) + 8``.
+    Asymmetric: the group's range widened to hold 0, ``s = (max - min) / 15``,
+    ``z = round(-min / s)``, ``q = clamp(round(w / s) + z, 0, 15)``. The scale is rounded to
+    ``dtype`` before the codes are computed from it; an all-zero group gets s = 0 (weights of 0)."""
+    w = weight.detach().float().t()  # [K, N]
+    k, n = w.shape
+    groups = w.reshape(k // group_size, group_size, n)
+    if zero_point:
+        lo = groups.amin(1).clamp(max=0.0)
+        hi = groups.amax(1).clamp(min=0.0)
+        scales = ((hi - lo) / 15.0).to(dtype)
+    else:
+        scales = (groups.abs().amax(1) / 7.0).to(dtype)
+    s = scales.float()
+    divisor = torch.where(s > 0, s, torch.ones_like(s)).unsqueeze(1)
+    if zero_point:
+        z = (-lo / divisor.squeeze(1)).round().clamp(0, 15)
+        q = ((groups / divisor).round() + z.unsqueeze(1)).clamp(0, 15)
+        zeros = z.to(dtype)
+    else:
+        q = (groups / divisor).round().clamp(-8, 7) + 8
+        zeros = None
+    return q.reshape(k, n).to(torch.uint8).contiguous(), scales, zeros

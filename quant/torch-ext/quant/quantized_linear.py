@@ -1,7 +1,8 @@
-"""W8A8 linear layers over the package's scaled GEMMs: ``QuantizedLinear``, putting it in a model
-(``replace_linear_with_quantized``) and static activation scales (``calibrate_input_scales``).
+"""Quantized linear layers over the package's GEMMs: ``QuantizedLinear``, putting it in a model
+(``replace_linear_with_quantized``), static activation scales (``calibrate_input_scales``) and
+int4 checkpoints (``load_int4_checkpoint``).
 
-Weights are quantized once, activations at every call:
+W8A8 modes quantize weights once and activations at every call:
 
 ============  =====================================  ==========================================
 quant         weight [N, K] (stored row-major)       activation [M, K]
@@ -13,6 +14,13 @@ quant         weight [N, K] (stored row-major)       activation [M, K]
 ``fp8_block`` float8_e4m3fn, one scale per 128x128   dynamic per 1x128 group of each row
               block (``max(amax, 1e-10) / 448``)
 ============  =====================================  ==========================================
+
+``int4`` is weight-only (W4A16, int4.py): 4-bit codes in groups of ``group_size`` input features
+(32, 64, 128, or -1 for one group per output), ``w = (q - z) * s`` with ``z = 8`` (symmetric, as
+GPTQ) or a zero per group (``zero_point=True``, as AWQ); activations stay 16-bit and
+``w4a16_gemm`` computes the product. ``quantize_from_float`` rounds to nearest;
+``load_gptq`` / ``load_awq`` (or ``load_int4_checkpoint`` for a whole model) take checkpoint
+tensors.
 
 These are not the ``kernelize`` layers of the package (those replace a host module's forward and
 hold no state); a QuantizedLinear owns its quantized weight, so it replaces the nn.Linear itself.
@@ -31,7 +39,9 @@ import torch.nn as nn
 # module can be imported from __init__ before every function of the package is defined.
 _package = importlib.import_module(__package__)
 
-QUANT_MODES = ("fp8", "int8", "fp8_block")
+QUANT_MODES = ("fp8", "int8", "fp8_block", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, -1)  # -1: one group spans K (a scale per output)
+INT4_TILE_K, INT4_TILE_N = 16, 64  # the int4 layout's tile: K and N multiples of these
 ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -47,8 +57,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def shape_problem(in_features: int, out_features: int, quant: str) -> Optional[str]:
+def shape_problem(
+    in_features: int, out_features: int, quant: str, group_size: int = 128
+) -> Optional[str]:
     """Why a [out_features, in_features] weight cannot be quantized with `quant`, or None."""
+    if quant == "int4":
+        if in_features % INT4_TILE_K or out_features % INT4_TILE_N:
+            return (
+                f"int4 needs in_features ({in_features}) a multiple of {INT4_TILE_K} and "
+                f"out_features ({out_features}) a multiple of {INT4_TILE_N}"
+            )
+        if group_size != -1 and in_features % group_size:
+            return f"int4 needs in_features ({in_features}) a multiple of group_size ({group_size})"
+        return None
     if in_features % GEMM_ALIGN or out_features % GEMM_ALIGN:
         return (
             f"in_features ({in_features}) and out_features ({out_features}) must be multiples "
@@ -59,7 +80,9 @@ def shape_problem(in_features: int, out_features: int, quant: str) -> Optional[s
     return None
 
 
-def _check_config(name: str, in_features, out_features, quant, activation, dtype) -> None:
+def _check_config(
+    name: str, in_features, out_features, quant, activation, dtype, group_size=128
+) -> None:
     for arg, value in (("in_features", in_features), ("out_features", out_features)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}")
@@ -69,7 +92,11 @@ def _check_config(name: str, in_features, out_features, quant, activation, dtype
         raise ValueError(f"{name}: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if dtype not in OUT_DTYPES:
         raise ValueError(f"{name}: dtype must be bfloat16 or float16, got {dtype}")
-    problem = shape_problem(in_features, out_features, quant)
+    if quant == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise ValueError(
+            f"{name}: group_size must be one of {INT4_GROUP_SIZES}, got {group_size!r}"
+        )
+    problem = shape_problem(in_features, out_features, quant, group_size)
     if problem is not None:
         raise ValueError(f"{name}: {problem}")
 
@@ -78,10 +105,10 @@ def _static_scale(name: str, act_scale, quant: str, device) -> Optional[torch.Te
     """act_scale (None, a positive number or a one-element tensor) as a float32 [1] buffer."""
     if act_scale is None:
         return None
-    if quant == "fp8_block":
+    if quant in ("fp8_block", "int4"):
         raise ValueError(
-            f"{name}: act_scale must be None with quant='fp8_block' (its activations are scaled "
-            "per 1x128 group, dynamically)"
+            f"{name}: act_scale must be None with quant={quant!r} (its activations are not "
+            "quantized per tensor)"
         )
     scale = torch.as_tensor(act_scale, dtype=torch.float32).reshape(-1)
     if scale.numel() != 1 or not bool(torch.isfinite(scale).all() and (scale > 0).all()):
@@ -121,23 +148,30 @@ def quantize_weight_blocks(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Te
 
 
 class QuantizedLinear(nn.Module):
-    """``y = act(x @ dequant(weight).T + bias)`` with an 8-bit weight and 8-bit activations,
-    computed by ``cutlass_scaled_mm`` (exact int32 or float32 accumulation, rounded once).
+    """``y = act(x @ dequant(weight).T + bias)``: an 8-bit weight and 8-bit activations through
+    ``cutlass_scaled_mm`` (exact int32 or float32 accumulation, rounded once), or a 4-bit weight
+    and 16-bit activations through ``w4a16_gemm`` (``quant="int4"``).
 
     Args:
-        in_features, out_features: K and N, multiples of 16 (``fp8_block``: K a multiple of 128).
+        in_features, out_features: K and N, multiples of 16 (``fp8_block``: K a multiple of 128;
+            ``int4``: N a multiple of 64, K of 16 and of ``group_size``).
         bias: whether the layer adds a bias (stored in ``dtype``).
-        quant: ``"fp8"``, ``"int8"`` or ``"fp8_block"`` (module docstring).
-        activation: None, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``, fused into the GEMM.
+        quant: ``"fp8"``, ``"int8"``, ``"fp8_block"`` or ``"int4"`` (module docstring).
+        activation: None, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``, fused into the W8A8 GEMMs
+            (applied after the GEMM for ``int4``).
         act_scale: None for dynamic activation scales; a positive number for a static
             per-tensor scale (``fp8`` and ``int8``), kept in the ``input_scale`` buffer.
+        group_size, zero_point: ``int4`` only: input features per scale (32, 64, 128, or -1 for
+            all of K) and whether each group has a zero point (AWQ) or is symmetric (GPTQ).
         device: where the buffers live.
-        dtype: bfloat16 or float16: the dtype of ``bias``, and of the GEMM's result for float32
-            inputs (which are quantized directly; the result is cast back to float32).
+        dtype: bfloat16 or float16: the dtype of ``bias`` (and of ``int4``'s scales and zeros),
+            and of the GEMM's result for float32 inputs (cast back to float32).
 
     Buffers (the state_dict): ``weight`` [N, K] (float8_e4m3fn or int8, row-major; the GEMM
     reads ``weight.t()``), ``weight_scale`` float32 ([N], or [ceil(N / 128), K / 128] for
-    ``fp8_block``), ``bias`` [N], and ``input_scale`` [1] when static. A fresh layer is zero; fill
+    ``fp8_block``), ``bias`` [N], and ``input_scale`` [1] when static. ``int4``: ``weight`` int32
+    [K / 16, 2 N] (int4_pack's layout), ``weight_scale`` and ``weight_zero`` [K / group, N] of
+    ``dtype``, and ``perm`` int32 [K] after an act-order GPTQ load. A fresh layer is zero; fill
     it with ``quantize_from_float`` or ``load_state_dict`` (which turns a dynamic layer static
     when the state holds an ``input_scale``), or build it with ``from_linear``.
 
@@ -154,17 +188,24 @@ class QuantizedLinear(nn.Module):
         activation: Optional[str] = None,
         *,
         act_scale: Union[None, float, torch.Tensor] = None,
+        group_size: int = 128,
+        zero_point: bool = False,
         device=None,
         dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__()
         name = "QuantizedLinear"
-        _check_config(name, in_features, out_features, quant, activation, dtype)
+        _check_config(name, in_features, out_features, quant, activation, dtype, group_size)
         self.in_features = in_features
         self.out_features = out_features
         self.quant = quant
         self.activation = activation
         self.dtype = dtype
+        if quant == "int4":
+            self._init_int4(group_size, zero_point, bias, device)
+            self.register_buffer("input_scale", _static_scale(name, act_scale, quant, device))
+            return
+        self.group_size = self.zero_point = None
         storage = torch.int8 if quant == "int8" else torch.float8_e4m3fn
         if quant == "fp8_block":
             scale_shape = (math.ceil(out_features / BLOCK), in_features // BLOCK)
@@ -181,6 +222,25 @@ class QuantizedLinear(nn.Module):
         )
         self.register_buffer("input_scale", _static_scale(name, act_scale, quant, device))
 
+    def _init_int4(self, group_size: int, zero_point: bool, bias: bool, device) -> None:
+        k, n = self.in_features, self.out_features
+        self.group_size = k if group_size == -1 else group_size
+        self.zero_point = bool(zero_point)
+        groups = k // self.group_size
+        self.register_buffer(
+            "weight", torch.zeros(k // INT4_TILE_K, 2 * n, dtype=torch.int32, device=device)
+        )
+        table = (groups, n)
+        self.register_buffer("weight_scale", torch.zeros(table, dtype=self.dtype, device=device))
+        self.register_buffer(
+            "weight_zero",
+            torch.zeros(table, dtype=self.dtype, device=device) if zero_point else None,
+        )
+        self.register_buffer("perm", None)
+        self.register_buffer(
+            "bias", torch.zeros(n, dtype=self.dtype, device=device) if bias else None
+        )
+
     @classmethod
     def from_linear(
         cls,
@@ -189,6 +249,8 @@ class QuantizedLinear(nn.Module):
         activation: Optional[str] = None,
         *,
         act_scale: Union[None, float, torch.Tensor] = None,
+        group_size: int = 128,
+        zero_point: bool = False,
         dtype: Optional[torch.dtype] = None,
     ) -> "QuantizedLinear":
         """A QuantizedLinear holding `linear`'s weight and bias, quantized, on its device.
@@ -207,6 +269,8 @@ class QuantizedLinear(nn.Module):
             quant=quant,
             activation=activation,
             act_scale=act_scale,
+            group_size=group_size,
+            zero_point=zero_point,
             device=linear.weight.device,
             dtype=dtype,
         )
@@ -239,6 +303,18 @@ class QuantizedLinear(nn.Module):
         if not bool(torch.isfinite(weight).all()):
             raise ValueError(f"{name}: weight must be finite (it holds inf or NaN)")
         weight = weight.to(self.weight.device)
+        if self.quant == "int4":
+            codes, scales, zeros = _package.int4.quantize_rtn(
+                weight, self.group_size, self.zero_point, self.dtype
+            )
+            self.weight.copy_(_package.int4_pack(codes))
+            self.weight_scale.copy_(scales)
+            if zeros is not None:
+                self.weight_zero.copy_(zeros)
+            self.perm = None
+            if bias is not None:
+                self.bias.copy_(bias)
+            return self
         if self.quant == "fp8_block":
             q, scale = quantize_weight_blocks(weight)
         else:
@@ -260,6 +336,8 @@ class QuantizedLinear(nn.Module):
                 f"QuantizedLinear.forward: x must have shape [..., {self.in_features}] "
                 f"(in_features last), got {list(x.shape)}"
             )
+        if self.quant == "int4":
+            return self._forward_int4(x)
         # float32 inputs are quantized as they are; the GEMM only writes 16-bit results.
         out_dtype = x.dtype if x.dtype in OUT_DTYPES else self.dtype
         rows = x.reshape(-1, self.in_features)
@@ -283,11 +361,96 @@ class QuantizedLinear(nn.Module):
         )
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
+    def _forward_int4(self, x: torch.Tensor) -> torch.Tensor:
+        # The GEMM takes activations of the scales' dtype: other inputs are cast there and back.
+        rows = x.reshape(-1, self.in_features).to(self.weight_scale.dtype)
+        bias = self.bias.to(rows.dtype) if self.bias is not None else None
+        out = _package.w4a16_gemm(
+            rows, self.weight, self.weight_scale, self.weight_zero, self.perm, bias
+        )
+        if self.activation is not None:
+            out = _INT4_ACTIVATIONS[self.activation](out)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    @torch.no_grad()
+    def load_gptq(
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        g_idx: Optional[torch.Tensor] = None,
+        qzeros: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None,
+    ) -> "QuantizedLinear":
+        """Load a symmetric GPTQ checkpoint's tensors (``qweight`` int32 [K / 8, N], ``scales``
+        [K / group, N], ``g_idx`` [K] for act-order, ``qzeros`` checked to be GPTQ's symmetric
+        7s when given) into this ``int4`` layer without zero points; returns the layer."""
+        name = "QuantizedLinear.load_gptq"
+        self._check_int4_load(name, zero_point=False)
+        if qzeros is not None:
+            stored = _package.int4.awq_unpack(qzeros.to(torch.int32).cpu())
+            if bool((stored != 7).any()):
+                raise ValueError(
+                    f"{name}: qzeros must all be 7 (symmetric GPTQ, zero point 8); asymmetric "
+                    "GPTQ checkpoints are not supported"
+                )
+        k, n = self.in_features, self.out_features
+        _check_tensor_shape(name, "qweight", qweight, (k // 8, n))
+        _check_tensor_shape(name, "scales", scales, tuple(self.weight_scale.shape))
+        device = self.weight.device
+        packed, perm = _package.gptq_repack(
+            qweight.to(device), None if g_idx is None else g_idx.to(device)
+        )
+        self.weight.copy_(packed)
+        self.weight_scale.copy_(scales)
+        self.perm = perm
+        return self._load_bias(name, bias)
+
+    @torch.no_grad()
+    def load_awq(
+        self,
+        qweight: torch.Tensor,
+        qzeros: torch.Tensor,
+        scales: torch.Tensor,
+        bias: Optional[torch.Tensor] = None,
+    ) -> "QuantizedLinear":
+        """Load an AWQ checkpoint's tensors (``qweight`` int32 [K, N / 8], ``qzeros`` int32
+        [K / group, N / 8], ``scales`` [K / group, N]) into this ``int4`` layer with zero points;
+        returns the layer."""
+        name = "QuantizedLinear.load_awq"
+        self._check_int4_load(name, zero_point=True)
+        k, n = self.in_features, self.out_features
+        groups = self.weight_scale.shape[0]
+        _check_tensor_shape(name, "qweight", qweight, (k, n // 8))
+        _check_tensor_shape(name, "qzeros", qzeros, (groups, n // 8))
+        _check_tensor_shape(name, "scales", scales, (groups, n))
+        device = self.weight.device
+        self.weight.copy_(_package.awq_repack(qweight.to(device)))
+        self.weight_zero.copy_(_package.awq_zeros(qzeros.to(device), self.weight_zero.dtype))
+        self.weight_scale.copy_(scales)
+        self.perm = None
+        return self._load_bias(name, bias)
+
+    def _check_int4_load(self, name: str, zero_point: bool) -> None:
+        if self.quant != "int4" or self.zero_point != zero_point:
+            want = "with zero_point=True" if zero_point else "with zero_point=False"
+            raise ValueError(
+                f"{name}: needs a quant='int4' layer {want}, got quant={self.quant!r}, "
+                f"zero_point={self.zero_point}"
+            )
+
+    def _load_bias(self, name: str, bias: Optional[torch.Tensor]) -> "QuantizedLinear":
+        if (bias is None) != (self.bias is None):
+            raise ValueError(f"{name}: bias must be given exactly when the layer has one")
+        if bias is not None:
+            _check_tensor_shape(name, "bias", bias, (self.out_features,))
+            self.bias.copy_(bias)
+        return self
+
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) / .half() / .float() cast every floating-point tensor, fp8 included:
         # they would turn the weight into floats and round the scales. Move those buffers only.
         kept = {}
-        for name in ("weight", "weight_scale", "input_scale"):
+        for name in ("weight", "weight_scale", "weight_zero", "input_scale"):
             buf = self._buffers.get(name)
             if buf is not None:
                 kept[name] = buf
@@ -299,6 +462,9 @@ class QuantizedLinear(nn.Module):
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # An act-order int4 state carries perm: a layer without one takes it.
+        if self.quant == "int4" and self.perm is None and prefix + "perm" in state_dict:
+            self.perm = torch.zeros(self.in_features, dtype=torch.int32, device=self.weight.device)
         # A calibrated (static) state loads into a layer built dynamic: it becomes static.
         if self.input_scale is None and prefix + "input_scale" in state_dict:
             if self.quant == "fp8_block":
@@ -310,12 +476,32 @@ class QuantizedLinear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
+        if self.quant == "int4":
+            return (
+                f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, quant=int4, group_size={self.group_size}, "
+                f"zero_point={self.zero_point}, act_order={self.perm is not None}, "
+                f"activation={self.activation}, dtype={_dtype_name(self.dtype)}"
+            )
         scales = "dynamic" if self.input_scale is None else "static"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, quant={self.quant}, activation={self.activation}, "
             f"input_scale={scales}, dtype={_dtype_name(self.dtype)}"
         )
+
+
+_INT4_ACTIVATIONS = {
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+
+
+def _check_tensor_shape(name: str, arg: str, t, expected: Tuple[int, ...]) -> None:
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(expected):
+        got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name}: {arg} must have shape {list(expected)}, got {got}")
 
 
 @dataclass
@@ -340,7 +526,9 @@ class ReplaceReport:
         return "\n".join(lines)
 
 
-def _skip_reason(name: str, module: nn.Module, quant: str, skip: Tuple[str, ...]) -> Optional[str]:
+def _skip_reason(
+    name: str, module: nn.Module, quant: str, skip: Tuple[str, ...], group_size: int = 128
+) -> Optional[str]:
     matched = [pattern for pattern in skip if pattern in name]
     if matched:
         return f"name matches skip pattern {matched[0]!r}"
@@ -349,7 +537,7 @@ def _skip_reason(name: str, module: nn.Module, quant: str, skip: Tuple[str, ...]
         return f"a subclass of nn.Linear ({type(module).__name__})"
     if not module.weight.is_floating_point() or module.weight.device.type == "meta":
         return f"weight of {module.weight.dtype} on {module.weight.device} (not a float weight)"
-    return shape_problem(module.in_features, module.out_features, quant)
+    return shape_problem(module.in_features, module.out_features, quant, group_size)
 
 
 @torch.no_grad()
@@ -359,23 +547,31 @@ def replace_linear_with_quantized(
     *,
     skip: Iterable[str] = ("lm_head",),
     dtype: Optional[torch.dtype] = None,
+    group_size: int = 128,
+    zero_point: bool = False,
 ) -> ReplaceReport:
     """Replace, in place, every ``torch.nn.Linear`` of `model` by a ``QuantizedLinear`` with its
-    weight and bias quantized (``quant``: ``"fp8"``, ``"int8"`` or ``"fp8_block"``; dynamic
-    activation scales: ``calibrate_input_scales`` makes them static); returns a
-    ``ReplaceReport``. Prints nothing.
+    weight and bias quantized (``quant``: ``"fp8"``, ``"int8"`` or ``"fp8_block"``, dynamic
+    activation scales that ``calibrate_input_scales`` makes static; or ``"int4"`` with
+    ``group_size`` and ``zero_point``, rounded to nearest); returns a ``ReplaceReport``. Prints
+    nothing.
 
     Left as they are, with the reason in the report: modules whose qualified name contains one
     of the ``skip`` substrings (default: ``lm_head``, whose logits are the most sensitive),
     subclasses of nn.Linear, and linears whose shape the GEMM cannot take (K or N not a multiple
-    of 16; ``fp8_block``: K not a multiple of 128). ``dtype``: as in
-    ``QuantizedLinear.from_linear``.
+    of 16; ``fp8_block``: K not a multiple of 128; ``int4``: N not a multiple of 64 or K not one
+    of 16 and of the group). ``dtype``: as in ``QuantizedLinear.from_linear``.
     """
     name = "replace_linear_with_quantized"
     if not isinstance(model, nn.Module):
         raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
     if quant not in QUANT_MODES:
         raise ValueError(f"{name}: quant must be one of {QUANT_MODES}, got {quant!r}")
+    if quant == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise ValueError(
+            f"{name}: group_size must be one of {INT4_GROUP_SIZES}, got {group_size!r}"
+        )
+    int4_args = {"group_size": group_size, "zero_point": zero_point} if quant == "int4" else {}
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
@@ -383,13 +579,14 @@ def replace_linear_with_quantized(
     for qualified, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or not qualified:
             continue
-        reason = _skip_reason(qualified, module, quant, skip)
+        reason = _skip_reason(qualified, module, quant, skip, group_size)
         if reason is not None:
             skipped[qualified] = reason
             continue
         parent_name, _, child = qualified.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, QuantizedLinear.from_linear(module, quant=quant, dtype=dtype))
+        layer = QuantizedLinear.from_linear(module, quant=quant, dtype=dtype, **int4_args)
+        setattr(parent, child, layer)
         replaced.append(qualified)
     return ReplaceReport(tuple(replaced), skipped)
 
@@ -407,7 +604,8 @@ def calibrate_input_scales(model: nn.Module) -> Iterator[Dict[str, float]]:
 
     Inside the block the layers run with dynamic scales (a layer already static included). A
     layer no forward reached keeps its previous scale (the block raises ValueError when no
-    layer was reached); on an exception nothing changes. ``fp8_block`` layers are left out.
+    layer was reached); on an exception nothing changes. ``fp8_block`` and ``int4`` layers are
+    left out.
     """
     name = "calibrate_input_scales"
     if not isinstance(model, nn.Module):
@@ -415,7 +613,7 @@ def calibrate_input_scales(model: nn.Module) -> Iterator[Dict[str, float]]:
     layers = {
         qualified: module
         for qualified, module in model.named_modules()
-        if isinstance(module, QuantizedLinear) and module.quant != "fp8_block"
+        if isinstance(module, QuantizedLinear) and module.quant in ("fp8", "int8")
     }
     if not layers:
         raise ValueError(f"{name}: the model has no fp8 or int8 QuantizedLinear to calibrate")
@@ -458,3 +656,42 @@ def calibrate_input_scales(model: nn.Module) -> Iterator[Dict[str, float]]:
         scales[qualified] = float(scale)
     if not scales:
         raise ValueError(f"{name}: no forward pass inside the block reached a QuantizedLinear")
+
+
+@torch.no_grad()
+def load_int4_checkpoint(
+    model: nn.Module, state_dict: Dict[str, torch.Tensor], fmt: str
+) -> Tuple[str, ...]:
+    """Load a GPTQ (``fmt="gptq"``: ``<name>.qweight``, ``.scales``, ``.g_idx``, ``.qzeros``) or
+    AWQ (``fmt="awq"``: ``.qweight``, ``.qzeros``, ``.scales``) state_dict into every ``int4``
+    QuantizedLinear of `model` that it has a ``qweight`` for (``.bias`` too when the layer has
+    one); returns the names loaded. Build the layers first, e.g. ``replace_linear_with_quantized
+    (model, "int4", group_size=..., zero_point=fmt == "awq")`` on the float model."""
+    name = "load_int4_checkpoint"
+    if fmt not in ("gptq", "awq"):
+        raise ValueError(f'{name}: fmt must be "gptq" or "awq", got {fmt!r}')
+    loaded = []
+    for qualified, layer in model.named_modules():
+        if not isinstance(layer, QuantizedLinear) or layer.quant != "int4":
+            continue
+        key = f"{qualified}." if qualified else ""
+        if key + "qweight" not in state_dict:
+            continue
+        bias = state_dict.get(key + "bias") if layer.bias is not None else None
+        if fmt == "gptq":
+            layer.load_gptq(
+                state_dict[key + "qweight"],
+                state_dict[key + "scales"],
+                state_dict.get(key + "g_idx"),
+                state_dict.get(key + "qzeros"),
+                bias,
+            )
+        else:
+            layer.load_awq(
+                state_dict[key + "qweight"],
+                state_dict[key + "qzeros"],
+                state_dict[key + "scales"],
+                bias,
+            )
+        loaded.append(qualified)
+    return tuple(loaded)
