@@ -4,25 +4,15 @@ float64 reference says (on the `kernel` fixture's device, through the sweep's ow
 a wrong GEMM is caught by that verification, and the bars' verdicts follow the numbers. Timing
 itself needs CUDA graphs and is left to the GPU run."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from quant_sweeps import load_benchmark
 from test_quant_ops import fp8_capable
-
-SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "gemm_sweep.py"
 
 
 @pytest.fixture
 def sweep(monkeypatch):
-    monkeypatch.setattr(sys, "path", [str(SWEEP.parents[2] / "scripts")] + sys.path)
-    spec = importlib.util.spec_from_file_location("quant_gemm_sweep", SWEEP)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(monkeypatch, "gemm_sweep.py")
 
 
 @pytest.fixture
