@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant_math.h"
 #include "w4a16_layout.h"
 
 namespace quant {
@@ -128,13 +129,16 @@ __device__ uint32_t load_a_pair(const W4A16GemmParams& p, int64_t m, int64_t k) 
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-template <typename T, bool kZeros>
+// gridDim.x output tiles of 64 columns: each reads kTiles weight tiles (1; gated: the gate tile
+// 2 x and the up tile 2 x + 1 of the weight).
+template <typename T, bool kZeros, int kTiles>
 __global__ void __launch_bounds__(kThreads)
     w4a16_gemm_kernel(const W4A16GemmParams p, int splits, float* partials, int* counters) {
   using M = PairMath<T>;
   using T2 = typename M::T2;
-  const int nt = blockIdx.x, mt = blockIdx.y, split = blockIdx.z;
-  const int n_tiles = gridDim.x, m_tiles = gridDim.y;
+  const int ot = blockIdx.x, mt = blockIdx.y, split = blockIdx.z;
+  const int out_tiles = gridDim.x, m_tiles = gridDim.y;
+  const int64_t n_tiles = p.n / kTileN;  // of the weight
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
 
@@ -151,14 +155,17 @@ __global__ void __launch_bounds__(kThreads)
   const T* scales = static_cast<const T*>(p.scales);
   const T* zeros = static_cast<const T*>(p.zeros);
   const int64_t m0 = static_cast<int64_t>(mt) * kTileM;
-  const int64_t col = static_cast<int64_t>(nt) * kTileN + g;  // block f's column: col + 8 f
+  const int64_t first_tile = static_cast<int64_t>(ot) * kTiles;  // weight tile of t = 0
 
-  float acc[kBlocksN][4] = {};
-  T2 scale[kBlocksN], offset[kBlocksN];
+  float acc[kTiles][kBlocksN][4] = {};
+  T2 scale[kTiles][kBlocksN], offset[kTiles][kBlocksN];
   int64_t group = -1;
-#pragma unroll 4
+#pragma unroll 2
   for (int64_t step = begin; step < end; ++step) {
-    const uint4 q = __ldg(tiles + (step * n_tiles + nt) * 32 + lane);
+    uint4 q[kTiles];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+      q[t] = __ldg(tiles + (step * n_tiles + first_tile + t) * 32 + lane);
     const int64_t k = step * w4::kTileK + 2 * c;
     const uint32_t a[4] = {load_a_pair<T>(p, m0 + g, k), load_a_pair<T>(p, m0 + g + 8, k),
                            load_a_pair<T>(p, m0 + g, k + 8), load_a_pair<T>(p, m0 + g + 8, k + 8)};
@@ -166,51 +173,70 @@ __global__ void __launch_bounds__(kThreads)
     if (step_group != group) {
       group = step_group;
 #pragma unroll
-      for (int f = 0; f < kBlocksN; ++f) {
-        const int64_t at = group * p.n + col + 8 * f;
-        scale[f] = T2(scales[at], scales[at]);
-        const float z = kZeros ? M::to_float(zeros[at]) : static_cast<float>(w4::kZeroPoint);
-        offset[f] = M::splat(M::kMagicValue + z);
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int f = 0; f < kBlocksN; ++f) {
+          // block f of the lane: column 8 f + g of the tile
+          const int64_t at = group * p.n + (first_tile + t) * kTileN + 8 * f + g;
+          scale[t][f] = T2(scales[at], scales[at]);
+          const float z = kZeros ? M::to_float(zeros[at]) : static_cast<float>(w4::kZeroPoint);
+          offset[t][f] = M::splat(M::kMagicValue + z);
+        }
       }
     }
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int f0 = 2 * j, f1 = 2 * j + 1;
-      mma_16816<T>(acc[f0], a, dequant_pair<T>(words[j], 0, offset[f0], scale[f0]),
-                   dequant_pair<T>(words[j], 4, offset[f0], scale[f0]));
-      mma_16816<T>(acc[f1], a, dequant_pair<T>(words[j], 8, offset[f1], scale[f1]),
-                   dequant_pair<T>(words[j], 12, offset[f1], scale[f1]));
+    for (int t = 0; t < kTiles; ++t) {
+      const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int f0 = 2 * j, f1 = 2 * j + 1;
+        mma_16816<T>(acc[t][f0], a, dequant_pair<T>(words[j], 0, offset[t][f0], scale[t][f0]),
+                     dequant_pair<T>(words[j], 4, offset[t][f0], scale[t][f0]));
+        mma_16816<T>(acc[t][f1], a, dequant_pair<T>(words[j], 8, offset[t][f1], scale[t][f1]),
+                     dequant_pair<T>(words[j], 12, offset[t][f1], scale[t][f1]));
+      }
     }
   }
 
-  // The warps' partial tiles: C fragment rows g and g + 8, columns 8 f + 2 c and + 1.
+  // The warps' partial tiles meet in shared memory, one weight tile at a time: C fragment rows
+  // g and g + 8, columns 8 f + 2 c and + 1.
   __shared__ float2 reduction[kWarps][kTileM][kRedStride / 2];
-#pragma unroll
-  for (int f = 0; f < kBlocksN; ++f) {
-    reduction[warp][g][4 * f + c] = make_float2(acc[f][0], acc[f][1]);
-    reduction[warp][g + 8][4 * f + c] = make_float2(acc[f][2], acc[f][3]);
-  }
-  __syncthreads();
   constexpr int kPerThread = kTileElems / kThreads;  // 4
-  float sum[kPerThread];
+  float sum[kTiles][kPerThread];
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int e = threadIdx.x + i * kThreads, r = e / kTileN, n = e % kTileN;
-    float s = 0.0f;
+  for (int t = 0; t < kTiles; ++t) {
+    if (t > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float2 v = reduction[w][r][n / 2];
-      s += n % 2 == 0 ? v.x : v.y;
+    for (int f = 0; f < kBlocksN; ++f) {
+      reduction[warp][g][4 * f + c] = make_float2(acc[t][f][0], acc[t][f][1]);
+      reduction[warp][g + 8][4 * f + c] = make_float2(acc[t][f][2], acc[t][f][3]);
     }
-    sum[i] = s;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = threadIdx.x + i * kThreads, r = e / kTileN, n = e % kTileN;
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float2 v = reduction[w][r][n / 2];
+        s += n % 2 == 0 ? v.x : v.y;
+      }
+      sum[t][i] = s;
+    }
   }
 
   if (splits > 1) {
-    const int64_t tile = static_cast<int64_t>(mt) * n_tiles + nt;
-    float* mine = partials + (static_cast<int64_t>(split) * m_tiles * n_tiles + tile) * kTileElems;
+    // Partials of split s: [s][m tile][output tile][t][16 x 64].
+    const int64_t tile = static_cast<int64_t>(mt) * out_tiles + ot;
+    const int64_t split_stride = static_cast<int64_t>(m_tiles) * out_tiles * kTiles * kTileElems;
+    float* mine = partials + split * split_stride + tile * kTiles * kTileElems;
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) mine[threadIdx.x + i * kThreads] = sum[i];
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        mine[t * kTileElems + threadIdx.x + i * kThreads] = sum[t][i];
+      }
+    }
     __threadfence();
     __syncthreads();
     __shared__ int is_last;
@@ -219,24 +245,34 @@ __global__ void __launch_bounds__(kThreads)
     if (!is_last) return;
     __threadfence();
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      float total = 0.0f;
-      for (int s = 0; s < splits; ++s) {
-        const float* part =
-            partials + (static_cast<int64_t>(s) * m_tiles * n_tiles + tile) * kTileElems;
-        total += s == split ? sum[i] : __ldcg(part + threadIdx.x + i * kThreads);
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const int64_t at = tile * kTiles * kTileElems + t * kTileElems + threadIdx.x + i * kThreads;
+        float total = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+          total += s == split ? sum[t][i] : __ldcg(partials + s * split_stride + at);
+        }
+        sum[t][i] = total;
       }
-      sum[i] = total;
     }
   }
 
+  const T* bias = static_cast<const T*>(p.bias);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int e = threadIdx.x + i * kThreads;
-    const int64_t m = m0 + e / kTileN, n = static_cast<int64_t>(nt) * kTileN + e % kTileN;
+    const int64_t m = m0 + e / kTileN, col = e % kTileN;
     if (m >= p.m) continue;
-    const float bias = p.bias != nullptr ? M::to_float(static_cast<const T*>(p.bias)[n]) : 0.0f;
-    static_cast<T*>(p.d)[m * p.ldd + n] = M::from_float(sum[i] + bias);
+    float v[kTiles];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int64_t n = (first_tile + t) * kTileN + col;  // the weight's column
+      v[t] = sum[t][i] + (bias != nullptr ? M::to_float(bias[n]) : 0.0f);
+    }
+    float out = math::activate(p.activation, v[0]);
+    if constexpr (kTiles == 2) out *= v[1];
+    static_cast<T*>(p.d)[m * p.ldd + static_cast<int64_t>(ot) * kTileN + col] = M::from_float(out);
   }
 }
 
@@ -275,11 +311,33 @@ cudaError_t launch_pack(const W4PackParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-int64_t tiles_of(const W4A16GemmParams& p) { return (p.m + kTileM - 1) / kTileM * (p.n / kTileN); }
+// Output tiles of 16 x 64: one CTA each per split.
+int64_t output_tiles(const W4A16GemmParams& p) {
+  return (p.m + kTileM - 1) / kTileM * (p.n / kTileN / (p.gated ? 2 : 1));
+}
 
-// The workspace: one counter per output tile, then (from the next 16 bytes) the partials.
+// The workspace: one counter per output tile, then (from the next 16 bytes) the partials, one
+// 16 x 64 float tile per weight tile, split and row of tiles.
 size_t counter_bytes(int64_t tiles) {
   return (static_cast<size_t>(tiles) * sizeof(int) + 15) / 16 * 16;
+}
+
+template <typename T>
+cudaError_t launch_gemm(const W4A16GemmParams& p, dim3 grid, int splits, float* partials,
+                        int* counters, cudaStream_t stream) {
+  const bool zeros = p.zeros != nullptr;
+  if (p.gated) {
+    if (zeros) {
+      w4a16_gemm_kernel<T, true, 2><<<grid, kThreads, 0, stream>>>(p, splits, partials, counters);
+    } else {
+      w4a16_gemm_kernel<T, false, 2><<<grid, kThreads, 0, stream>>>(p, splits, partials, counters);
+    }
+  } else if (zeros) {
+    w4a16_gemm_kernel<T, true, 1><<<grid, kThreads, 0, stream>>>(p, splits, partials, counters);
+  } else {
+    w4a16_gemm_kernel<T, false, 1><<<grid, kThreads, 0, stream>>>(p, splits, partials, counters);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -293,7 +351,7 @@ cudaError_t w4_unpack(const W4PackParams& p, cudaStream_t stream) {
 }
 
 W4A16Plan w4a16_plan(const W4A16GemmParams& p, int sm_count) {
-  const int64_t tiles = tiles_of(p), steps = p.k / w4::kTileK;
+  const int64_t tiles = output_tiles(p), steps = p.k / w4::kTileK;
   int splits = 1;
   // Split K until two CTAs per SM, while each warp keeps kMinStepsPerWarp steps.
   while (tiles * splits < 2 * sm_count && steps / (2 * splits) >= kWarps * kMinStepsPerWarp) {
@@ -301,8 +359,9 @@ W4A16Plan w4a16_plan(const W4A16GemmParams& p, int sm_count) {
   }
   W4A16Plan plan{splits, 0};
   if (splits > 1) {
-    plan.workspace_bytes =
-        counter_bytes(tiles) + static_cast<size_t>(splits) * tiles * kTileElems * sizeof(float);
+    const int64_t weight_tiles = (p.m + kTileM - 1) / kTileM * (p.n / kTileN);
+    plan.workspace_bytes = counter_bytes(tiles) +
+                           static_cast<size_t>(splits) * weight_tiles * kTileElems * sizeof(float);
   }
   return plan;
 }
@@ -310,7 +369,7 @@ W4A16Plan w4a16_plan(const W4A16GemmParams& p, int sm_count) {
 cudaError_t w4a16_gemm(const W4A16GemmParams& p, const W4A16Plan& plan, void* workspace,
                        cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  const int64_t tiles = tiles_of(p);
+  const int64_t tiles = output_tiles(p);
   int* counters = nullptr;
   float* partials = nullptr;
   if (plan.splits > 1) {
@@ -319,26 +378,12 @@ cudaError_t w4a16_gemm(const W4A16GemmParams& p, const W4A16Plan& plan, void* wo
     const cudaError_t err = cudaMemsetAsync(counters, 0, tiles * sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(static_cast<unsigned>(p.n / kTileN),
-                  static_cast<unsigned>(tiles / (p.n / kTileN)),
+  const int64_t out_tiles = p.n / kTileN / (p.gated ? 2 : 1);
+  const dim3 grid(static_cast<unsigned>(out_tiles), static_cast<unsigned>(tiles / out_tiles),
                   static_cast<unsigned>(plan.splits));
-  const bool zeros = p.zeros != nullptr;
-  if (p.dtype == DType::kBFloat16) {
-    if (zeros) {
-      w4a16_gemm_kernel<__nv_bfloat16, true>
-          <<<grid, kThreads, 0, stream>>>(p, plan.splits, partials, counters);
-    } else {
-      w4a16_gemm_kernel<__nv_bfloat16, false>
-          <<<grid, kThreads, 0, stream>>>(p, plan.splits, partials, counters);
-    }
-  } else if (zeros) {
-    w4a16_gemm_kernel<__half, true>
-        <<<grid, kThreads, 0, stream>>>(p, plan.splits, partials, counters);
-  } else {
-    w4a16_gemm_kernel<__half, false>
-        <<<grid, kThreads, 0, stream>>>(p, plan.splits, partials, counters);
-  }
-  return cudaGetLastError();
+  return p.dtype == DType::kBFloat16
+             ? launch_gemm<__nv_bfloat16>(p, grid, plan.splits, partials, counters, stream)
+             : launch_gemm<__half>(p, grid, plan.splits, partials, counters, stream);
 }
 
 }  // namespace cuda

@@ -11,12 +11,17 @@
 #include <cstdint>
 
 #include "quant_params.h"
+#include "scaled_mm_params.h"
 
 namespace quant {
 
-// D[m, n] = sum_k A[m, perm[k]] * w[k, n] + bias[n], the products summed in float32 and rounded
-// once to dtype. perm (act-order checkpoints, GPTQ's g_idx sorted) maps the packed weight's row k
-// to A's column; without it row k reads column k.
+// S[m, n] = sum_k A[m, perm[k]] * w[k, n] + bias[n], the products summed in float32; perm
+// (act-order checkpoints, GPTQ's g_idx sorted) maps the packed weight's row k to A's column
+// (without it row k reads column k). N is the weight's columns. D, rounded once to dtype:
+//   plain: D[m, n] = act(S[m, n]), N columns;
+//   gated: the weight holds gate and up projections in alternating blocks of 64 columns (gate
+//     block j, then up block j: pack_gate_up's order; scales, zeros and bias the same), and
+//     D[m, 64 j + c] = act(S[m, 128 j + c]) * S[m, 128 j + 64 + c], N / 2 columns.
 struct W4A16GemmParams {
   DType dtype;          // kFloat16 or kBFloat16: A, scales, zeros, bias and D
   const void* a;        // A[m, k] at a[m * lda + k]
@@ -25,10 +30,12 @@ struct W4A16GemmParams {
   const void* zeros;    // z[g, n] at zeros[g * N + n] (integers 0..15), or nullptr: z = 8
   const int32_t* perm;  // [K] or nullptr
   const void* bias;     // [N] or nullptr
-  void* d;              // D[m, n] at d[m * ldd + n]
-  int64_t m, n, k;      // n a multiple of 64, k of 16 (checked by torch-ext/)
+  void* d;              // D[m, j] at d[m * ldd + j]
+  int64_t m, n, k;      // n a multiple of 64 (gated: of 128), k of 16 (checked by torch-ext/)
   int64_t group_size;   // divides k, a multiple of 16
   int64_t lda, ldd;
+  Activation activation;
+  bool gated;
 };
 
 // Pack / unpack between codes[k, n] (uint8 values 0..15, row-major K x N, ld elements apart) and

@@ -211,7 +211,7 @@ def test_gemm_writes_every_element_of_out(kernel, dev):
     )
     buf = dev(torch.full((5, 200), float("nan"), dtype=torch.bfloat16))
     packed = kernel.int4_pack(dev(codes))
-    kernel.ops.w4a16_gemm(buf[:, :128], dev(a), packed, *dev(scales, zeros, perm, bias))
+    kernel.ops.w4a16_gemm(buf[:, :128], dev(a), packed, *dev(scales, zeros, perm, bias), "none")
     ref, bound = reference(a, codes, scales, zeros, perm, bias, torch.bfloat16)
     buf = buf.cpu()
     assert bool(((buf[:, :128].double() - ref).abs() <= bound).all())
@@ -328,11 +328,19 @@ def _op_cases(kernel, dev):
         *make_case(3, 64, 64, 32, torch.float16, True, True, True, 20)
     )
     out = dev(torch.empty((3, 64), dtype=torch.float16))
+    _, g_codes, g_scales, _, _, g_bias = dev(
+        *make_case(3, 64, 128, 32, torch.float16, False, False, True, 21)
+    )
+    gated_out = dev(torch.empty((3, 64), dtype=torch.float16))
     return [
         ("int4_pack", (torch.empty_like(packed), codes)),
         ("int4_unpack", (torch.empty_like(codes), packed)),
-        ("w4a16_gemm", (out, a, kernel.int4_pack(codes2), scales, zeros, perm, bias)),
-        ("w4a16_gemm", (out, a, kernel.int4_pack(codes2), scales, None, None, None)),
+        ("w4a16_gemm", (out, a, kernel.int4_pack(codes2), scales, zeros, perm, bias, "silu")),
+        ("w4a16_gemm", (out, a, kernel.int4_pack(codes2), scales, None, None, None, "none")),
+        (
+            "w4a16_gemm_gated",
+            (gated_out, a, kernel.int4_pack(g_codes), g_scales, None, None, g_bias, "gelu"),
+        ),
     ]
 
 
@@ -387,3 +395,87 @@ def test_split_k_is_deterministic_and_graph_safe(kernel, dev, device):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, kernel.w4a16_gemm(fresh, packed, scales_d, bias=bias_d))
+
+
+# ---- fused epilogues: activation, gated MLP ----
+
+ACTIVATIONS_F64 = {
+    "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / 2**0.5)),
+    "gelu_tanh": lambda x: (
+        0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+    ),
+    "silu": lambda x: x * torch.sigmoid(x),
+}
+# The largest slope of each activation (gelu's 1.129 at x = 2.42 bounds all three), which
+# carries the float32 sum's error through it.
+ACT_SLOPE = 1.13
+
+
+def sum_and_bound(a, codes, scales, zeros, perm, bias, dtype):
+    """float64 sums (with bias) and the float32 accumulation bound, before any rounding to dtype."""
+    ref, bound = reference(a, codes, scales, zeros, perm, bias, dtype)
+    return ref, bound - UNIT_ROUNDOFF[dtype] * ref.abs()
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS_F64))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemm_activation(kernel, dev, dtype, activation):
+    a, codes, scales, zeros, perm, bias = make_case(7, 384, 192, 64, dtype, True, True, True, 30)
+    on = dev(a, codes, scales, zeros, perm, bias)
+    on[1] = kernel.int4_pack(on[1])
+    out = kernel.w4a16_gemm(*on, activation=activation).cpu().double()
+    s, acc_bound = sum_and_bound(a, codes, scales, zeros, perm, bias, dtype)
+    want = ACTIVATIONS_F64[activation](s)
+    bound = ACT_SLOPE * acc_bound + UNIT_ROUNDOFF[dtype] * want.abs() + 2.0**-24 * 8
+    assert bool(((out - want).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemm_gated(kernel, dev, dtype, activation):
+    """act(a @ w_gate + b_gate) * (a @ w_up + b_up) with gate and up packed by pack_gate_up, K
+    split on a GPU (M = 1, K = 4096) and not (M = 17, K = 256)."""
+    for m, k in ((17, 256), (1, 4096)):
+        gate = make_case(m, k, 128, 128, dtype, True, False, True, 31)
+        up = make_case(m, k, 128, 128, dtype, True, False, True, 32)
+        a = gate[0]
+
+        def packed(i):  # codes [K, 128], scales / zeros [G, 128], bias [128]: interleave columns
+            g, u = gate[i], up[i]
+            if g.dim() == 1:
+                return kernel.pack_gate_up(g, u)
+            return kernel.pack_gate_up(g.t().contiguous(), u.t().contiguous()).t().contiguous()
+
+        codes, scales, zeros, bias = packed(1), packed(2), packed(3), packed(5)
+        b = kernel.int4_pack(dev(codes))
+        out = kernel.w4a16_gemm_gated(
+            dev(a), b, *dev(scales, zeros), bias=dev(bias), activation=activation
+        )
+        out = out.cpu().double()
+        assert out.shape == (m, 128)
+        g, g_bound = sum_and_bound(a, gate[1], gate[2], gate[3], None, gate[5], dtype)
+        u, u_bound = sum_and_bound(a, up[1], up[2], up[3], None, up[5], dtype)
+        act = ACTIVATIONS_F64[activation]
+        want = act(g) * u
+        bound = (
+            ACT_SLOPE * g_bound * u.abs()
+            + act(g).abs() * u_bound
+            + ACT_SLOPE * g_bound * u_bound
+            + UNIT_ROUNDOFF[dtype] * want.abs()
+            + 2.0**-24 * 8
+        )
+        err = (out - want).abs()
+        assert bool((err <= bound).all()), f"m={m} k={k}: max error {err.max():.3g}"
+
+
+def test_gated_errors(kernel, dev):
+    dtype = torch.bfloat16
+    a = dev(torch.randn((2, 64)).to(dtype))
+    b = kernel.int4_pack(dev(random_codes(64, 192, 33)))  # 192 columns: not gate / up pairs
+    scales = dev(torch.ones((1, 192), dtype=dtype))
+    with pytest.raises(
+        RuntimeError, match="w4a16_gemm_gated: a gated b must have a multiple of 128"
+    ):
+        kernel.w4a16_gemm_gated(a, b, scales)
+    with pytest.raises(RuntimeError, match='w4a16_gemm: activation must be one of "none"'):
+        kernel.w4a16_gemm(a, b, scales, activation="relu")

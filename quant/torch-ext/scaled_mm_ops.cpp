@@ -205,17 +205,6 @@ bool is_blockwise(const char* op, const Gemm& g, const at::Tensor& a_scales,
   return true;
 }
 
-Activation parse_activation(const char* op, const std::string& name) {
-  if (name == "none") return Activation::kNone;
-  if (name == "gelu") return Activation::kGelu;
-  if (name == "gelu_tanh") return Activation::kGeluTanh;
-  if (name == "silu") return Activation::kSilu;
-  TORCH_CHECK(false, op,
-              ": activation must be one of \"none\", \"gelu\", \"gelu_tanh\", \"silu\", ", "got \"",
-              name, "\"");
-  return Activation::kNone;
-}
-
 #if defined(CUDA_KERNEL)
 // The GPU of `device` runs `operand` (and blockwise fp8 when `blockwise`) in this build.
 void check_capability(const char* op, const at::Device& device, GemmOperand operand,
@@ -404,6 +393,18 @@ void scaled_mm_any_mode(const char* op, at::Tensor& out, const at::Tensor& a, co
 }
 
 }  // namespace
+
+quant::Activation parse_activation(const char* op, const std::string& name) {
+  using quant::Activation;
+  if (name == "none") return Activation::kNone;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  if (name == "silu") return Activation::kSilu;
+  TORCH_CHECK(false, op,
+              ": activation must be one of \"none\", \"gelu\", \"gelu_tanh\", \"silu\", ", "got \"",
+              name, "\"");
+  return Activation::kNone;
+}
 
 void cutlass_scaled_mm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor& a_scales, const at::Tensor& b_scales,

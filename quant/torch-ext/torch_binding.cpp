@@ -70,8 +70,12 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   QUANT_IMPL(int4_unpack);
   ops.def(
       "w4a16_gemm(Tensor! out, Tensor a, Tensor b, Tensor scales, Tensor? zeros, Tensor? perm, "
-      "Tensor? bias) -> ()");
+      "Tensor? bias, str activation) -> ()");
   QUANT_IMPL(w4a16_gemm);
+  ops.def(
+      "w4a16_gemm_gated(Tensor! out, Tensor a, Tensor b, Tensor scales, Tensor? zeros, "
+      "Tensor? perm, Tensor? bias, str activation) -> ()");
+  QUANT_IMPL(w4a16_gemm_gated);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

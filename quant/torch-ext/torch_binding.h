@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 
+#include "scaled_mm_params.h"
+
 // result = fp8(clamp(input * (1 / scale), -448, 448))
 void static_scaled_fp8_quant(at::Tensor& result,        // [..., hidden] float8_e4m3fn
                              const at::Tensor& input,   // [..., hidden]
@@ -87,6 +89,9 @@ void scaled_mm_gated(at::Tensor& out,                            // [M, N]
                      const std::optional<at::Tensor>& b_scales,  // 1 or 2N
                      const std::optional<at::Tensor>& bias,      // [2N] of out's dtype
                      const std::string& activation);
+// "none", "gelu", "gelu_tanh" or "silu" as the epilogue's Activation; anything else raises
+// naming `op` (scaled_mm_ops.cpp).
+quant::Activation parse_activation(const char* op, const std::string& name);
 // Whether a CUDA build of this kernel has fp8 (blockwise fp8) GEMMs for a GPU of capability
 // major * 10 + minor (the CPU build answers for a CUDA build: kernel_src/scaled_mm_support.h).
 bool cutlass_scaled_mm_supports_fp8(int64_t cuda_device_capability);
@@ -105,12 +110,19 @@ void int4_pack(at::Tensor& packed,        // int32 [K / 16, 2 N], written
 // codes = the 4-bit codes of packed (the inverse of int4_pack)
 void int4_unpack(at::Tensor& codes,          // uint8 [K, N], written
                  const at::Tensor& packed);  // int32 [K / 16, 2 N]
-// out = a[:, perm] @ w + bias, w[k, n] = (q[k, n] - z) * s with z, s per group of K / groups rows
-// (z = 8 without zeros)
+// out = act(a[:, perm] @ w + bias), w[k, n] = (q[k, n] - z) * s with z, s per group of
+// K / groups rows (z = 8 without zeros)
 void w4a16_gemm(at::Tensor& out,                         // [M, N] of a's dtype
                 const at::Tensor& a,                     // [M, K] float16 / bfloat16
                 const at::Tensor& b,                     // int32 [K / 16, 2 N], packed
                 const at::Tensor& scales,                // [groups, N] of a's dtype
                 const std::optional<at::Tensor>& zeros,  // [groups, N] of a's dtype
                 const std::optional<at::Tensor>& perm,   // int32 [K]
-                const std::optional<at::Tensor>& bias);  // [N] of a's dtype
+                const std::optional<at::Tensor>& bias,   // [N] of a's dtype
+                const std::string& activation);
+// Gated: b holds gate and up in alternating blocks of 64 columns (pack_gate_up's order, N of
+// them in all; scales, zeros, bias the same); out = act(gate product) * up product, [M, N / 2]
+void w4a16_gemm_gated(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                      const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+                      const std::optional<at::Tensor>& perm, const std::optional<at::Tensor>& bias,
+                      const std::string& activation);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "torch_binding.h"
 #include "torch_checks.h"
@@ -128,10 +129,12 @@ void int4_unpack(at::Tensor& codes, const at::Tensor& packed) {
   run_pack("int4_unpack", codes, packed, /*unpack=*/true);
 }
 
-void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scales,
-                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& perm,
-                const std::optional<at::Tensor>& bias) {
-  const char* op = "w4a16_gemm";
+namespace {
+
+void run_gemm(const char* op, at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+              const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+              const std::optional<at::Tensor>& perm, const std::optional<at::Tensor>& bias,
+              const std::string& activation, bool gated) {
   TORCH_CHECK(a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16, op,
               ": a must be float16 or bfloat16, got ", dtype_name(a.scalar_type()));
   TORCH_CHECK(a.dim() == 2, op, ": a must be 2-D [M, K], got shape ", a.sizes());
@@ -142,11 +145,16 @@ void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const
   TORCH_CHECK(b.size(0) * quant::w4::kTileK == k && b.size(1) % 2 == 0, op,
               ": b must have shape [K / 16, 2 N] with K = ", k, " (a's columns), got ", b.sizes());
   check_packed_sizes(op, k, n);
+  TORCH_CHECK(!gated || n % (2 * quant::w4::kTileN) == 0, op,
+              ": a gated b must have a multiple of 128 columns (gate and up blocks of 64), got ",
+              n);
+  const int64_t out_n = gated ? n / 2 : n;
   TORCH_CHECK(b.is_contiguous(), op, ": b must be contiguous, got strides ", b.strides());
   TORCH_CHECK(m <= 1 || k <= 1 || a.stride(1) == 1, op,
               ": a must have unit stride along K, got strides ", a.strides());
   torch_checks::check_dtype_of(op, "out", out, "a", a);
-  torch_checks::check_shape(op, "out", out, {m, n}, "[M, N]");
+  torch_checks::check_shape(op, "out", out, {m, out_n},
+                            gated ? "[M, N / 2]: one column per gate / up pair" : "[M, N]");
   TORCH_CHECK(n <= 1 || out.stride(1) == 1, op, ": out must have unit stride along N, got strides ",
               out.strides());
   torch_checks::check_device_of(op, "a", a, "out", out);
@@ -165,7 +173,7 @@ void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const
   if (present(bias)) {
     check_dtype(op, "bias", *bias, out.scalar_type());
     torch_checks::check_device_of(op, "bias", *bias, "out", out);
-    torch_checks::check_shape(op, "bias", *bias, {n}, "[N], one per output column");
+    torch_checks::check_shape(op, "bias", *bias, {n}, "[N], one per column of b");
     TORCH_CHECK(bias->is_contiguous(), op, ": bias must be contiguous");
     torch_checks::check_no_overlap(op, "out", out, "bias", *bias);
   }
@@ -190,7 +198,9 @@ void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const
   p.k = k;
   p.group_size = k / groups;
   p.lda = m > 1 ? a.stride(0) : k;
-  p.ldd = m > 1 ? out.stride(0) : n;
+  p.ldd = m > 1 ? out.stride(0) : out_n;
+  p.activation = parse_activation(op, activation);
+  p.gated = gated;
 #if defined(CPU_KERNEL)
   if (out.device().is_cpu()) {
     if (p.perm != nullptr) {
@@ -224,4 +234,19 @@ void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const
   }
 #endif
   no_device(op, out.device());
+}
+
+}  // namespace
+
+void w4a16_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scales,
+                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& perm,
+                const std::optional<at::Tensor>& bias, const std::string& activation) {
+  run_gemm("w4a16_gemm", out, a, b, scales, zeros, perm, bias, activation, false);
+}
+
+void w4a16_gemm_gated(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                      const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+                      const std::optional<at::Tensor>& perm, const std::optional<at::Tensor>& bias,
+                      const std::string& activation) {
+  run_gemm("w4a16_gemm_gated", out, a, b, scales, zeros, perm, bias, activation, true);
 }

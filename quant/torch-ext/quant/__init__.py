@@ -54,6 +54,7 @@ from .int4 import (
     int4_pack,
     int4_unpack,
     w4a16_gemm,
+    w4a16_gemm_gated,
 )
 
 # The layers reach the functions below through the package, at call time.
@@ -69,6 +70,7 @@ __all__ = [
     "int4_pack",
     "int4_unpack",
     "w4a16_gemm",
+    "w4a16_gemm_gated",
     "gptq_repack",
     "gptq_unrepack",
     "awq_repack",

@@ -310,9 +310,7 @@ def _int4_unpack_fake(codes, packed) -> None:
     _int4_pack_fake(packed, codes)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("w4a16_gemm"))
-def _w4a16_gemm_fake(out, a, b, scales, zeros, perm, bias) -> None:
-    op = "w4a16_gemm"
+def _check_w4a16(op, out, a, b, scales, zeros, perm, bias, activation, gated) -> None:
     torch._check(
         a.dtype in SIXTEEN_BIT,
         lambda: f"{op}: a must be float16 or bfloat16, got {dtype_name(a.dtype)}",
@@ -322,7 +320,7 @@ def _w4a16_gemm_fake(out, a, b, scales, zeros, perm, bias) -> None:
     m, k, n = a.shape[0], a.shape[1], b.shape[-1] // 2
     _check_shape(op, "b", b, (k // 16, 2 * n), f"[K / 16, 2 N] with K = {k}")
     _check_dtype(op, "out", out, a.dtype)
-    _check_shape(op, "out", out, (m, n), "[M, N]")
+    _check_shape(op, "out", out, (m, n // 2 if gated else n), "[M, N / 2]" if gated else "[M, N]")
     _check_dtype(op, "scales", scales, a.dtype)
     torch._check(
         scales.dim() == 2 and scales.shape[1] == n,
@@ -336,4 +334,15 @@ def _w4a16_gemm_fake(out, a, b, scales, zeros, perm, bias) -> None:
         _check_shape(op, "perm", perm, (k,), "[K], a's column for each packed row")
     if bias is not None:
         _check_dtype(op, "bias", bias, a.dtype)
-        _check_shape(op, "bias", bias, (n,), "[N], one per output column")
+        _check_shape(op, "bias", bias, (n,), "[N], one per column of b")
+    _check_activation(op, activation)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("w4a16_gemm"))
+def _w4a16_gemm_fake(out, a, b, scales, zeros, perm, bias, activation) -> None:
+    _check_w4a16("w4a16_gemm", out, a, b, scales, zeros, perm, bias, activation, False)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("w4a16_gemm_gated"))
+def _w4a16_gemm_gated_fake(out, a, b, scales, zeros, perm, bias, activation) -> None:
+    _check_w4a16("w4a16_gemm_gated", out, a, b, scales, zeros, perm, bias, activation, True)

@@ -6,6 +6,8 @@ A weight is 4-bit codes ``q[k, n]`` (K input features, N outputs) with a scale `
 the activations' dtype (one rounding of an exact product, so the same bits on every device).
 GPTQ checkpoints are symmetric (``z = 8``, vLLM's ``uint4b8``); AWQ checkpoints carry zeros.
 
+``w4a16_gemm_gated`` fuses a gated MLP's gate and up projections with ``act(gate) * up``.
+
 ``int4_pack`` puts codes ``[K, N]`` (uint8, 0..15) into our layout, int32 ``[K / 16, 2 N]``
 (K a multiple of 16, N of 64), in which a GPU warp's 16-byte loads are the tensor-core fragments
 (kernel_src/w4a16_layout.h defines it); ``int4_unpack`` inverts it. ``w4a16_gemm(a, b, scales,
@@ -68,6 +70,16 @@ def int4_unpack(packed: torch.Tensor) -> torch.Tensor:
     return codes
 
 
+def _run_gemm(op, out_cols, a, b, scales, zeros, perm, bias, activation) -> torch.Tensor:
+    lead = a.shape[:-1]
+    a2 = a.reshape(-1, a.shape[-1]) if a.dim() != 2 else a
+    if a2.dim() == 2 and a2.shape[-1] > 1 and a2.stride(-1) != 1:
+        a2 = a2.contiguous()
+    out = torch.empty((a2.shape[0], out_cols), dtype=a.dtype, device=a.device)
+    op(out, a2, b, scales, zeros, perm, bias, "none" if activation is None else activation)
+    return out.reshape(*lead, out_cols)
+
+
 def w4a16_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -75,17 +87,31 @@ def w4a16_gemm(
     zeros: Optional[torch.Tensor] = None,
     perm: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
 ) -> torch.Tensor:
-    """``a[..., perm] @ w + bias`` for a float16 / bfloat16 ``[..., K]`` and the packed weight ``b``
-    (int32 [K / 16, 2 N]); ``scales`` / ``zeros`` ``[K / group_size, N]`` in a's dtype (no zeros:
-    8), ``perm`` int32 [K], ``bias`` [N]. Products summed in float32, rounded once."""
-    lead = a.shape[:-1]
-    a2 = a.reshape(-1, a.shape[-1]) if a.dim() != 2 else a
-    if a2.dim() == 2 and a2.shape[-1] > 1 and a2.stride(-1) != 1:
-        a2 = a2.contiguous()
-    out = torch.empty((a2.shape[0], b.shape[-1] // 2), dtype=a.dtype, device=a.device)
-    ops.w4a16_gemm(out, a2, b, scales, zeros, perm, bias)
-    return out.reshape(*lead, out.shape[-1])
+    """``act(a[..., perm] @ w + bias)`` for a float16 / bfloat16 ``[..., K]`` and the packed weight
+    ``b`` (int32 [K / 16, 2 N]); ``scales`` / ``zeros`` ``[K / group_size, N]`` in a's dtype (no
+    zeros: 8), ``perm`` int32 [K], ``bias`` [N], ``activation`` None, "gelu", "gelu_tanh" or
+    "silu". Products summed in float32, the epilogue in float32, rounded once."""
+    return _run_gemm(ops.w4a16_gemm, b.shape[-1] // 2, a, b, scales, zeros, perm, bias, activation)
+
+
+def w4a16_gemm_gated(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: Optional[torch.Tensor] = None,
+    perm: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The gated MLP's first GEMM in one kernel: ``act(a @ w_gate + b_gate) * (a @ w_up + b_up)``,
+    ``[..., N / 2]``. ``b``, ``scales``, ``zeros`` and ``bias`` hold gate and up in alternating
+    blocks of 64 columns: pack the codes [K, N / 2] of each with ``pack_gate_up(gate.t(),
+    up.t()).t()`` (and the group tables the same way) before ``int4_pack``."""
+    return _run_gemm(
+        ops.w4a16_gemm_gated, b.shape[-1] // 4, a, b, scales, zeros, perm, bias, activation
+    )
 
 
 # ---- checkpoint formats ----

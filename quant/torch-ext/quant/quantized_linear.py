@@ -157,8 +157,7 @@ class QuantizedLinear(nn.Module):
             ``int4``: N a multiple of 64, K of 16 and of ``group_size``).
         bias: whether the layer adds a bias (stored in ``dtype``).
         quant: ``"fp8"``, ``"int8"``, ``"fp8_block"`` or ``"int4"`` (module docstring).
-        activation: None, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``, fused into the W8A8 GEMMs
-            (applied after the GEMM for ``int4``).
+        activation: None, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``, fused into the GEMM.
         act_scale: None for dynamic activation scales; a positive number for a static
             per-tensor scale (``fp8`` and ``int8``), kept in the ``input_scale`` buffer.
         group_size, zero_point: ``int4`` only: input features per scale (32, 64, 128, or -1 for
@@ -366,10 +365,8 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features).to(self.weight_scale.dtype)
         bias = self.bias.to(rows.dtype) if self.bias is not None else None
         out = _package.w4a16_gemm(
-            rows, self.weight, self.weight_scale, self.weight_zero, self.perm, bias
+            rows, self.weight, self.weight_scale, self.weight_zero, self.perm, bias, self.activation
         )
-        if self.activation is not None:
-            out = _INT4_ACTIVATIONS[self.activation](out)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     @torch.no_grad()
@@ -489,13 +486,6 @@ class QuantizedLinear(nn.Module):
             f"bias={self.bias is not None}, quant={self.quant}, activation={self.activation}, "
             f"input_scale={scales}, dtype={_dtype_name(self.dtype)}"
         )
-
-
-_INT4_ACTIVATIONS = {
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
-    "silu": torch.nn.functional.silu,
-}
 
 
 def _check_tensor_shape(name: str, arg: str, t, expected: Tuple[int, ...]) -> None:
