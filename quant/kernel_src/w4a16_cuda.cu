@@ -160,40 +160,55 @@ __global__ void __launch_bounds__(kThreads)
   float acc[kTiles][kBlocksN][4] = {};
   T2 scale[kTiles][kBlocksN], offset[kTiles][kBlocksN];
   int64_t group = -1;
-#pragma unroll 2
-  for (int64_t step = begin; step < end; ++step) {
-    uint4 q[kTiles];
+  // Steps go in batches of kBatch: the batch's weight loads are all issued before its first
+  // multiply, so each warp keeps kBatch * kTiles 16-byte loads in flight (a decode GEMM is
+  // bound by how many bytes are in flight per SM).
+  constexpr int kBatch = 4 / kTiles;
+  for (int64_t base = begin; base < end; base += kBatch) {
+    uint4 q[kBatch][kTiles];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-      q[t] = __ldg(tiles + (step * n_tiles + first_tile + t) * 32 + lane);
-    const int64_t k = step * w4::kTileK + 2 * c;
-    const uint32_t a[4] = {load_a_pair<T>(p, m0 + g, k), load_a_pair<T>(p, m0 + g + 8, k),
-                           load_a_pair<T>(p, m0 + g, k + 8), load_a_pair<T>(p, m0 + g + 8, k + 8)};
-    const int64_t step_group = step * w4::kTileK / p.group_size;
-    if (step_group != group) {
-      group = step_group;
+    for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int f = 0; f < kBlocksN; ++f) {
-          // block f of the lane: column 8 f + g of the tile
-          const int64_t at = group * p.n + (first_tile + t) * kTileN + 8 * f + g;
-          scale[t][f] = T2(scales[at], scales[at]);
-          const float z = kZeros ? M::to_float(zeros[at]) : static_cast<float>(w4::kZeroPoint);
-          offset[t][f] = M::splat(M::kMagicValue + z);
-        }
+        q[b][t] = base + b < end
+                      ? __ldg(tiles + ((base + b) * n_tiles + first_tile + t) * 32 + lane)
+                      : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t step = base + b;
+      if (step >= end) break;
+      const int64_t k = step * w4::kTileK + 2 * c;
+      const uint32_t a[4] = {load_a_pair<T>(p, m0 + g, k), load_a_pair<T>(p, m0 + g + 8, k),
+                             load_a_pair<T>(p, m0 + g, k + 8),
+                             load_a_pair<T>(p, m0 + g + 8, k + 8)};
+      const int64_t step_group = step * w4::kTileK / p.group_size;
+      if (step_group != group) {
+        group = step_group;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int f0 = 2 * j, f1 = 2 * j + 1;
-        mma_16816<T>(acc[t][f0], a, dequant_pair<T>(words[j], 0, offset[t][f0], scale[t][f0]),
-                     dequant_pair<T>(words[j], 4, offset[t][f0], scale[t][f0]));
-        mma_16816<T>(acc[t][f1], a, dequant_pair<T>(words[j], 8, offset[t][f1], scale[t][f1]),
-                     dequant_pair<T>(words[j], 12, offset[t][f1], scale[t][f1]));
+        for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+          for (int f = 0; f < kBlocksN; ++f) {
+            // block f of the lane: column 8 f + g of the tile
+            const int64_t at = group * p.n + (first_tile + t) * kTileN + 8 * f + g;
+            scale[t][f] = T2(scales[at], scales[at]);
+            const float z = kZeros ? M::to_float(zeros[at]) : static_cast<float>(w4::kZeroPoint);
+            offset[t][f] = M::splat(M::kMagicValue + z);
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const uint32_t words[4] = {q[b][t].x, q[b][t].y, q[b][t].z, q[b][t].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int f0 = 2 * j, f1 = 2 * j + 1;
+          mma_16816<T>(acc[t][f0], a, dequant_pair<T>(words[j], 0, offset[t][f0], scale[t][f0]),
+                       dequant_pair<T>(words[j], 4, offset[t][f0], scale[t][f0]));
+          mma_16816<T>(acc[t][f1], a, dequant_pair<T>(words[j], 8, offset[t][f1], scale[t][f1]),
+                       dequant_pair<T>(words[j], 12, offset[t][f1], scale[t][f1]));
+        }
       }
     }
   }
