@@ -115,11 +115,13 @@ __device__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// A[m, k] and A[m, k + 1] (through perm when given) in the low and high halves; 0 past M.
+// A[m, k] and A[m, k + 1] (through perm when given) in the low and high halves; 0 past M. k is
+// even: without perm, and with A's rows on 4-byte boundaries (`paired`), one 32-bit load.
 template <typename T>
-__device__ uint32_t load_a_pair(const W4A16GemmParams& p, int64_t m, int64_t k) {
+__device__ uint32_t load_a_pair(const W4A16GemmParams& p, bool paired, int64_t m, int64_t k) {
   if (m >= p.m) return 0;
   const T* row = static_cast<const T*>(p.a) + m * p.lda;
+  if (paired) return __ldg(reinterpret_cast<const uint32_t*>(row + k));
   const int64_t k0 = p.perm != nullptr ? __ldg(p.perm + k) : k;
   const int64_t k1 = p.perm != nullptr ? __ldg(p.perm + k + 1) : k + 1;
   uint16_t lo, hi;
@@ -156,6 +158,8 @@ __global__ void __launch_bounds__(kThreads)
   const T* zeros = static_cast<const T*>(p.zeros);
   const int64_t m0 = static_cast<int64_t>(mt) * kTileM;
   const int64_t first_tile = static_cast<int64_t>(ot) * kTiles;  // weight tile of t = 0
+  const bool paired = p.perm == nullptr && reinterpret_cast<uintptr_t>(p.a) % 4 == 0 &&
+                      (p.m <= 1 || p.lda % 2 == 0);
 
   float acc[kTiles][kBlocksN][4] = {};
   T2 scale[kTiles][kBlocksN], offset[kTiles][kBlocksN];
@@ -180,9 +184,9 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t step = base + b;
       if (step >= end) break;
       const int64_t k = step * w4::kTileK + 2 * c;
-      const uint32_t a[4] = {load_a_pair<T>(p, m0 + g, k), load_a_pair<T>(p, m0 + g + 8, k),
-                             load_a_pair<T>(p, m0 + g, k + 8),
-                             load_a_pair<T>(p, m0 + g + 8, k + 8)};
+      const uint32_t a[4] = {
+          load_a_pair<T>(p, paired, m0 + g, k), load_a_pair<T>(p, paired, m0 + g + 8, k),
+          load_a_pair<T>(p, paired, m0 + g, k + 8), load_a_pair<T>(p, paired, m0 + g + 8, k + 8)};
       const int64_t step_group = step * w4::kTileK / p.group_size;
       if (step_group != group) {
         group = step_group;

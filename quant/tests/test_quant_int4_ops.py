@@ -224,6 +224,10 @@ def test_gemm_strided_and_batched_activations(kernel, dev):
     wide = torch.randn((6, 300), generator=gen(9)).to(dtype)
     wide[:, 100:228] = a
     check(kernel, dev, wide[:, 100:228], codes, scales, zeros, perm, bias, dtype, "row stride 300")
+    # Rows starting on odd elements (2-byte aligned): the GPU reads them one element at a time.
+    odd = torch.randn((6, 301), generator=gen(10)).to(dtype)
+    odd[:, 101:229] = a
+    check(kernel, dev, odd[:, 101:229], codes, scales, zeros, perm, bias, dtype, "odd offset")
     packed, scales_d = kernel.int4_pack(dev(codes)), dev(scales)
     out = kernel.w4a16_gemm(dev(a).reshape(2, 3, 128), packed, scales_d)
     assert out.shape == (2, 3, 64)
