@@ -303,6 +303,10 @@ def test_errors_name_the_argument(kernel, dev, device):
         kernel.w4a16_gemm(dev(torch.randn((2, 80)).to(dtype)), packed, scales)
     with pytest.raises(RuntimeError, match="w4a16_gemm: scales must be"):
         kernel.w4a16_gemm(a, packed, scales[:, :64])
+    shifted = torch.empty(packed.numel() + 1, dtype=torch.int32, device=packed.device)
+    shifted = shifted[1:].view(packed.shape)  # contiguous, 4 bytes past an allocation's start
+    with pytest.raises(RuntimeError, match="w4a16_gemm: b must start on a 16-byte boundary"):
+        kernel.w4a16_gemm(a, shifted, scales)
     with pytest.raises(RuntimeError, match="w4a16_gemm: scales' rows must split K"):
         kernel.w4a16_gemm(a, packed, dev(torch.ones((3, 128), dtype=dtype)))
     with pytest.raises(RuntimeError, match="w4a16_gemm: scales must be bfloat16"):

@@ -150,6 +150,9 @@ void run_gemm(const char* op, at::Tensor& out, const at::Tensor& a, const at::Te
               n);
   const int64_t out_n = gated ? n / 2 : n;
   TORCH_CHECK(b.is_contiguous(), op, ": b must be contiguous, got strides ", b.strides());
+  // The GPU reads each lane's 16 bytes of a tile in one load.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(b.const_data_ptr()) % 16 == 0, op,
+              ": b must start on a 16-byte boundary (int4_pack's output does)");
   TORCH_CHECK(m <= 1 || k <= 1 || a.stride(1) == 1, op,
               ": a must have unit stride along K, got strides ", a.strides());
   torch_checks::check_dtype_of(op, "out", out, "a", a);
