@@ -7,9 +7,10 @@
 // the exponent, one exact subtraction and one multiply (the formula's single rounding), and
 // issues 8 mma.sync m16n8k16 with float32 accumulators. The warps' partial tiles meet in shared
 // memory; when K is split over several CTAs (too few tiles to fill the GPU), their partials meet
-// in the workspace and the last CTA to finish adds them in split order. Larger M runs one CTA row
-// per 16 rows, each streaming the weight again (from L2 where it fits): the tensor-core tiling
-// for M >= 32 is still to come.
+// in the workspace and the last CTA to finish adds them in split order. Larger M runs one CTA
+// per 16 rows and output tile; the row tiles of an output tile are launched next to each other,
+// so the weight comes from DRAM about once and from L2 for the rest (each CTA still dequantizes
+// it: a tiling that shares one dequantized tile across row tiles is still to come).
 #include "w4a16_cuda.h"
 
 #include <cuda_bf16.h>
@@ -131,15 +132,16 @@ __device__ uint32_t load_a_pair(const W4A16GemmParams& p, bool paired, int64_t m
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-// gridDim.x output tiles of 64 columns: each reads kTiles weight tiles (1; gated: the gate tile
-// 2 x and the up tile 2 x + 1 of the weight).
+// blockIdx.x: the row tile (16 rows), fastest, so that the CTAs of one weight tile run together
+// and all but the first read it from L2; blockIdx.y: the output tile of 64 columns, which reads
+// kTiles weight tiles (1; gated: the gate tile 2 y and the up tile 2 y + 1 of the weight).
 template <typename T, bool kZeros, int kTiles>
 __global__ void __launch_bounds__(kThreads)
     w4a16_gemm_kernel(const W4A16GemmParams p, int splits, float* partials, int* counters) {
   using M = PairMath<T>;
   using T2 = typename M::T2;
-  const int ot = blockIdx.x, mt = blockIdx.y, split = blockIdx.z;
-  const int out_tiles = gridDim.x, m_tiles = gridDim.y;
+  const int mt = blockIdx.x, ot = blockIdx.y, split = blockIdx.z;
+  const int m_tiles = gridDim.x, out_tiles = gridDim.y;
   const int64_t n_tiles = p.n / kTileN;  // of the weight
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
@@ -398,7 +400,7 @@ cudaError_t w4a16_gemm(const W4A16GemmParams& p, const W4A16Plan& plan, void* wo
     if (err != cudaSuccess) return err;
   }
   const int64_t out_tiles = p.n / kTileN / (p.gated ? 2 : 1);
-  const dim3 grid(static_cast<unsigned>(out_tiles), static_cast<unsigned>(tiles / out_tiles),
+  const dim3 grid(static_cast<unsigned>(tiles / out_tiles), static_cast<unsigned>(out_tiles),
                   static_cast<unsigned>(plan.splits));
   return p.dtype == DType::kBFloat16
              ? launch_gemm<__nv_bfloat16>(p, grid, plan.splits, partials, counters, stream)
