@@ -137,33 +137,60 @@ def tiny_llama(device):
     return transformers.LlamaForCausalLM(config).to(device, torch.bfloat16).eval()
 
 
-def test_tiny_llama(kernel, int4_device):
-    """Every projection replaced (lm_head left); logits close to the bf16 model's (cosine >= 0.97:
-    4-bit round-to-nearest on these random weights costs 0.009-0.017 of it on the CPU, group 32
-    with zero points to per channel; a broken layer costs far more); compiled with fullgraph; a
-    GPTQ state_dict written from the layers loads back to the same logits."""
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_tiny_llama(kernel, int4_device, fmt):
+    """Every projection replaced (lm_head left), symmetric in groups of 64 (gptq) or with zero
+    points in groups of 32 (awq):
+
+    * the logits are as accurate as those of the same model with each weight replaced by the
+      layer's dequantized weight (quant_tiny_models.assert_as_accurate, against its float64 twin),
+      and within the int4 rounding of the bf16 model's (cosine >= 0.97: round to nearest on these
+      random weights costs 0.009-0.017 of it on the CPU; a broken layer costs far more);
+    * compiled with fullgraph, the same logits (up to the compiler's rounding);
+    * the layers written as a checkpoint of the format load back into a fresh model bit for bit."""
     pytest.importorskip("transformers")
+    import copy
+
+    from quant_tiny_models import assert_as_accurate, float64_twin
+
+    zero_point, group = fmt == "awq", 32 if fmt == "awq" else 64
     model = tiny_llama(int4_device)
+    original = copy.deepcopy(model)
     ids = torch.randint(0, 128, (2, 11), generator=gen(9)).to(int4_device)
     with torch.no_grad():
         expected = model(ids).logits
-        report = kernel.replace_linear_with_quantized(model, "int4", group_size=64)
+        report = kernel.replace_linear_with_quantized(
+            model, "int4", group_size=group, zero_point=zero_point
+        )
         got = model(ids).logits
         assert report.num_replaced == 14 and set(report.skipped) == {"lm_head"}
         assert cosine(got, expected) >= 0.97
+        layers = {
+            name: layer
+            for name, layer in model.named_modules()
+            if isinstance(layer, kernel.QuantizedLinear)
+        }
+        for name, layer in layers.items():  # the dequantized weights, exact in bf16
+            original.get_submodule(name).weight.copy_(dequantized(kernel, layer).bfloat16())
+        untouched = original(ids).logits
+        twin = float64_twin(original.cpu())(ids.cpu()).logits
+        assert_as_accurate(f"int4 {fmt} logits", got.cpu(), untouched.cpu(), twin)
+
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND[int4_device])
         assert cosine(compiled(ids).logits, got) >= 0.9999
-        # The layers as a GPTQ checkpoint (symmetric, ordered), loaded into a fresh copy.
+
         state = {}
-        for name, layer in model.named_modules():
-            if isinstance(layer, kernel.QuantizedLinear):
+        for name, layer in layers.items():
+            state[name + ".scales"] = layer.weight_scale.clone()
+            if fmt == "gptq":
                 state[name + ".qweight"] = kernel.gptq_unrepack(layer.weight)
-                state[name + ".scales"] = layer.weight_scale.clone()
+            else:
+                state[name + ".qweight"] = kernel.awq_unrepack(layer.weight)
+                state[name + ".qzeros"] = kernel.int4.awq_pack(layer.weight_zero.to(torch.uint8))
         other = tiny_llama(int4_device)
-        kernel.replace_linear_with_quantized(other, "int4", group_size=64)
-        loaded = kernel.load_int4_checkpoint(other, state, "gptq")
-        assert len(loaded) == 14
+        kernel.replace_linear_with_quantized(other, "int4", group_size=group, zero_point=zero_point)
+        assert len(kernel.load_int4_checkpoint(other, state, fmt)) == 14
         assert torch.equal(other(ids).logits, got)
 
 
