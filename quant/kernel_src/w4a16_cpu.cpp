@@ -2,8 +2,8 @@
 // w4a16_params.h evaluated directly: the reference CPU users and CI run.
 //
 // The GEMM dequantizes one 64-column panel of the weight (K x 64, float32) per task of
-// at::parallel_for, each weight rounded to the activations' dtype as the formula says, then
-// accumulates every row of A against it in float32 and rounds once.
+// at::parallel_for, each weight (q - z) * s exact in float32, then accumulates every row of A
+// against it in float32 and rounds once.
 #include "w4a16_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -42,9 +42,8 @@ void panel_sums(const W4A16GemmParams& p, const std::vector<float>& a, int64_t p
       const int q = static_cast<int>((words[pos.word] >> (4 * pos.nibble)) & 0xFu);
       const float z =
           p.zeros != nullptr ? load<T>(p.zeros, g * N + n) : static_cast<float>(w4::kZeroPoint);
-      // (q - z) * s is exact in float32; the cast rounds it once, as the GPU's multiply does.
-      w[k * kPanel + j] = static_cast<float>(
-          static_cast<T>((static_cast<float>(q) - z) * load<T>(p.scales, g * N + n)));
+      // (q - z) * s is exact in float32 (w4a16_params.h).
+      w[k * kPanel + j] = (static_cast<float>(q) - z) * load<T>(p.scales, g * N + n);
     }
   }
   for (int64_t m = 0; m < M; ++m) {

@@ -4,8 +4,9 @@
 // The weight is packed as w4a16_layout.h defines. Its codes are unsigned 4-bit q; a weight is
 // w = (q - z) * s, with s and z per group of group_size consecutive k (of the packed order) and
 // per column n, both in the activations' dtype: z from `zeros` (AWQ), or 8 without it (GPTQ's
-// symmetric uint4b8). (q - z) is a small integer, exact in fp16 and bf16, so w is one rounding of
-// the exact product: the same bits on every device.
+// symmetric uint4b8). w is never rounded: (q - z) is a small integer and s has at most 11
+// significant bits, so w and every product with an activation are exact in float32, and the
+// only roundings are those of the float32 sum and the final one to dtype.
 #pragma once
 
 #include <cstdint>

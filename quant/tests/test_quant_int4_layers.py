@@ -13,8 +13,8 @@ COMPILE_BACKEND = {"cpu": "aot_eager", "cuda": "inductor"}
 
 
 def dequantized(kernel, layer):
-    """float64 weight [N, K] of an int4 layer, from its buffers: (q - z) * s rounded to the
-    scales' dtype, rows in a's order (perm undone)."""
+    """float64 weight [N, K] of an int4 layer, from its buffers: (q - z) * s (exact), rows in a's
+    order (perm undone)."""
     codes = kernel.int4_unpack(layer.weight).cpu().double()
     group = layer.group_size
     s = layer.weight_scale.cpu().double().repeat_interleave(group, 0)
@@ -23,7 +23,7 @@ def dequantized(kernel, layer):
         if layer.weight_zero is None
         else layer.weight_zero.cpu().double().repeat_interleave(group, 0)
     )
-    w = ((codes - z) * s).to(layer.weight_scale.dtype).double()  # [K, N], packed row order
+    w = (codes - z) * s  # [K, N], packed row order
     if layer.perm is not None:
         unsorted = torch.empty_like(w)
         unsorted[layer.perm.cpu().long()] = w
@@ -80,7 +80,7 @@ def test_load_gptq(kernel, int4_device, act_order):
     qzeros = torch.full((4, 16), 0x77777777, dtype=torch.int32)
     layer.load_gptq(qweight, scales.half(), g_idx if act_order else None, qzeros)
     assert (layer.perm is not None) == act_order
-    w = ((codes.double() - 8) * scales.half().double()[g_idx.long()]).half().double().t()
+    w = ((codes.double() - 8) * scales.half().double()[g_idx.long()]).t()
     torch.testing.assert_close(dequantized(kernel, layer), w, rtol=0, atol=0)
     x = torch.randn((7, 256), generator=gen(3)).half().to(int4_device)
     assert_forward_matches(kernel, layer, x)
@@ -96,9 +96,7 @@ def test_load_awq(kernel, int4_device):
     layer.load_awq(qweight, qzeros, scales.bfloat16(), bias)
     rows = torch.arange(128) // 32
     w = (codes.double() - zeros.double()[rows]) * scales.bfloat16().double()[rows]
-    torch.testing.assert_close(
-        dequantized(kernel, layer), w.bfloat16().double().t(), rtol=0, atol=0
-    )
+    torch.testing.assert_close(dequantized(kernel, layer), w.t(), rtol=0, atol=0)
     assert_forward_matches(
         kernel, layer, torch.randn((4, 128), generator=gen(6)).bfloat16().to(int4_device)
     )

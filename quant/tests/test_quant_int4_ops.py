@@ -152,14 +152,14 @@ def test_awq_round_trip(kernel, dev):
 
 
 def reference(a, codes, scales, zeros, perm, bias, dtype):
-    """float64 a[..., perm] @ w + bias with w = dtype((q - z) * s), and the error bound of a float32
+    """float64 a[..., perm] @ w + bias with w = (q - z) * s (exact), and the error bound of a float32
     sum of K products rounded once to dtype: K * u32 * sum |a w| + u * |ref| (+ the smallest
     normal's half ulp, for results near 0)."""
     k = codes.shape[0]
     group = k // scales.shape[0]
     s = scales.double().repeat_interleave(group, 0)
     z = zeros.double().repeat_interleave(group, 0) if zeros is not None else 8.0
-    w = ((codes.double() - z) * s).to(dtype).double()
+    w = (codes.double() - z) * s
     a2 = a.double()[..., perm.long()] if perm is not None else a.double()
     ref = a2 @ w
     if bias is not None:
@@ -261,7 +261,7 @@ def test_gptq_checkpoint_product(kernel, dev, act_order):
     scales = scales.to(dtype)
     packed, perm = kernel.gptq_repack(*dev(qweight, g_idx))
     x = torch.randn((9, 256), generator=gen(14)).to(dtype)
-    w = ((codes.double() - 8) * scales.double()[g_idx.long()]).to(dtype).double()
+    w = (codes.double() - 8) * scales.double()[g_idx.long()]
     ref = x.double() @ w
     bound = 256 * F32_ROUNDOFF * (x.double().abs() @ w.abs()) + 2.0**-11 * ref.abs() + 2.0**-24
     out = kernel.w4a16_gemm(dev(x), packed, dev(scales), perm=perm).cpu()
@@ -275,7 +275,7 @@ def test_awq_checkpoint_product(kernel, dev):
     scales = scales.to(dtype)
     x = torch.randn((4, 256), generator=gen(16)).to(dtype)
     rows = torch.arange(256) // 128
-    w = ((codes.double() - zeros.double()[rows]) * scales.double()[rows]).to(dtype).double()
+    w = (codes.double() - zeros.double()[rows]) * scales.double()[rows]
     ref = x.double() @ w
     bound = 256 * F32_ROUNDOFF * (x.double().abs() @ w.abs()) + 2.0**-8 * ref.abs() + 2.0**-24
     zeros_d = kernel.awq_zeros(dev(qzeros), dtype)

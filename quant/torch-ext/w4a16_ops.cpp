@@ -218,10 +218,23 @@ void run_gemm(const char* op, at::Tensor& out, const at::Tensor& a, const at::Te
   }
 #endif
 #if defined(CUDA_KERNEL)
-  // perm's values are not read on the host (that would synchronize); they must be in [0, K).
   if (out.device().is_cuda()) {
     check_capability(op, out.device());
     const c10::cuda::CUDAGuard device_guard(out.device());
+    // The kernel copies activations as 32-bit pairs of k: act-order columns (perm) are gathered
+    // into a contiguous A first (index_select checks perm's values on the device, so the host
+    // does not synchronize), and an A off a 4-byte boundary or with an odd row stride is copied.
+    at::Tensor a_read = a;
+    const bool paired = reinterpret_cast<uintptr_t>(a.const_data_ptr()) % 4 == 0 &&
+                        (m <= 1 || a.stride(0) % 2 == 0);
+    if (present(perm)) {
+      a_read = a.index_select(1, *perm);
+    } else if (!paired) {
+      a_read = a.clone(at::MemoryFormat::Contiguous);
+    }
+    p.a = a_read.const_data_ptr();
+    p.lda = m > 1 ? a_read.stride(0) : k;
+    p.perm = nullptr;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const int sms = at::cuda::getDeviceProperties(out.device().index())->multiProcessorCount;
     const quant::cuda::W4A16Plan plan = quant::cuda::w4a16_plan(p, sms);
