@@ -532,8 +532,9 @@ cudaError_t w4a16_gemm(const W4A16GemmParams& p, const W4A16Plan& plan, void* wo
                        cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   // The activations go through 4-byte copies of k pairs; torch-ext/ gathers act-order columns
-  // (perm) into a contiguous A first.
-  const bool paired = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && (p.m <= 1 || p.lda % 2 == 0);
+  // (perm) into a contiguous A first. Without K nothing is read: the output is the bias.
+  const bool paired =
+      p.k == 0 || (reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && (p.m <= 1 || p.lda % 2 == 0));
   if (p.perm != nullptr || !paired) return cudaErrorInvalidValue;
   const int64_t tiles = output_tiles(p);
   int* counters = nullptr;

@@ -225,8 +225,8 @@ void run_gemm(const char* op, at::Tensor& out, const at::Tensor& a, const at::Te
     // into a contiguous A first (index_select checks perm's values on the device, so the host
     // does not synchronize), and an A off a 4-byte boundary or with an odd row stride is copied.
     at::Tensor a_read = a;
-    const bool paired = reinterpret_cast<uintptr_t>(a.const_data_ptr()) % 4 == 0 &&
-                        (m <= 1 || a.stride(0) % 2 == 0);
+    const bool paired = k == 0 || (reinterpret_cast<uintptr_t>(a.const_data_ptr()) % 4 == 0 &&
+                                   (m <= 1 || a.stride(0) % 2 == 0));
     if (present(perm)) {
       a_read = a.index_select(1, *perm);
     } else if (!paired) {
