@@ -81,16 +81,25 @@ def _gemm_rows(result: dict) -> bool:
     return "llama" in result["model"] and result["m"] in (1, 16, 128, 2048, 8192)
 
 
+def _int4_rows(result: dict) -> bool:
+    """Every layer at the decode token counts of the issue's bars (1, 4, 16) and at 64 and 128."""
+    return result["m"] in (1, 4, 16, 64, 128)
+
+
 ROW_FILTERS = {
     "activation": _activation_rows,
     "rmsnorm": _rmsnorm_rows,
     "rope": _rope_rows,
     "attention": _attention_rows,
     "quant-gemm": _gemm_rows,
+    "quant-int4": _int4_rows,
 }
 
 # suite -> (its kernel folder, its results folder in there, the script that writes them)
-SUITES = {"quant-gemm": ("quant", "benchmarks/results/gemm", "benchmarks/gemm_sweep.py")}
+SUITES = {
+    "quant-gemm": ("quant", "benchmarks/results/gemm", "benchmarks/gemm_sweep.py"),
+    "quant-int4": ("quant", "benchmarks/results/int4", "benchmarks/int4_sweep.py"),
+}
 
 
 def results_dir(kernel: str) -> str:
@@ -304,6 +313,35 @@ COLUMNS["quant-gemm"] = [
 ]
 
 
+COLUMNS["quant-int4"] = [
+    ("layer (K→N)", "---", lambda r: f"{r['model']} {r['layer']} ({r['k']}→{r['n']})"),
+    ("M", "---:", lambda r: str(r["m"])),
+    (
+        "ours GPTQ / AWQ (µs)",
+        "---:",
+        lambda r: f"{r['us']['ours']:.2f} / {r['us']['ours_awq']:.2f}",
+    ),
+    ("weights GB/s", "---:", lambda r: f"{r['gbs']['ours']:.0f}"),
+    ("% of copy", "---:", lambda r: f"{100 * r['copy_fraction']:.1f}%"),
+    ("bf16 F.linear (µs)", "---:", lambda r: f"{r['us']['bf16']:.2f}"),
+    ("vs bf16", "---:", _speedup("speedup_vs_bf16")),
+    (
+        "vs fp8 / int8 W8A8",
+        "---:",
+        lambda r: f"{_speedup('speedup_vs_fp8_w8a8')(r)} / {_speedup('speedup_vs_int8_w8a8')(r)}",
+    ),
+]
+
+
+def int4_bar_lines(verdicts: list[dict]) -> list[str]:
+    """One table row per bar of the int4 issue: the worst value over the rows it covers."""
+    lines = ["| bar | worst | rows | verdict |", "|---|---:|---:|---|"]
+    for v in verdicts:
+        worst = "–" if v["worst"] is None else f"{v['worst']:.2f}"
+        lines.append(f"| {v['bar']} | {worst} | {v['rows']} | {v['verdict']} |")
+    return lines
+
+
 def gemm_bar_lines(verdicts: list[dict]) -> list[str]:
     """One table row per bar of the quant GEMM issue: its worst ratio over every M it covers and
     the M that miss it (the sweep's `bars`, one entry per bar and M)."""
@@ -346,6 +384,13 @@ NOTES = {
         "per-token × per-channel; the quantized activation is an input, except in the last "
         "column (per-token quantize + ours against bf16 F.linear)."
     ),
+    "quant-int4": (
+        "GPU times are medians of CUDA-graph replay, each call reading its weight from DRAM "
+        "(rotated copies larger than twice the L2); `ours` is symmetric int4 (GPTQ's format) in "
+        "groups of 128, AWQ adds zero points; GB/s and % of copy count the int4 weight bytes and "
+        "the scales over our time; a ratio is the baseline's time over ours (above 1: ours is "
+        "faster); the W8A8 baselines take pre-quantized activations."
+    ),
 }
 
 
@@ -385,7 +430,8 @@ def render(kernel: str, payload: dict) -> str:
     if kernel == "quant":
         lines.append(quantize_bar_line(payload["results"]))
     if payload.get("bars"):
-        lines += ["", *gemm_bar_lines(payload["bars"])]
+        bar_lines = int4_bar_lines if kernel == "quant-int4" else gemm_bar_lines
+        lines += ["", *bar_lines(payload["bars"])]
     return "\n".join(lines)
 
 

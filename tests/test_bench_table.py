@@ -548,3 +548,56 @@ def test_quant_gemm_table_follows_the_numbers(tmp_path, monkeypatch):
     assert "Full results: `quant/benchmarks/results/gemm/`" in table
     # the quantize table's reader does not see the GEMM file
     assert not list((tmp_path / "quant" / "benchmarks" / "results").glob("*.json"))
+
+
+def test_quant_int4_table_follows_the_numbers(tmp_path, monkeypatch):
+    """The int4 table reads quant/benchmarks/results/int4/ only, and its bar rows are those of
+    int4_sweep.bar_verdicts."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep adds scripts/
+    spec = importlib.util.spec_from_file_location(
+        "quant_int4_sweep", REPO / "quant" / "benchmarks" / "int4_sweep.py"
+    )
+    sweep = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, sweep)
+    spec.loader.exec_module(sweep)
+    readme = _readme("quant-int4")
+    (tmp_path / "quant").mkdir()
+    text = bench_table.generated_readme(readme, root=tmp_path)
+    assert "`quant/benchmarks/results/int4/*.json`" in text and "int4_sweep.py" in text
+
+    def row(layer, m, k, n, ours, bf16):
+        case = sweep.Case("w4a16", "llama3-8b", layer, m, k, n)
+        us = {"ours": ours, "ours_awq": ours + 1.0, "bf16": bf16, "fp8_w8a8": ours}
+        gbs = sweep.weight_bytes(case, False) / ours / 1e3
+        return {
+            **dataclasses.asdict(case),
+            "us": us,
+            "gbs": {"ours": gbs, "ours_awq": 0.0},
+            "speedup_vs_bf16": bf16 / ours,
+            "speedup_vs_fp8_w8a8": 1.0,
+            "copy_fraction": gbs / 4000.0,
+        }
+
+    rows = [row("down", 1, 14336, 4096, 10.0, 32.0), row("down", 32, 14336, 4096, 40.0, 32.0)]
+    payload = {
+        "environment": _environment("quant", "2026-11-28"),
+        "copy_gbs": 4000.0,
+        "method": "m",
+        "results": rows,
+        "bars": sweep.bar_verdicts(rows),
+    }
+    results = tmp_path / "quant" / "benchmarks" / "results" / "int4"
+    results.mkdir(parents=True)
+    (results / "gpu-x.json").write_text(json.dumps(payload))
+    table = bench_table.generated_readme(text, root=tmp_path)
+    # 14336 * 4096 / 2 + 2 * 112 * 4096 bytes in 10 µs: 3028 GB/s, 75.7% of 4000
+    assert (
+        "| llama3-8b down (14336→4096) | 1 | 10.00 / 11.00 | 3028 | 75.7% | 32.00 | 3.20× "
+        "| 1.00× / – |"
+    ) in table
+    assert "| 32 |" not in table  # M = 32 is not a README row
+    assert "| M <= 16: >= 3.0x bf16 F.linear | 3.20 | 1 | PASS |" in table
+    assert "| M = 64: >= 1.5x bf16 | – | 0 | NOT RUN |" in table
+    assert not list((tmp_path / "quant" / "benchmarks" / "results").glob("*.json"))
