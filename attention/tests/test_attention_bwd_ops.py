@@ -302,3 +302,97 @@ def test_varlen_backward_and_paged_raises(kernel):
     )
     with pytest.raises(NotImplementedError, match="inference-only"):
         out.sum().backward()
+
+
+# ---- flash-attn's low-level backward ----
+
+
+def test_low_level_backward_is_attn_bwd(kernel):
+    """_flash_attn_backward / _flash_attn_varlen_backward (flash-attn 2.8's parameters) and the C++
+    ops bwd / varlen_bwd under them: attn_bwd's gradients bit for bit, written into the given dq /
+    dk / dv (or new tensors), and softmax_d = rowsum(dout * out) laid out as softmax_lse."""
+    iface = kernel.flash_attn_interface
+    dtype = torch.bfloat16
+    slopes = alibi_slopes(4, "cpu")
+    q = randn((2, 13, 4, 16), dtype, "cpu", seed=30)
+    k = randn((2, 17, 2, 16), dtype, "cpu", seed=31)
+    v = randn((2, 17, 2, 16), dtype, "cpu", seed=32)
+    dout = randn((2, 13, 4, 16), dtype, "cpu", seed=33)
+    opts = dict(scale=0.3, causal=True, window=(5, -1), softcap=3.0, slopes=slopes)
+    out, lse = forward(kernel, q, k, v, opts)
+    want = backward(kernel, dout, q, k, v, out, lse, opts)
+    given = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    softmax_d = iface._flash_attn_backward(
+        dout, q, k, v, out, lse, *given, 0.0, 0.3, True, 5, -1, 3.0, slopes, True
+    )
+    for got, w in zip(given, want):
+        assert torch.equal(got, w)
+    rowsum = (dout.double() * out.double()).sum(-1).transpose(1, 2)  # [B, H, S_q]
+    assert softmax_d.dtype == torch.float32 and softmax_d.shape == lse.shape
+    torch.testing.assert_close(softmax_d.double(), rowsum, rtol=1e-5, atol=1e-5)
+    new = kernel.ops.bwd(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        None,
+        None,
+        None,
+        slopes,
+        0.0,
+        0.3,
+        True,
+        5,
+        -1,
+        3.0,
+        False,
+        None,
+        None,
+    )
+    assert all(torch.equal(got, w) for got, w in zip(new[:3], want))
+
+    lens = [6, 11]
+    cu = cu_seqlens(lens, "cpu")
+    qp = randn((17, 4, 16), dtype, "cpu", seed=34)
+    kp = randn((17, 2, 16), dtype, "cpu", seed=35)
+    dp = randn((17, 4, 16), dtype, "cpu", seed=36)
+    plain = dict(scale=16**-0.5, causal=False, window=(-1, -1), softcap=0.0, slopes=None)
+    sizes = (cu, cu, 11, 11)
+    out, lse = forward(kernel, qp, kp, kp, plain, *sizes)
+    want = backward(kernel, dp, qp, kp, kp, out, lse, plain, *sizes)
+    given = [torch.full_like(t, float("nan")) for t in (qp, kp, kp)]
+    softmax_d = iface._flash_attn_varlen_backward(
+        dp, qp, kp, kp, out, lse, *given, cu, cu, 11, 11, 0.0, None, False
+    )
+    for got, w in zip(given, want):
+        assert torch.equal(got, w)
+    assert softmax_d.shape == lse.shape  # [H, total_q]
+    rowsum = (dp.double() * out.double()).sum(-1).t()
+    torch.testing.assert_close(softmax_d.double(), rowsum, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="varlen_bwd: dropout"):
+        iface._flash_attn_varlen_backward(
+            dp, qp, kp, kp, out, lse, None, None, None, cu, cu, 11, 11, 0.2, None, False
+        )
+
+
+def test_opcheck_low_level_backward(kernel):
+    """bwd and varlen_bwd: schema, fake kernel and AOT dispatch (gradients allocated by the op)."""
+    q = randn((2, 9, 4, 16), torch.float32, "cpu", seed=37)
+    k = randn((2, 12, 2, 16), torch.float32, "cpu", seed=38)
+    opts = dict(scale=0.25, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
+    out, lse = forward(kernel, q, k, k, opts)
+    dense = (torch.randn_like(out), q, k, k, out, lse, None, None, None, None, 0.0, 0.25, True)
+    torch.library.opcheck(kernel.ops.bwd.default, dense + (-1, -1, 0.0, False, None, None))
+    cu = cu_seqlens([4, 9], "cpu")
+    qp, kp = (
+        randn((13, 4, 16), torch.float32, "cpu", seed=39),
+        randn((13, 2, 16), torch.float32, "cpu", seed=40),
+    )
+    out, lse = forward(kernel, qp, kp, kp, opts, cu, cu, 9, 9)
+    varlen = (torch.randn_like(out), qp, kp, kp, out, lse, None, None, None, cu, cu, None, 9, 9)
+    torch.library.opcheck(
+        kernel.ops.varlen_bwd.default,
+        varlen + (0.0, 0.25, False, True, -1, -1, 0.0, False, None, None),
+    )

@@ -338,8 +338,14 @@ def test_dropout_and_backward_raise(kernel, device):
         assert not kernel.flash_attn_func(qg, k, v).requires_grad
     with torch.inference_mode():
         kernel.flash_attn_func(q, k, v)
-    with pytest.raises(NotImplementedError, match="backward"):
-        kernel.flash_attn_interface._flash_attn_backward()
+    # the low-level backward: on CUDA a clear error; on the CPU test_attention_bwd_ops checks it
+    out, lse = kernel.ops.fwd(q, k, v, None, None, 0.0, 1.0, False, -1, -1, 0.0, False, None)
+    low_level = (torch.ones_like(out), q, k, v, out, lse, None, None, None)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        kernel.flash_attn_interface._flash_attn_backward(*low_level, 0.1, None, False)
+    if device == "cuda":
+        with pytest.raises(NotImplementedError, match="backward runs on the CPU only"):
+            kernel.flash_attn_interface._flash_attn_backward(*low_level, 0.0, None, False)
 
 
 def _packed(device, b=2, s=8, h=4, d=32, heads_extra=0):

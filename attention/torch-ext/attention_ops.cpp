@@ -1058,16 +1058,20 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
   run_attention(c);
 }
 
-void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
-              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-              const at::Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
-              const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
-              double softmax_scale, double softcap, bool causal, int64_t window_left,
-              int64_t window_right) {
+namespace {
+
+// attn_bwd under the name of the op that runs it (attn_bwd, bwd, varlen_bwd).
+void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                  const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                  const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                  const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                  double softmax_scale, double softcap, bool causal, int64_t window_left,
+                  int64_t window_right) {
   // The forward's call, checked as attn_fwd checks it (lse required here), then each gradient
   // against the tensor it is the gradient of.
   AttentionCall c;
-  c.op = "attn_bwd";
+  c.op = op;
   c.out = out;
   c.q = q;
   c.k = k;
@@ -1100,8 +1104,9 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
   check_no_overlap(
       c.op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
       {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  TORCH_CHECK(q.device().is_cpu(), c.op,
-              ": the backward runs on the CPU only so far; no kernel for device ", q.device());
+  TORCH_CHECK_NOT_IMPLEMENTED(q.device().is_cpu(), c.op,
+                              ": the backward runs on the CPU only so far; no kernel for device ",
+                              q.device());
 #if defined(CPU_KERNEL)
   // The kernel writes every row of a dense batch. Packed (varlen) rows past the last sequence,
   // and every row when there is nothing to compute, get zero gradients here.
@@ -1135,6 +1140,81 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
   strides(dv, g.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
 #endif
+}
+
+// The low-level backwards' dq / dk / dv: the given tensor, else a new one like its input.
+at::Tensor given_or_new_grad(const OptTensor& given, const at::Tensor& of) {
+  return given.has_value() && given->defined() ? *given : at::empty_like(of);
+}
+
+// flash-attn's softmax_d: rowsum(dout * out) in float32, laid out as softmax_lse ([B, H, S_q] or
+// [H, total_q]; flash-attn's CUDA pads the last dim, this does not).
+at::Tensor softmax_d_of(const at::Tensor& dout, const at::Tensor& out) {
+  return dout.to(at::kFloat).mul(out.to(at::kFloat)).sum(-1).transpose(-1, -2).contiguous();
+}
+
+void check_backward_dropout(const char* op, double p_dropout) {
+  TORCH_CHECK_NOT_IMPLEMENTED(p_dropout == 0.0, op, ": dropout (p_dropout = ", p_dropout,
+                              ") is not implemented, in the forward either (use p_dropout = 0)");
+}
+
+}  // namespace
+
+void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
+              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+              const at::Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+              const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
+              double softmax_scale, double softcap, bool causal, int64_t window_left,
+              int64_t window_right) {
+  run_backward("attn_bwd", dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+               alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal,
+               window_left, window_right);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& softmax_lse, const OptTensor& dq_,
+    const OptTensor& dk_, const OptTensor& dv_, const OptTensor& alibi_slopes, double p_dropout,
+    double softmax_scale, bool is_causal, int64_t window_size_left, int64_t window_size_right,
+    double softcap, bool deterministic, const std::optional<at::Generator>& gen,
+    const OptTensor& rng_state) {
+  (void)deterministic;  // the CPU backward is deterministic; no atomics to avoid
+  (void)gen;
+  (void)rng_state;
+  constexpr const char* op = "bwd";
+  check_backward_dropout(op, p_dropout);
+  TORCH_CHECK(q.dim() == 4, op, ": q must have shape [batch, seqlen_q, num_heads, head_dim], got ",
+              q.sizes());
+  at::Tensor dq = given_or_new_grad(dq_, q), dk = given_or_new_grad(dk_, k),
+             dv = given_or_new_grad(dv_, v);
+  run_backward(op, dq, dk, dv, dout, q, k, v, out, softmax_lse, std::nullopt, std::nullopt,
+               alibi_slopes, 0, 0, softmax_scale, softcap, is_causal, window_size_left,
+               window_size_right);
+  return std::make_tuple(dq, dk, dv, softmax_d_of(dout, out));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& softmax_lse, const OptTensor& dq_,
+    const OptTensor& dk_, const OptTensor& dv_, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, const OptTensor& alibi_slopes, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
+    int64_t window_size_left, int64_t window_size_right, double softcap, bool deterministic,
+    const std::optional<at::Generator>& gen, const OptTensor& rng_state) {
+  (void)deterministic;
+  (void)gen;
+  (void)rng_state;
+  (void)zero_tensors;  // rows outside every sequence get zero gradients regardless
+  constexpr const char* op = "varlen_bwd";
+  check_backward_dropout(op, p_dropout);
+  TORCH_CHECK(q.dim() == 3, op, ": q must have shape [total_q, num_heads, head_dim], got ",
+              q.sizes());
+  at::Tensor dq = given_or_new_grad(dq_, q), dk = given_or_new_grad(dk_, k),
+             dv = given_or_new_grad(dv_, v);
+  run_backward(op, dq, dk, dv, dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+               alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, is_causal,
+               window_size_left, window_size_right);
+  return std::make_tuple(dq, dk, dv, softmax_d_of(dout, out));
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd(

@@ -4,7 +4,8 @@
 // transformers / diffusers entry points); fwd, varlen_fwd and fwd_kvcache are flash-attn's
 // low-level C++ entry points (mha_fwd, mha_varlen_fwd, mha_fwd_kvcache) returning (out,
 // softmax_lse) (a tuple, not flash-attn's Tensor[]: a list return cannot be functionalized next
-// to mutated arguments, so it would not trace); reshape_and_cache(_flash) are vLLM's KV-cache writers. Launchers:
+// to mutated arguments, so it would not trace), and bwd / varlen_bwd (mha_bwd, mha_varlen_bwd:
+// (dq, dk, dv, softmax_d), CPU only so far); reshape_and_cache(_flash) are vLLM's KV-cache writers. Launchers:
 // torch_binding.h; semantics: kernel_src/attention_params.h and kernel_src/cache_params.h.
 // The four forward ops end in `bool? enable_pdl=None`: programmatic dependent launch on CUDA
 // (None: the kernels' default, on for both; False: off; ignored on CPU; pdl_request.h).
@@ -38,7 +39,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "float softcap, bool causal, int window_left, int window_right) -> ()");
   ATTN_IMPL(attn_bwd);
 
-  // flash-attn 2 C++ API (flash_api.cpp), forward only.
+  // flash-attn 2 C++ API (flash_api.cpp); the backwards run on the CPU only so far.
   ops.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor? alibi_slopes, float p_dropout, "
       "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float "
@@ -55,6 +56,21 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "gen, "
       "bool? enable_pdl=None) -> (Tensor, Tensor)");
   ATTN_IMPL(varlen_fwd);
+  ops.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+      "Tensor(a!)? dq, Tensor(b!)? dk, Tensor(c!)? dv, Tensor? alibi_slopes, float p_dropout, "
+      "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, "
+      "float softcap, bool deterministic, Generator? gen, Tensor? rng_state) -> (Tensor, Tensor, "
+      "Tensor, Tensor)");
+  ATTN_IMPL(bwd);
+  ops.def(
+      "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+      "Tensor(a!)? dq, Tensor(b!)? dk, Tensor(c!)? dv, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float p_dropout, "
+      "float softmax_scale, bool zero_tensors, bool is_causal, int window_size_left, "
+      "int window_size_right, float softcap, bool deterministic, Generator? gen, "
+      "Tensor? rng_state) -> (Tensor, Tensor, Tensor, Tensor)");
+  ATTN_IMPL(varlen_bwd);
   ops.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
       "Tensor? cache_seqlens, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_batch_idx, "

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 // The general forward (every option of AttnFwdParams), out-param. Layouts:
 //   q:   [B, Sq, Hq, D], or [total_q, Hq, D] with cu_seqlens_q [B + 1]
@@ -49,6 +50,28 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
               const std::optional<at::Tensor>& alibi_slopes,  // [Hq] or [B, Hq] float32
               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, double softcap,
               bool causal, int64_t window_left, int64_t window_right);
+
+// flash-attn's mha_bwd / mha_varlen_bwd over attn_bwd: dq, dk, dv (into the given tensors, else
+// new ones) and softmax_d = rowsum(dout * out) (float32, laid out as softmax_lse); returns
+// (dq, dk, dv, softmax_d) (a tuple, as for the forwards). CPU only so far (NotImplementedError elsewhere); p_dropout > 0 raises
+// NotImplementedError; deterministic, gen and rng_state have nothing to act on.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& softmax_lse, const std::optional<at::Tensor>& dq,
+    const std::optional<at::Tensor>& dk, const std::optional<at::Tensor>& dv,
+    const std::optional<at::Tensor>& alibi_slopes, double p_dropout, double softmax_scale,
+    bool is_causal, int64_t window_size_left, int64_t window_size_right, double softcap,
+    bool deterministic, const std::optional<at::Generator>& gen,
+    const std::optional<at::Tensor>& rng_state);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& softmax_lse, const std::optional<at::Tensor>& dq,
+    const std::optional<at::Tensor>& dk, const std::optional<at::Tensor>& dv,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+    const std::optional<at::Tensor>& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
+    int64_t window_size_left, int64_t window_size_right, double softcap, bool deterministic,
+    const std::optional<at::Generator>& gen, const std::optional<at::Tensor>& rng_state);
 
 // flash-attn's mha_fwd: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D]. Returns (out, softmax_lse
 // [B, Hq, Sq]) (out is `out` when given). p_dropout > 0 and return_softmax raise

@@ -336,6 +336,24 @@ def _attn_fwd_fake(
     )
 
 
+def check_backward(op, dq, dk, dv, dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    """The checks of the backward ops' fakes: the forward's call, then each gradient against the
+    tensor it is the gradient of."""
+    check_attention(
+        op, q, k, v, out, cu_seqlens_q, cu_seqlens_k, None, None, None, None, alibi_slopes
+    )
+    for name, grad, of_name, of in (
+        ("dout", dout, "out", out),
+        ("dq", dq, "q", q),
+        ("dk", dk, "k", k),
+        ("dv", dv, "v", v),
+    ):
+        torch._check(
+            grad is None or (grad.shape == of.shape and grad.dtype == of.dtype),
+            lambda: f"{op}: {name} must have the shape and dtype of {of_name}",
+        )
+
+
 @torch.library.register_fake(add_op_namespace_prefix("attn_bwd"))
 def _attn_bwd_fake(
     dq,
@@ -358,20 +376,35 @@ def _attn_bwd_fake(
     window_left,
     window_right,
 ):
-    op = "attn_bwd"
-    check_attention(
-        op, q, k, v, out, cu_seqlens_q, cu_seqlens_k, None, None, None, None, alibi_slopes
+    check_backward(
+        "attn_bwd", dq, dk, dv, dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, alibi_slopes
     )
-    for name, grad, of_name, of in (
-        ("dout", dout, "out", out),
-        ("dq", dq, "q", q),
-        ("dk", dk, "k", k),
-        ("dv", dv, "v", v),
-    ):
-        torch._check(
-            grad.shape == of.shape and grad.dtype == of.dtype,
-            lambda: f"{op}: {name} must have the shape and dtype of {of_name}",
-        )
+
+
+def _low_level_grads(dq, dk, dv, q, k, v, varlen):
+    """(dq, dk, dv, softmax_d) of bwd / varlen_bwd: the given gradients, else new ones."""
+    return (
+        dq if dq is not None else torch.empty_like(q),
+        dk if dk is not None else torch.empty_like(k),
+        dv if dv is not None else torch.empty_like(v),
+        lse_like(q, varlen),
+    )
+
+
+@torch.library.register_fake(add_op_namespace_prefix("bwd"))
+def _bwd_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, alibi_slopes, *options):
+    check_backward("bwd", dq, dk, dv, dout, q, k, v, out, None, None, alibi_slopes)
+    return _low_level_grads(dq, dk, dv, q, k, v, False)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("varlen_bwd"))
+def _varlen_bwd_fake(
+    dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options
+):
+    check_backward(
+        "varlen_bwd", dq, dk, dv, dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, alibi_slopes
+    )
+    return _low_level_grads(dq, dk, dv, q, k, v, True)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("fwd"))

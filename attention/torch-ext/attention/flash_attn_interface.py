@@ -454,14 +454,103 @@ def _flash_attn_varlen_forward(
     return out, lse, None, None
 
 
-def _flash_attn_backward(*args, **kwargs):
-    """flash-attn ``_flash_attn_backward``: not implemented in this forward-only kernel."""
-    raise NotImplementedError(_custom_ops.BACKWARD_MESSAGE)
+def _flash_attn_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: Optional[torch.Tensor],
+    dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor],
+    dropout_p: float,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    rng_state: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """flash-attn ``_flash_attn_backward``: writes the gradients of q, k and v into ``dq``, ``dk``
+    and ``dv`` (new tensors where None) and returns ``softmax_d`` = rowsum(dout * out), float32
+    [B, H, S_q] (flash-attn pads S_q on CUDA; this does not). CPU only so far: elsewhere it
+    raises NotImplementedError, as does ``dropout_p > 0``. The backward is deterministic on every
+    call, so ``deterministic`` changes nothing."""
+    left, right = _custom_ops.window("_flash_attn_backward", (window_size_left, window_size_right))
+    return ops.bwd(
+        *(x.contiguous() for x in (dout, q, k, v, out)),
+        softmax_lse,
+        dq,
+        dk,
+        dv,
+        alibi_slopes,
+        float(dropout_p or 0.0),
+        _custom_ops.softmax_scale_of(q, softmax_scale),
+        bool(causal),
+        left,
+        right,
+        float(softcap or 0.0),
+        bool(deterministic),
+        None,
+        rng_state,
+    )[3]
 
 
-def _flash_attn_varlen_backward(*args, **kwargs):
-    """flash-attn ``_flash_attn_varlen_backward``: not implemented in this forward-only kernel."""
-    raise NotImplementedError(_custom_ops.BACKWARD_MESSAGE)
+def _flash_attn_varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: Optional[torch.Tensor],
+    dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor],
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    rng_state: Optional[torch.Tensor] = None,
+    zero_tensors: bool = False,
+) -> torch.Tensor:
+    """flash-attn ``_flash_attn_varlen_backward`` (2.8's parameters): as
+    ``_flash_attn_backward`` for packed sequences; ``softmax_d`` is float32 [H, total_q]. Rows
+    outside every sequence get zero gradients whether or not ``zero_tensors``."""
+    op = "_flash_attn_varlen_backward"
+    left, right = _custom_ops.window(op, (window_size_left, window_size_right))
+    return ops.varlen_bwd(
+        *(x.contiguous() for x in (dout, q, k, v, out)),
+        softmax_lse,
+        dq,
+        dk,
+        dv,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        alibi_slopes,
+        _custom_ops.as_int(max_seqlen_q),
+        _custom_ops.as_int(max_seqlen_k),
+        float(dropout_p or 0.0),
+        _custom_ops.softmax_scale_of(q, softmax_scale),
+        bool(zero_tensors),
+        bool(causal),
+        left,
+        right,
+        float(softcap or 0.0),
+        bool(deterministic),
+        None,
+        rng_state,
+    )[3]
 
 
 # flash-attn >= 2.6 names its torch.library-wrapped forward / backward `_wrapped_*` (diffusers'
