@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -69,22 +70,22 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 // s[r][jj] = <q_r, k_jj> for `rows` rows; kt is the K tile transposed ([head_dim][kKeysPerTile]).
 // Four rows at a time share each load of kt.
-[[gnu::always_inline]] inline void qk_impl(const float* __restrict q, int64_t rows, int64_t d,
-                                           const float* __restrict kt, int64_t nk,
-                                           float* __restrict s) {
+template <typename A>
+[[gnu::always_inline]] inline void qk_impl(const A* __restrict q, int64_t rows, int64_t d,
+                                           const A* __restrict kt, int64_t nk, A* __restrict s) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    float* s0 = s + r * kKeysPerTile;
-    float* s1 = s0 + kKeysPerTile;
-    float* s2 = s1 + kKeysPerTile;
-    float* s3 = s2 + kKeysPerTile;
-    for (int64_t jj = 0; jj < nk; ++jj) s0[jj] = s1[jj] = s2[jj] = s3[jj] = 0.0f;
-    const float* q0 = q + r * d;
+    A* s0 = s + r * kKeysPerTile;
+    A* s1 = s0 + kKeysPerTile;
+    A* s2 = s1 + kKeysPerTile;
+    A* s3 = s2 + kKeysPerTile;
+    for (int64_t jj = 0; jj < nk; ++jj) s0[jj] = s1[jj] = s2[jj] = s3[jj] = 0;
+    const A* q0 = q + r * d;
     for (int64_t c = 0; c < d; ++c) {
-      const float a0 = q0[c], a1 = q0[d + c], a2 = q0[2 * d + c], a3 = q0[3 * d + c];
-      const float* k = kt + c * kKeysPerTile;
+      const A a0 = q0[c], a1 = q0[d + c], a2 = q0[2 * d + c], a3 = q0[3 * d + c];
+      const A* k = kt + c * kKeysPerTile;
       for (int64_t jj = 0; jj < nk; ++jj) {
-        const float kv = k[jj];
+        const A kv = k[jj];
         s0[jj] += a0 * kv;
         s1[jj] += a1 * kv;
         s2[jj] += a2 * kv;
@@ -93,27 +94,28 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
     }
   }
   for (; r < rows; ++r) {
-    float* s0 = s + r * kKeysPerTile;
-    for (int64_t jj = 0; jj < nk; ++jj) s0[jj] = 0.0f;
-    const float* q0 = q + r * d;
+    A* s0 = s + r * kKeysPerTile;
+    for (int64_t jj = 0; jj < nk; ++jj) s0[jj] = 0;
+    const A* q0 = q + r * d;
     for (int64_t c = 0; c < d; ++c) {
-      const float a0 = q0[c];
-      const float* k = kt + c * kKeysPerTile;
+      const A a0 = q0[c];
+      const A* k = kt + c * kKeysPerTile;
       for (int64_t jj = 0; jj < nk; ++jj) s0[jj] += a0 * k[jj];
     }
   }
 }
 
 // o = o * correction + sum_{jj in [lo, hi)} p[jj] v[jj]  (v: [kKeysPerTile][head_dim]).
-[[gnu::always_inline]] inline void pv_impl(float* __restrict o, float correction,
-                                           const float* __restrict p, int64_t lo, int64_t hi,
-                                           const float* __restrict v, int64_t d) {
-  if (correction != 1.0f) {
+template <typename A>
+[[gnu::always_inline]] inline void pv_impl(A* __restrict o, A correction, const A* __restrict p,
+                                           int64_t lo, int64_t hi, const A* __restrict v,
+                                           int64_t d) {
+  if (correction != 1) {
     for (int64_t c = 0; c < d; ++c) o[c] *= correction;
   }
   for (int64_t jj = lo; jj < hi; ++jj) {
-    const float pj = p[jj];
-    const float* vr = v + jj * d;
+    const A pj = p[jj];
+    const A* vr = v + jj * d;
     for (int64_t c = 0; c < d; ++c) o[c] += pj * vr[c];
   }
 }
@@ -137,21 +139,45 @@ __attribute__((target("avx2"))) void pv_avx2(float* o, float correction, const f
 }
 #endif
 
+// float64 (gradient checks, not speed): the portable copies only.
+void qk_f64(const double* q, int64_t rows, int64_t d, const double* kt, int64_t nk, double* s) {
+  qk_impl(q, rows, d, kt, nk, s);
+}
+void pv_f64(double* o, double correction, const double* p, int64_t lo, int64_t hi, const double* v,
+            int64_t d) {
+  pv_impl(o, correction, p, lo, hi, v, d);
+}
+
+template <typename A>
 struct InnerLoops {
-  void (*qk)(const float*, int64_t, int64_t, const float*, int64_t, float*);
-  void (*pv)(float*, float, const float*, int64_t, int64_t, const float*, int64_t);
+  void (*qk)(const A*, int64_t, int64_t, const A*, int64_t, A*);
+  void (*pv)(A*, A, const A*, int64_t, int64_t, const A*, int64_t);
 };
 
-const InnerLoops& inner_loops() {
-  static const InnerLoops loops = [] {
+template <typename A>
+const InnerLoops<A>& inner_loops();
+
+template <>
+const InnerLoops<float>& inner_loops<float>() {
+  static const InnerLoops<float> loops = [] {
 #if defined(ATTENTION_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) return InnerLoops{qk_avx2, pv_avx2};
+    if (__builtin_cpu_supports("avx2")) return InnerLoops<float>{qk_avx2, pv_avx2};
 #endif
-    return InnerLoops{qk_base, pv_base};
+    return InnerLoops<float>{qk_base, pv_base};
   }();
   return loops;
 }
+
+template <>
+const InnerLoops<double>& inner_loops<double>() {
+  static const InnerLoops<double> loops{qk_f64, pv_f64};
+  return loops;
+}
+
+// The arithmetic type of T tensors: float32, float64 for float64.
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // ---- conversions to fp32 (exact) ----
 //
@@ -208,6 +234,10 @@ void to_float<c10::Half>(float* __restrict dst, const c10::Half* __restrict src,
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+void to_float(double* __restrict dst, const double* __restrict src, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(double));
+}
+
 // ---- per-sequence geometry ----
 
 struct Seq {
@@ -259,8 +289,9 @@ RowOffsets key_row(const AttnFwdParams& p, int64_t b, int64_t j) {
 
 // ---- one task ----
 
+template <typename A>
 struct Scratch {
-  std::vector<float> q, kt, v, s, o, m, l, row;
+  std::vector<A> q, kt, v, s, o, m, l, row;
   Scratch(int64_t rows, int64_t head_dim)
       : q(rows * head_dim),
         kt(head_dim * kKeysPerTile),
@@ -274,9 +305,12 @@ struct Scratch {
 
 template <typename T>
 class Task {
+  using A = Acc<T>;
+  static constexpr A kNegInfA = -std::numeric_limits<A>::infinity();
+
  public:
-  Task(const AttnFwdParams& p, Scratch& w)
-      : p_(p), w_(w), loops_(inner_loops()), d_(p.head_dim), group_(p.heads_q / p.heads_kv) {}
+  Task(const AttnFwdParams& p, Scratch<A>& w)
+      : p_(p), w_(w), loops_(inner_loops<A>()), d_(p.head_dim), group_(p.heads_q / p.heads_kv) {}
 
   // Rows: query positions [q0, q0 + nq) of sequence b, times the group of kv head hk.
   void run(int64_t b, const Seq& seq, int64_t hk, int64_t q0, int64_t nq) {
@@ -291,9 +325,9 @@ class Task {
         to_float(w_.q.data() + (qi * group_ + g) * d_, src, d_);
       }
     }
-    std::fill(w_.o.begin(), w_.o.begin() + rows * d_, 0.0f);
-    std::fill(w_.m.begin(), w_.m.begin() + rows, kNegInf);
-    std::fill(w_.l.begin(), w_.l.begin() + rows, 0.0f);
+    std::fill(w_.o.begin(), w_.o.begin() + rows * d_, A(0));
+    std::fill(w_.m.begin(), w_.m.begin() + rows, kNegInfA);
+    std::fill(w_.l.begin(), w_.l.begin() + rows, A(0));
 
     // Visible key range of the tile (row i sees [d_i - left, d_i + right], d_i = i + len_k - len_q).
     const int64_t shift = seq.len_k - seq.len_q;
@@ -340,8 +374,8 @@ class Task {
 
   void softmax_update(int64_t b, const Seq& seq, int64_t hk, int64_t q0, int64_t nq, int64_t j0,
                       int64_t nk) {
-    const float scale = p_.softmax_scale;
-    const float cap = p_.softcap;
+    const A scale = p_.softmax_scale;
+    const A cap = p_.softcap;
     const int64_t left = p_.window_left;
     const int64_t right = right_bound();
     const int64_t shift = seq.len_k - seq.len_q;
@@ -353,31 +387,31 @@ class Task {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t r = qi * group_ + g;
         if (lo >= hi) continue;  // no visible key of this row in this tile
-        float* srow = w_.s.data() + r * kKeysPerTile;
-        float slope = 0.0f;
+        A* srow = w_.s.data() + r * kKeysPerTile;
+        A slope = 0;
         if (p_.alibi_slopes != nullptr) {
           slope = p_.alibi_slopes[b * p_.alibi_batch_stride + hk * group_ + g];
         }
-        float tile_max = kNegInf;
+        A tile_max = kNegInfA;
         for (int64_t jj = lo; jj < hi; ++jj) {
-          float s = srow[jj] * scale;
-          if (cap > 0.0f) s = cap * std::tanh(s / cap);
-          if (slope != 0.0f) {
-            s -= slope * static_cast<float>(std::llabs(diag - (j0 + jj)));
+          A s = srow[jj] * scale;
+          if (cap > 0) s = cap * std::tanh(s / cap);
+          if (slope != 0) {
+            s -= slope * static_cast<A>(std::llabs(diag - (j0 + jj)));
           }
           srow[jj] = s;
           tile_max = std::max(tile_max, s);
         }
-        const float m_old = w_.m[r];
-        const float m_new = std::max(m_old, tile_max);
+        const A m_old = w_.m[r];
+        const A m_new = std::max(m_old, tile_max);
         // std::max drops NaN scores: a row whose scores so far are all NaN (a NaN in q) or -inf keeps
         // max -inf and exponentiates against 0 instead, so that NaN reaches l and O (and -inf - -inf
         // never appears).
-        const float m_use = m_new == kNegInf ? 0.0f : m_new;
-        const float correction = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
-        float sum = 0.0f;
+        const A m_use = m_new == kNegInfA ? A(0) : m_new;
+        const A correction = m_old == kNegInfA ? A(0) : std::exp(m_old - m_new);
+        A sum = 0;
         for (int64_t jj = lo; jj < hi; ++jj) {
-          const float e = std::exp(srow[jj] - m_use);
+          const A e = std::exp(srow[jj] - m_use);
           srow[jj] = e;
           sum += e;
         }
@@ -398,27 +432,27 @@ class Task {
         const int64_t r = qi * group_ + g;
         const int64_t h = hk * group_ + g;
         T* dst = out + out_batch + row * p_.out_row_stride + h * p_.out_head_stride;
-        const float l = w_.l[r];
-        const float* orow = w_.o.data() + r * d_;
+        const A l = w_.l[r];
+        const A* orow = w_.o.data() + r * d_;
         // l = 0: no visible key (out 0, lse +inf); a NaN score or value makes l or O NaN, and NaN
         // reaches out and lse (as in PyTorch's SDPA) rather than being taken for an empty row.
-        if (l != 0.0f) {
-          const float inv = 1.0f / l;
+        if (l != 0) {
+          const A inv = 1 / l;
           for (int64_t c = 0; c < d_; ++c) dst[c] = static_cast<T>(orow[c] * inv);
         } else {
           for (int64_t c = 0; c < d_; ++c) dst[c] = static_cast<T>(0.0f);
         }
         if (p_.lse != nullptr) {
           p_.lse[lse_batch + h * p_.lse_head_stride + row] =
-              l != 0.0f ? w_.m[r] + std::log(l) : kPosInf;
+              l != 0 ? static_cast<float>(w_.m[r] + std::log(l)) : kPosInf;
         }
       }
     }
   }
 
   const AttnFwdParams& p_;
-  Scratch& w_;
-  const InnerLoops& loops_;
+  Scratch<A>& w_;
+  const InnerLoops<A>& loops_;
   const int64_t d_;
   const int64_t group_;
 };
@@ -443,7 +477,7 @@ void run_all(const AttnFwdParams& p) {
   if (total == 0) return;
 
   at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(rows_per_task, p.head_dim);
+    Scratch<Acc<T>> scratch(rows_per_task, p.head_dim);
     Task<T> task(p, scratch);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t tile = t / p.heads_kv;
@@ -458,9 +492,9 @@ void run_all(const AttnFwdParams& p) {
 }
 
 void check_params(const AttnFwdParams& p) {
-  TORCH_CHECK(
-      p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
-      "attention (CPU): unknown dtype code ", static_cast<int>(p.dtype));
+  TORCH_CHECK(p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 ||
+                  p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat64,
+              "attention (CPU): unknown dtype code ", static_cast<int>(p.dtype));
   TORCH_CHECK(p.batch >= 0 && p.seqlen_q >= 0 && p.seqlen_k >= 0,
               "attention (CPU): negative batch or sequence length");
   TORCH_CHECK(p.heads_q > 0 && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0,
@@ -493,6 +527,9 @@ void attn_fwd(const AttnFwdParams& p) {
       break;
     case DType::kBFloat16:
       run_all<c10::BFloat16>(p);
+      break;
+    case DType::kFloat64:
+      run_all<double>(p);
       break;
   }
 }

@@ -1,6 +1,7 @@
 // attention_cpu_bwd.cpp: the attention backward on the CPU (attention_cpu.h, attn_bwd): the
-// gradients of attention_params.h's forward, evaluated directly in float32, for the CPU users and
-// the CI that train with it.
+// gradients of attention_params.h's forward, evaluated directly in float32 (float64 for float64
+// tensors, whose gradients tests check numerically), for the CPU users and the CI that train with
+// it. lse is float32 either way (its dtype in every form of the forward).
 //
 // One task per (sequence, kv head) owns dK and dV of its keys and dQ of the query heads of its
 // group. For query row i of head h, with D_i = <dO_i, O_i> and, per visible key j, s the scaled
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention_cpu.h"
@@ -27,24 +29,30 @@ namespace attention {
 namespace cpu {
 namespace {
 
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
+// The arithmetic type of the gradients of T tensors.
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename A>
+A dot(const A* a, const A* b, int64_t n) {
+  A s = 0;
   for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
   return s;
 }
 
-void axpy(float* y, float alpha, const float* x, int64_t n) {
+template <typename A>
+void axpy(A* y, A alpha, const A* x, int64_t n) {
   for (int64_t c = 0; c < n; ++c) y[c] += alpha * x[c];
 }
 
 template <typename T>
-void load_row(float* dst, const void* base, int64_t offset, int64_t n) {
+void load_row(Acc<T>* dst, const void* base, int64_t offset, int64_t n) {
   const T* src = static_cast<const T*>(base) + offset;
-  for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<float>(src[c]);
+  for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<Acc<T>>(src[c]);
 }
 
 template <typename T>
-void store_row(void* base, int64_t offset, const float* src, int64_t n) {
+void store_row(void* base, int64_t offset, const Acc<T>* src, int64_t n) {
   T* dst = static_cast<T*>(base) + offset;
   for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<T>(src[c]);
 }
@@ -71,6 +79,8 @@ BwdSeq bwd_sequence(const AttnFwdParams& f, int64_t b) {
 
 template <typename T>
 class BwdTask {
+  using A = Acc<T>;
+
  public:
   explicit BwdTask(const AttnBwdParams& p)
       : p_(p), f_(p.fwd), d_(f_.head_dim), group_(f_.heads_q / f_.heads_kv) {}
@@ -78,10 +88,10 @@ class BwdTask {
   void run(int64_t b, int64_t hk) {
     const BwdSeq seq = bwd_sequence(f_, b);
     const int64_t nk = seq.len_k;
-    k_.assign(nk * d_, 0.0f);
-    v_.assign(nk * d_, 0.0f);
-    dk_.assign(nk * d_, 0.0f);
-    dv_.assign(nk * d_, 0.0f);
+    k_.assign(nk * d_, A(0));
+    v_.assign(nk * d_, A(0));
+    dk_.assign(nk * d_, A(0));
+    dv_.assign(nk * d_, A(0));
     const bool varlen_q = f_.cu_seqlens_q != nullptr, varlen_k = f_.cu_seqlens_k != nullptr;
     for (int64_t j = 0; j < nk; ++j) {
       load_row<T>(k_.data() + j * d_, f_.k,
@@ -101,8 +111,8 @@ class BwdTask {
     if (f_.causal) right = right < 0 ? 0 : std::min<int64_t>(right, 0);
     for (int64_t g = 0; g < group_; ++g) {
       const int64_t h = hk * group_ + g;
-      const float slope =
-          f_.alibi_slopes != nullptr ? f_.alibi_slopes[b * f_.alibi_batch_stride + h] : 0.0f;
+      const A slope =
+          f_.alibi_slopes != nullptr ? A(f_.alibi_slopes[b * f_.alibi_batch_stride + h]) : A(0);
       for (int64_t i = 0; i < seq.len_q; ++i) {
         const int64_t row = seq.q_row0 + i;
         const int64_t qb = varlen_q ? 0 : b;
@@ -114,12 +124,12 @@ class BwdTask {
         load_row<T>(do_.data(), p_.dout,
                     qb * p_.dout_batch_stride + row * p_.dout_row_stride + h * p_.dout_head_stride,
                     d_);
-        std::fill(dq_.begin(), dq_.end(), 0.0f);
-        const float lse = f_.lse[qb * f_.lse_batch_stride + h * f_.lse_head_stride + row];
+        std::fill(dq_.begin(), dq_.end(), A(0));
+        const A lse = f_.lse[qb * f_.lse_batch_stride + h * f_.lse_head_stride + row];
         const int64_t diag = i + shift;
         const int64_t lo = left >= 0 ? std::max<int64_t>(0, diag - left) : 0;
         const int64_t hi = right >= 0 ? std::min<int64_t>(nk, diag + right + 1) : nk;
-        if (lse != std::numeric_limits<float>::infinity()) {
+        if (lse != std::numeric_limits<A>::infinity()) {
           accumulate_row(lo, hi, diag, lse, slope);
         }
         store_row<T>(p_.dq,
@@ -147,23 +157,23 @@ class BwdTask {
   }
 
   // The terms of query row (q_, o_, do_) over its visible keys [lo, hi): dq_, dk_, dv_.
-  void accumulate_row(int64_t lo, int64_t hi, int64_t diag, float lse, float slope) {
-    const float scale = f_.softmax_scale, cap = f_.softcap;
-    const float d_i = dot(do_.data(), o_.data(), d_);
+  void accumulate_row(int64_t lo, int64_t hi, int64_t diag, A lse, A slope) {
+    const A scale = f_.softmax_scale, cap = f_.softcap;
+    const A d_i = dot(do_.data(), o_.data(), d_);
     for (int64_t j = lo; j < hi; ++j) {
-      const float* kj = k_.data() + j * d_;
-      float s = scale * dot(q_.data(), kj, d_);
-      float dz_ds = 1.0f;
-      if (cap > 0.0f) {
-        const float t = std::tanh(s / cap);
+      const A* kj = k_.data() + j * d_;
+      A s = scale * dot(q_.data(), kj, d_);
+      A dz_ds = 1;
+      if (cap > 0) {
+        const A t = std::tanh(s / cap);
         s = cap * t;
-        dz_ds = 1.0f - t * t;
+        dz_ds = 1 - t * t;
       }
-      if (slope != 0.0f) s -= slope * static_cast<float>(std::llabs(diag - j));
-      const float prob = std::exp(s - lse);
+      if (slope != 0) s -= slope * static_cast<A>(std::llabs(diag - j));
+      const A prob = std::exp(s - lse);
       axpy(dv_.data() + j * d_, prob, do_.data(), d_);
-      const float dl = prob * (dot(do_.data(), v_.data() + j * d_, d_) - d_i);
-      const float ds = scale * dl * dz_ds;
+      const A dl = prob * (dot(do_.data(), v_.data() + j * d_, d_) - d_i);
+      const A ds = scale * dl * dz_ds;
       axpy(dq_.data(), ds, kj, d_);
       axpy(dk_.data() + j * d_, ds, q_.data(), d_);
     }
@@ -172,7 +182,7 @@ class BwdTask {
   const AttnBwdParams& p_;
   const AttnFwdParams& f_;
   const int64_t d_, group_;
-  std::vector<float> k_, v_, dk_, dv_, q_, o_, do_, dq_;
+  std::vector<A> k_, v_, dk_, dv_, q_, o_, do_, dq_;
 };
 
 template <typename T>
@@ -206,6 +216,9 @@ void attn_bwd(const AttnBwdParams& p) {
       break;
     case DType::kBFloat16:
       run_bwd<c10::BFloat16>(p);
+      break;
+    case DType::kFloat64:
+      run_bwd<double>(p);
       break;
   }
 }

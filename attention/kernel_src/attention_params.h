@@ -61,7 +61,8 @@
 
 namespace attention {
 
-enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+// kFloat64: the CPU only (float64 gradient checks); the GPU paths take kFloat16 and kBFloat16.
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
 struct AttnFwdParams {
   DType dtype = DType::kBFloat16;  // q, k, v, out

@@ -24,7 +24,9 @@ namespace {
 
 constexpr int64_t kGrain = 16;  // tokens per thread-pool task (a token moves heads * dim values)
 
-int64_t element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+int64_t element_size(DType dtype) {
+  return dtype == DType::kFloat64 ? 8 : dtype == DType::kFloat32 ? 4 : 2;
+}
 
 // ---- reshape_and_cache(_flash) ----
 
@@ -228,6 +230,9 @@ void kv_append(const KvAppendParams& p) {
       break;
     case DType::kBFloat16:
       append_dispatch<c10::BFloat16>(p, k_rows, v_rows);
+      break;
+    case DType::kFloat64:
+      append_dispatch<double>(p, k_rows, v_rows);
       break;
   }
 }

@@ -101,6 +101,12 @@ using torch_checks::unit_last_stride;
 
 std::optional<DType> to_dtype(at::ScalarType t) { return torch_checks::to_dtype<DType>(t); }
 
+// The attention ops' dtypes: the kernels' three, and float64 (the CPU only, for gradient checks;
+// the KV-cache writers keep to_dtype's three).
+std::optional<DType> attention_dtype(at::ScalarType t) {
+  return t == at::kDouble ? std::optional<DType>(DType::kFloat64) : to_dtype(t);
+}
+
 // ATTENTION_CLUSTER_MERGE=0 makes split-KV decode merge its splits in the combine kernel instead
 // of a thread-block cluster (AttnFwdParams::allow_cluster_merge): a switch for benchmarks and for
 // the test that both merge paths agree, read once per process. Results are the same either way.
@@ -499,12 +505,13 @@ Geometry check(AttentionCall& c) {
   const char* op = c.op;
   Geometry g;
   const at::Device device = c.q.device();
-  const std::optional<DType> dtype = to_dtype(c.q.scalar_type());
+  const std::optional<DType> dtype = attention_dtype(c.q.scalar_type());
   if (device.is_cuda()) {
     TORCH_CHECK(c.q.scalar_type() == at::kHalf || c.q.scalar_type() == at::kBFloat16, op, ": ", n.q,
                 " must be float16 or bfloat16 on CUDA, got ", dtype_name(c.q.scalar_type()));
   } else {
-    TORCH_CHECK(dtype.has_value(), op, ": ", n.q, " must be float32, float16 or bfloat16, got ",
+    TORCH_CHECK(dtype.has_value(), op, ": ", n.q,
+                " must be float32, float16, bfloat16 or float64, got ",
                 dtype_name(c.q.scalar_type()));
   }
   for (const auto& [name, t] :
@@ -684,7 +691,7 @@ Geometry check(AttentionCall& c) {
   return g;
 }
 
-DType dtype_of(const at::Tensor& t) { return *to_dtype(t.scalar_type()); }
+DType dtype_of(const at::Tensor& t) { return *attention_dtype(t.scalar_type()); }
 
 // A stride as the params carry it: 0 for a dimension of size 1, whose stride is never used
 // (PyTorch leaves it arbitrary; the CUDA kernels require every stride to be a whole number of

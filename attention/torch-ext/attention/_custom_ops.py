@@ -14,7 +14,8 @@ import torch
 
 from ._ops import add_op_namespace_prefix, ops
 
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# float64 runs on the CPU only (gradient checks); CUDA takes CUDA_DTYPES.
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 # CUDA takes any head dim up to this (attention_ops.cpp: multiples of 8 run the next instantiated
 # size, others zero-padded copies); the CPU any positive one.
@@ -93,7 +94,8 @@ def check_attention(
         torch._check(
             q.dtype in KERNEL_DTYPES,
             lambda: (
-                f"{op}: {n['q']} must be float32, float16 or bfloat16, got {_dtype_name(q.dtype)}"
+                f"{op}: {n['q']} must be float32, float16, bfloat16 or float64, got "
+                f"{_dtype_name(q.dtype)}"
             ),
         )
     for key in ("k", "v", "out"):
