@@ -41,8 +41,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
+
+#include "attention_cpu_types.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -175,10 +176,6 @@ const InnerLoops<double>& inner_loops<double>() {
   return loops;
 }
 
-// The arithmetic type of T tensors: float32, float64 for float64.
-template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 // ---- conversions to fp32 (exact) ----
 //
 // bf16 -> fp32 is a 16-bit shift of the bits, written so that it vectorizes; fp16 -> fp32 uses
@@ -234,6 +231,7 @@ void to_float<c10::Half>(float* __restrict dst, const c10::Half* __restrict src,
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// float64 rows stay float64 (their arithmetic type, Acc<double>).
 void to_float(double* __restrict dst, const double* __restrict src, int64_t n) {
   std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(double));
 }
@@ -518,20 +516,7 @@ int64_t attn_fwd_num_splits(const AttnFwdParams&) { return 1; }
 
 void attn_fwd(const AttnFwdParams& p) {
   check_params(p);
-  switch (p.dtype) {
-    case DType::kFloat32:
-      run_all<float>(p);
-      break;
-    case DType::kFloat16:
-      run_all<c10::Half>(p);
-      break;
-    case DType::kBFloat16:
-      run_all<c10::BFloat16>(p);
-      break;
-    case DType::kFloat64:
-      run_all<double>(p);
-      break;
-  }
+  with_element_type(p.dtype, [&](auto element) { run_all<decltype(element)>(p); });
 }
 
 }  // namespace cpu

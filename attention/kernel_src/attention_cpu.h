@@ -1,7 +1,7 @@
 // attention_cpu.h: the C++ CPU implementation of the attention forward (attention_params.h).
 //
 // Same contract as the CUDA backend (attention_cuda.h): every field of AttnFwdParams, with
-// float32, float16 and bfloat16 q/k/v/out and any head_dim > 0. Preconditions, checked by the
+// float32, float16 and bfloat16 q/k/v/out (and float64, the CPU only) and any head_dim > 0. Preconditions, checked by the
 // caller (torch-ext/attention_ops.cpp): pointers on the CPU, shapes and strides as
 // attention_params.h lays them out, and the values of the int32 index arrays (cu_seqlens,
 // seqused_k, block_table, kv_batch_idx, leftpad_k) in range; attn_fwd throws c10::Error

@@ -20,18 +20,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "attention_cpu.h"
+#include "attention_cpu_types.h"
 
 namespace attention {
 namespace cpu {
 namespace {
-
-// The arithmetic type of the gradients of T tensors.
-template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <typename A>
 A dot(const A* a, const A* b, int64_t n) {
@@ -207,20 +203,7 @@ void attn_bwd(const AttnBwdParams& p) {
                   f.leftpad_k == nullptr,
               "attention (CPU): the backward takes no paged cache, seqused_k, kv_batch_idx or "
               "leftpad_k");
-  switch (f.dtype) {
-    case DType::kFloat32:
-      run_bwd<float>(p);
-      break;
-    case DType::kFloat16:
-      run_bwd<c10::Half>(p);
-      break;
-    case DType::kBFloat16:
-      run_bwd<c10::BFloat16>(p);
-      break;
-    case DType::kFloat64:
-      run_bwd<double>(p);
-      break;
-  }
+  with_element_type(f.dtype, [&](auto element) { run_bwd<decltype(element)>(p); });
 }
 
 }  // namespace cpu

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <vector>
 
+#include "attention_cpu_types.h"
+
 namespace attention {
 namespace cpu {
 namespace {
@@ -221,20 +223,8 @@ void kv_append(const KvAppendParams& p) {
       v_rows[b * p.seqlen_new + i] = v_off;
     }
   }
-  switch (p.dtype) {
-    case DType::kFloat32:
-      append_dispatch<float>(p, k_rows, v_rows);
-      break;
-    case DType::kFloat16:
-      append_dispatch<c10::Half>(p, k_rows, v_rows);
-      break;
-    case DType::kBFloat16:
-      append_dispatch<c10::BFloat16>(p, k_rows, v_rows);
-      break;
-    case DType::kFloat64:
-      append_dispatch<double>(p, k_rows, v_rows);
-      break;
-  }
+  with_element_type(p.dtype,
+                    [&](auto element) { append_dispatch<decltype(element)>(p, k_rows, v_rows); });
 }
 
 }  // namespace cpu
