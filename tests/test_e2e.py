@@ -309,3 +309,17 @@ def test_kernel_families():
         "elementwise_kernel_with_index": "other",
     }
     assert {n: family(n) for n in names} == names
+
+
+def test_host_cost_runs_every_case(kit_modules, tmp_path):
+    """scripts/host_cost.py times each kit op and its PyTorch counterpart (on the CPU the whole
+    call) and writes them all, each a positive time, to its JSON."""
+    import host_cost
+
+    out = tmp_path / "host.json"
+    doc = host_cost.main(["--device", "cpu", "--tokens", "4", "--calls", "3", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["host_us"] == pytest.approx(doc["host_us"])
+    assert set(written["host_us"]) == set(host_cost.cases(kit_modules, "cpu", 4))
+    assert all(t > 0 for t in written["host_us"].values()), written["host_us"]
+    assert written["environment"]["device"]
