@@ -85,6 +85,9 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
           {"phase": "prefill"|"decode"|"denoise", "shape": "1x2048", "batch", "length",
            "config": "eager"|"eager+kit"|"compile"|"compile+kit",
            "median_ms", "min_ms", "times_ms": [...], "first_call_s",
+           "host_ms" (median time until a call returns to Python, before the GPU wait),
+           "allocator" (CUDA: growth of the caching allocator's counters over the timed calls),
+           "syncs": {"count", "where": ["file:line"]} (CUDA: synchronizing ops of one call),
            "tokens_per_s" (prefill, denoise: tokens processed per second),
            "graphs" (compile configs: dynamo's unique graphs so far in this configuration),
            "cudagraph_skips" (compiled decode: inductor's count, 0 = CUDA graphs used),
@@ -709,10 +712,49 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+# Caching-allocator counters whose growth over the timed calls means cudaMalloc / cudaFree
+# inside them (a cudaFree waits for the device) or a retry after freeing the cache.
+ALLOCATOR_COUNTERS = (
+    "num_alloc_retries",
+    "num_device_alloc",
+    "num_device_free",
+    "num_sync_all_streams",
+)
+
+
+def allocator_counters() -> dict:
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in ALLOCATOR_COUNTERS}
+
+
+def synchronizing_calls(fn) -> dict:
+    """One call of `fn` under torch.cuda's sync debug mode: how many synchronizing CUDA
+    operations it made, and where (file:line of the Python frame that made them, first five)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    found = [w for w in caught if "synchroniz" in str(w.message)]
+    places = list(dict.fromkeys(f"{Path(w.filename).name}:{w.lineno}" for w in found))
+    return {"count": len(found), "where": places[:5]}
+
+
 def time_calls(fn, device: str, warmup: int, iters: int, between=None) -> dict:
     """first_call_s (compile + run when compiled), then per-call times after warm-up: CUDA
     events around each call on the GPU, perf_counter on the CPU. `between` runs untimed
-    before each call (e.g. advancing a decode position)."""
+    before each call (e.g. advancing a decode position).
+
+    `host_ms` is the time until each call returns to Python, before the wait for the GPU: below
+    median_ms the GPU had the host's work queued ahead of it; near median_ms the host was the
+    bound or waited for the GPU inside the call. On CUDA `allocator` is the growth of the
+    caching allocator's counters over the timed calls and `syncs` the synchronizing operations
+    of one more call (synchronizing_calls)."""
     if between:
         between()
     start = time.perf_counter()
@@ -724,14 +766,18 @@ def time_calls(fn, device: str, warmup: int, iters: int, between=None) -> dict:
             between()
         fn()
     sync(device)
-    times = []
+    cuda = device == "cuda"
+    before = allocator_counters() if cuda else None
+    times, host = [], []
     for _ in range(iters):
         if between:
             between()
-        if device == "cuda":
+        if cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
+            t0 = time.perf_counter()
             fn()
+            host.append(1000 * (time.perf_counter() - t0))
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
@@ -739,12 +785,21 @@ def time_calls(fn, device: str, warmup: int, iters: int, between=None) -> dict:
             t0 = time.perf_counter()
             fn()
             times.append(1000 * (time.perf_counter() - t0))
-    return {
+            host.append(times[-1])
+    row = {
         "median_ms": statistics.median(times),
         "min_ms": min(times),
         "times_ms": [round(t, 4) for t in times],
+        "host_ms": round(statistics.median(host), 4),
         "first_call_s": round(first, 3),
     }
+    if cuda:
+        after = allocator_counters()
+        row["allocator"] = {k: after[k] - before[k] for k in ALLOCATOR_COUNTERS}
+        if between:
+            between()
+        row["syncs"] = synchronizing_calls(fn)
+    return row
 
 
 # ---- profile ----
@@ -1130,7 +1185,8 @@ def time_decode(step, prefill_model, shape, args, device) -> dict:
     """ms per decode step at `shape` = batch x context: the cache is filled by the untouched
     model (eager), then `step` decodes one token per call."""
     batch, context = shape
-    steps = 1 + args.warmup + 2 + args.decode_iters  # reduce-overhead records on the 3rd call
+    # reduce-overhead records on the 3rd call; one more step for time_calls' sync check on CUDA
+    steps = 1 + args.warmup + 2 + args.decode_iters + 1
     cache = static_cache(prefill_model, batch, context + steps + 1)
     ids = lm_ids(prefill_model.config, batch, context, device, seed=3)
     pos0 = torch.arange(context, device=device)[None].expand(batch, -1)
@@ -1153,6 +1209,11 @@ def record(doc, results, row):
     doc["speedups"] = speedups(doc["measurements"])
     results.save()
     extra = f", {row['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in row else ""
+    if "syncs" in row:  # CUDA: where the host time went (time_calls)
+        grown = {k: v for k, v in row["allocator"].items() if v}
+        extra += f", host {row['host_ms']:.3f} ms, syncs {row['syncs']['count']}"
+        extra += f" {row['syncs']['where']}" if row["syncs"]["where"] else ""
+        extra += f", allocator {grown}" if grown else ""
     print(
         f"[e2e] {row['config']:<12} {row['phase']:<8} {row['shape']:<14} "
         f"median {row['median_ms']:.3f} ms{extra} (first call {row['first_call_s']:.1f} s)"

@@ -323,3 +323,12 @@ def test_host_cost_runs_every_case(kit_modules, tmp_path):
     assert set(written["host_us"]) == set(host_cost.cases(kit_modules, "cpu", 4))
     assert all(t > 0 for t in written["host_us"].values()), written["host_us"]
     assert written["environment"]["device"]
+
+
+def test_time_calls_records_host_time():
+    """Every timed row carries host_ms (on the CPU the whole call, so at most the slowest call);
+    the allocator and sync diagnostics are CUDA's only."""
+    row = e2e.time_calls(lambda: sum(range(1000)), "cpu", warmup=1, iters=5)
+    assert len(row["times_ms"]) == 5 and row["host_ms"] > 0
+    assert row["host_ms"] <= max(row["times_ms"]) + 1e-3
+    assert "allocator" not in row and "syncs" not in row
