@@ -1,4 +1,4 @@
-"""The attention backward (attn_bwd, CPU): dq, dk, dv against float64 autograd of the reference
+"""The attention backward (attn_bwd; the CPU kernel, and on a CUDA build the mma.sync kernels): dq, dk, dv against float64 autograd of the reference
 formula, for every mode the forward has (causal, sliding window, softcap, ALiBi, MQA / GQA,
 S_q != S_k, rows that see no key, varlen). The error bound is twice that of PyTorch's own
 autograd of the same formula in the input dtype against float64 (the issue's "2x SDPA's own
@@ -12,12 +12,15 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
-@pytest.fixture(autouse=True)
-def cpu_build(device):
-    """attn_bwd has a CPU kernel only so far, and a CUDA build registers no CPU ops (that a CUDA
-    backward raises is test_attention_errors' test_dropout_and_backward_raise)."""
-    if device != "cpu":
-        pytest.skip("the attention backward runs on the CPU only so far")
+def kernel_dtype(device, dtype=torch.float32):
+    """`dtype` where the build's kernels take it; CUDA takes float16 and bfloat16 only, so float32
+    cases run in bfloat16 there."""
+    return torch.bfloat16 if device == "cuda" and dtype == torch.float32 else dtype
+
+
+def cpu_only_dtype(device, dtype):
+    if device == "cuda" and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("CUDA kernels take float16 and bfloat16")
 
 
 def formula(q, k, v, scale, causal, window, softcap, slopes):
@@ -88,6 +91,10 @@ def backward(kernel, dout, q, k, v, out, lse, opts, cu_q=None, cu_k=None, max_q=
 def assert_grads(got, q, k, v, dout, dtype, what, **opts):
     """got (dq, dk, dv) of one sequence against float64 autograd, within twice the error of
     PyTorch's autograd in `dtype` plus a floor."""
+    q, k, v, dout = (t.cpu() for t in (q, k, v, dout))
+    got = [g.cpu() for g in got]
+    if opts.get("slopes") is not None:
+        opts = dict(opts, slopes=opts["slopes"].cpu())
     exact = grads(q, k, v, dout, torch.float64, **opts)
     torch_grads = grads(q, k, v, dout, dtype, **opts)
     for name, g, want, theirs in zip(("dq", "dk", "dv"), got, exact, torch_grads):
@@ -109,6 +116,11 @@ CASES = [
     (33, 33, 2, 2, 40, True, (-1, -1), 5.0, False),  # softcap
     (33, 50, 4, 2, 32, True, (-1, -1), 0.0, True),  # ALiBi
     (30, 30, 4, 4, 8, False, (5, -1), 3.0, True),  # everything at once
+    # Several 64-row blocks of queries and keys (the CUDA kernels' tiles), head dims up to 128.
+    (150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
+    (130, 200, 4, 1, 128, False, (70, 10), 0.0, False),
+    (200, 90, 2, 2, 96, True, (-1, -1), 0.0, False),
+    (129, 129, 4, 2, 128, True, (-1, -1), 20.0, True),
 ]
 
 
@@ -125,14 +137,15 @@ def _id(c):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_bwd_against_float64_autograd(kernel, dtype, case):
+def test_bwd_against_float64_autograd(kernel, device, dtype, case):
+    cpu_only_dtype(device, dtype)
     sq, sk, h, hk, d, causal, window, cap, alibi = case
     batch = 2
-    q = randn((batch, sq, h, d), dtype, "cpu", seed=sq + h)
-    k = randn((batch, sk, hk, d), dtype, "cpu", seed=sk + hk + 1)
-    v = randn((batch, sk, hk, d), dtype, "cpu", seed=sk + d + 2)
-    dout = randn((batch, sq, h, d), dtype, "cpu", seed=3)
-    slopes = alibi_slopes(h, "cpu") if alibi else None
+    q = randn((batch, sq, h, d), dtype, device, seed=sq + h)
+    k = randn((batch, sk, hk, d), dtype, device, seed=sk + hk + 1)
+    v = randn((batch, sk, hk, d), dtype, device, seed=sk + d + 2)
+    dout = randn((batch, sq, h, d), dtype, device, seed=3)
+    slopes = alibi_slopes(h, device) if alibi else None
     opts = dict(scale=d**-0.5, causal=causal, window=window, softcap=cap, slopes=slopes)
     out, lse = forward(kernel, q, k, v, opts)
     dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts)
@@ -141,16 +154,18 @@ def test_bwd_against_float64_autograd(kernel, dtype, case):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_bwd_varlen(kernel, dtype):
-    """Packed sequences of different lengths (one with no key rows visible to its first queries),
-    GQA, causal: each sequence's gradients as if computed alone."""
-    lens_q, lens_k = [5, 33, 17], [9, 33, 40]
+def test_bwd_varlen(kernel, device, dtype):
+    """Packed sequences of different lengths (one with no key rows visible to its first queries,
+    one longer than a 64-row block), GQA, causal: each sequence's gradients as if computed alone;
+    the packed rows past the last sequence get zeros."""
+    cpu_only_dtype(device, dtype)
+    lens_q, lens_k = [5, 33, 17, 70], [9, 33, 40, 100]
     h, hk, d = 4, 2, 16
-    cu_q, cu_k = cu_seqlens(lens_q, "cpu"), cu_seqlens(lens_k, "cpu")
-    q = randn((sum(lens_q), h, d), dtype, "cpu", seed=4)
-    k = randn((sum(lens_k), hk, d), dtype, "cpu", seed=5)
-    v = randn((sum(lens_k), hk, d), dtype, "cpu", seed=6)
-    dout = randn((sum(lens_q), h, d), dtype, "cpu", seed=7)
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q = randn((sum(lens_q) + 3, h, d), dtype, device, seed=4)
+    k = randn((sum(lens_k) + 2, hk, d), dtype, device, seed=5)
+    v = randn((sum(lens_k) + 2, hk, d), dtype, device, seed=6)
+    dout = randn((sum(lens_q) + 3, h, d), dtype, device, seed=7)
     opts = dict(scale=d**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
     sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
     out, lse = forward(kernel, q, k, v, opts, *sizes)
@@ -161,15 +176,22 @@ def test_bwd_varlen(kernel, dtype):
         assert_grads(
             (dq[rq], dk[rk], dv[rk]), q[rq], k[rk], v[rk], dout[rq], dtype, f"seq {i}", **opts
         )
+    assert not dq[sum(lens_q) :].any() and not dk[sum(lens_k) :].any()
+    assert not dv[sum(lens_k) :].any()
 
 
-def test_bwd_is_deterministic(kernel):
-    """Tasks own disjoint rows: the same bits whatever the thread count."""
-    q = randn((2, 64, 4, 32), torch.bfloat16, "cpu", seed=8)
-    k = randn((2, 64, 2, 32), torch.bfloat16, "cpu", seed=9)
-    dout = randn((2, 64, 4, 32), torch.bfloat16, "cpu", seed=10)
+def test_bwd_is_deterministic(kernel, device):
+    """Tasks (CPU) and CTAs (CUDA) own disjoint rows, with no atomics: the same bits on every
+    run, whatever the thread count."""
+    q = randn((2, 160, 4, 32), torch.bfloat16, device, seed=8)
+    k = randn((2, 160, 2, 32), torch.bfloat16, device, seed=9)
+    dout = randn((2, 160, 4, 32), torch.bfloat16, device, seed=10)
     opts = dict(scale=32**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
     out, lse = forward(kernel, q, k, k, opts)
+    if device == "cuda":
+        runs = [backward(kernel, dout, q, k, k, out, lse, opts) for _ in range(3)]
+        assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+        return
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -181,8 +203,8 @@ def test_bwd_is_deterministic(kernel):
     assert all(torch.equal(a, b) for a, b in zip(one, many))
 
 
-def test_bwd_errors_name_the_argument(kernel):
-    q = randn((1, 8, 2, 16), torch.float32, "cpu")
+def test_bwd_errors_name_the_argument(kernel, device):
+    q = randn((1, 8, 2, 16), kernel_dtype(device), device)
     opts = dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None)
     out, lse = forward(kernel, q, q, q, opts)
     dq, dk, dv = (torch.empty_like(q) for _ in range(3))
@@ -214,7 +236,7 @@ def test_bwd_errors_name_the_argument(kernel):
         )
 
     with pytest.raises(RuntimeError, match=r"attn_bwd: dq must have the shape of q"):
-        call(args(dq=torch.empty((1, 8, 2, 8))))
+        call(args(dq=q.new_empty((1, 8, 2, 8))))
     with pytest.raises(RuntimeError, match=r"attn_bwd: dout must have the dtype of out"):
         call(args(dout=q.double()))
     with pytest.raises(RuntimeError, match=r"attn_bwd: dk must not share memory with q"):
@@ -223,21 +245,22 @@ def test_bwd_errors_name_the_argument(kernel):
         call(args(lse=lse[:, :1]))
 
 
-def test_opcheck_attn_bwd(kernel):
+def test_opcheck_attn_bwd(kernel, device):
     """Schema (dq, dk, dv the only tensors written), fake kernel and AOT dispatch: dense with
     softcap and ALiBi, and varlen without."""
-    slopes = alibi_slopes(4, "cpu")
-    cu = cu_seqlens([4, 9], "cpu")
+    slopes = alibi_slopes(4, device)
+    cu = cu_seqlens([4, 9], device)
+    dtype = kernel_dtype(device)
     cases = [  # (q, k, options, (cu_q, cu_k, max_q, max_k))
         (
-            randn((2, 9, 4, 16), torch.float32, "cpu", seed=11),
-            randn((2, 12, 2, 16), torch.float32, "cpu", seed=12),
+            randn((2, 9, 4, 16), dtype, device, seed=11),
+            randn((2, 12, 2, 16), dtype, device, seed=12),
             dict(scale=0.25, causal=True, window=(-1, -1), softcap=2.0, slopes=slopes),
             (None, None, 0, 0),
         ),
         (
-            randn((13, 4, 16), torch.float32, "cpu", seed=13),
-            randn((13, 2, 16), torch.float32, "cpu", seed=14),
+            randn((13, 4, 16), dtype, device, seed=13),
+            randn((13, 2, 16), dtype, device, seed=14),
             dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None),
             (cu, cu, 9, 9),
         ),
@@ -258,15 +281,15 @@ def test_opcheck_attn_bwd(kernel):
 # ---- through autograd: the public functions ----
 
 
-def test_flash_attn_func_backward_is_attn_bwd(kernel):
+def test_flash_attn_func_backward_is_attn_bwd(kernel, device):
     """loss.backward() through flash_attn_func (softcap, window, ALiBi, GQA) gives attn_bwd's
     gradients bit for bit, and through the qkv-packed form the sum of its three slices."""
     dtype = torch.bfloat16
-    q = randn((2, 21, 4, 16), dtype, "cpu", seed=15).requires_grad_()
-    k = randn((2, 30, 2, 16), dtype, "cpu", seed=16).requires_grad_()
-    v = randn((2, 30, 2, 16), dtype, "cpu", seed=17).requires_grad_()
-    dout = randn((2, 21, 4, 16), dtype, "cpu", seed=18)
-    slopes = alibi_slopes(4, "cpu")
+    q = randn((2, 21, 4, 16), dtype, device, seed=15).requires_grad_()
+    k = randn((2, 30, 2, 16), dtype, device, seed=16).requires_grad_()
+    v = randn((2, 30, 2, 16), dtype, device, seed=17).requires_grad_()
+    dout = randn((2, 21, 4, 16), dtype, device, seed=18)
+    slopes = alibi_slopes(4, device)
     kw = dict(causal=True, window_size=(6, -1), softcap=4.0, alibi_slopes=slopes)
     kernel.flash_attn_func(q, k, v, **kw).backward(dout)
     opts = dict(scale=16**-0.5, causal=True, window=(6, -1), softcap=4.0, slopes=slopes)
@@ -276,7 +299,7 @@ def test_flash_attn_func_backward_is_attn_bwd(kernel):
     for got, w in zip((q.grad, k.grad, v.grad), want):
         assert torch.equal(got, w)
 
-    qkv = randn((1, 12, 3, 2, 16), dtype, "cpu", seed=19).requires_grad_()
+    qkv = randn((1, 12, 3, 2, 16), dtype, device, seed=19).requires_grad_()
     kernel.flash_attn_qkvpacked_func(qkv, causal=True).sum().backward()
     parts = [t.detach() for t in qkv.unbind(2)]
     plain = dict(scale=16**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
@@ -285,18 +308,18 @@ def test_flash_attn_func_backward_is_attn_bwd(kernel):
     assert torch.equal(qkv.grad, torch.stack(want, dim=2))
 
 
-def test_varlen_backward_and_paged_raises(kernel):
-    dtype = torch.float32
+def test_varlen_backward_and_paged_raises(kernel, device):
+    dtype = kernel_dtype(device)
     lens = [7, 12]
-    cu = cu_seqlens(lens, "cpu")
-    q = randn((19, 2, 8), dtype, "cpu", seed=20).requires_grad_()
-    k = randn((19, 2, 8), dtype, "cpu", seed=21).requires_grad_()
+    cu = cu_seqlens(lens, device)
+    q = randn((19, 2, 8), dtype, device, seed=20).requires_grad_()
+    k = randn((19, 2, 8), dtype, device, seed=21).requires_grad_()
     out = kernel.flash_attn_varlen_func(q, k, k, cu, cu, 12, 12, causal=True)
     out.sum().backward()
     assert q.grad is not None and bool(torch.isfinite(k.grad).all())
     # paged K/V (a block table) is inference-only
-    cache = randn((4, 16, 2, 8), dtype, "cpu", seed=22).requires_grad_()
-    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    cache = randn((4, 16, 2, 8), dtype, device, seed=22).requires_grad_()
+    table = torch.tensor([[0], [1]], dtype=torch.int32, device=device)
     out = kernel.flash_attn_varlen_func(
         q, cache, cache, cu, cu, 12, 12, causal=True, block_table=table
     )
@@ -307,17 +330,17 @@ def test_varlen_backward_and_paged_raises(kernel):
 # ---- flash-attn's low-level backward ----
 
 
-def test_low_level_backward_is_attn_bwd(kernel):
+def test_low_level_backward_is_attn_bwd(kernel, device):
     """_flash_attn_backward / _flash_attn_varlen_backward (flash-attn 2.8's parameters) and the C++
     ops bwd / varlen_bwd under them: attn_bwd's gradients bit for bit, written into the given dq /
     dk / dv (or new tensors), and softmax_d = rowsum(dout * out) laid out as softmax_lse."""
     iface = kernel.flash_attn_interface
     dtype = torch.bfloat16
-    slopes = alibi_slopes(4, "cpu")
-    q = randn((2, 13, 4, 16), dtype, "cpu", seed=30)
-    k = randn((2, 17, 2, 16), dtype, "cpu", seed=31)
-    v = randn((2, 17, 2, 16), dtype, "cpu", seed=32)
-    dout = randn((2, 13, 4, 16), dtype, "cpu", seed=33)
+    slopes = alibi_slopes(4, device)
+    q = randn((2, 13, 4, 16), dtype, device, seed=30)
+    k = randn((2, 17, 2, 16), dtype, device, seed=31)
+    v = randn((2, 17, 2, 16), dtype, device, seed=32)
+    dout = randn((2, 13, 4, 16), dtype, device, seed=33)
     opts = dict(scale=0.3, causal=True, window=(5, -1), softcap=3.0, slopes=slopes)
     out, lse = forward(kernel, q, k, v, opts)
     want = backward(kernel, dout, q, k, v, out, lse, opts)
@@ -354,10 +377,10 @@ def test_low_level_backward_is_attn_bwd(kernel):
     assert all(torch.equal(got, w) for got, w in zip(new[:3], want))
 
     lens = [6, 11]
-    cu = cu_seqlens(lens, "cpu")
-    qp = randn((17, 4, 16), dtype, "cpu", seed=34)
-    kp = randn((17, 2, 16), dtype, "cpu", seed=35)
-    dp = randn((17, 4, 16), dtype, "cpu", seed=36)
+    cu = cu_seqlens(lens, device)
+    qp = randn((17, 4, 16), dtype, device, seed=34)
+    kp = randn((17, 2, 16), dtype, device, seed=35)
+    dp = randn((17, 4, 16), dtype, device, seed=36)
     plain = dict(scale=16**-0.5, causal=False, window=(-1, -1), softcap=0.0, slopes=None)
     sizes = (cu, cu, 11, 11)
     out, lse = forward(kernel, qp, kp, kp, plain, *sizes)
@@ -377,18 +400,19 @@ def test_low_level_backward_is_attn_bwd(kernel):
         )
 
 
-def test_opcheck_low_level_backward(kernel):
+def test_opcheck_low_level_backward(kernel, device):
     """bwd and varlen_bwd: schema, fake kernel and AOT dispatch (gradients allocated by the op)."""
-    q = randn((2, 9, 4, 16), torch.float32, "cpu", seed=37)
-    k = randn((2, 12, 2, 16), torch.float32, "cpu", seed=38)
+    dtype = kernel_dtype(device)
+    q = randn((2, 9, 4, 16), dtype, device, seed=37)
+    k = randn((2, 12, 2, 16), dtype, device, seed=38)
     opts = dict(scale=0.25, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
     out, lse = forward(kernel, q, k, k, opts)
     dense = (torch.randn_like(out), q, k, k, out, lse, None, None, None, None, 0.0, 0.25, True)
     torch.library.opcheck(kernel.ops.bwd.default, dense + (-1, -1, 0.0, False, None, None))
-    cu = cu_seqlens([4, 9], "cpu")
+    cu = cu_seqlens([4, 9], device)
     qp, kp = (
-        randn((13, 4, 16), torch.float32, "cpu", seed=39),
-        randn((13, 2, 16), torch.float32, "cpu", seed=40),
+        randn((13, 4, 16), dtype, device, seed=39),
+        randn((13, 2, 16), dtype, device, seed=40),
     )
     out, lse = forward(kernel, qp, kp, kp, opts, cu, cu, 9, 9)
     varlen = (torch.randn_like(out), qp, kp, kp, out, lse, None, None, None, cu, cu, None, 9, 9)
@@ -408,10 +432,12 @@ FLOAT64_MODES = {
 
 
 @pytest.mark.parametrize("mode", list(FLOAT64_MODES))
-def test_gradcheck_float64(kernel, mode):
+def test_gradcheck_float64(kernel, device, mode):
     """torch.autograd.gradcheck through flash_attn_func in float64 (GQA 4/2, S_q != S_k): the
     numerical Jacobian of the forward against the backward; and the forward against the float64
     formula, since a forward and backward wrong alike would pass gradcheck."""
+    if device != "cpu":
+        pytest.skip("float64 runs on the CPU only")
     kw = dict(FLOAT64_MODES[mode])
     slopes = alibi_slopes(4, "cpu") if kw.pop("alibi", False) else None
     leaves = [
@@ -437,7 +463,9 @@ def test_gradcheck_float64(kernel, mode):
         torch.testing.assert_close(out[b], want, rtol=1e-12, atol=1e-12)
 
 
-def test_gradcheck_float64_varlen(kernel):
+def test_gradcheck_float64_varlen(kernel, device):
+    if device != "cpu":
+        pytest.skip("float64 runs on the CPU only")
     cu = cu_seqlens([3, 5], "cpu")
     leaves = [
         randn((8, h, 8), torch.float64, "cpu", seed=45 + i).requires_grad_()
@@ -446,3 +474,27 @@ def test_gradcheck_float64_varlen(kernel):
     assert torch.autograd.gradcheck(
         lambda q, k, v: kernel.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, causal=True), leaves
     )
+
+
+def test_bwd_strided_views(kernel, device):
+    """q, k, v, out and dout as views whose rows are not 16-byte multiples (CUDA reads them through
+    copies) and dq / dk / dv as such views (CUDA writes them through temporaries): attn_bwd's
+    gradients of the contiguous tensors, bit for bit, and nothing outside the views written."""
+    dtype = kernel_dtype(device, torch.bfloat16)
+    opts = dict(scale=0.2, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
+
+    def view(shape, seed):  # [.., 24] of a [.., 28] buffer: rows of 56 bytes
+        return randn((*shape[:-1], 28), dtype, device, seed=seed)[..., :24]
+
+    q, k, v = view((2, 70, 4, 24), 50), view((2, 90, 2, 24), 51), view((2, 90, 2, 24), 52)
+    dout = view((2, 70, 4, 24), 53)
+    out, lse = forward(kernel, q, k, v, opts)
+    want = backward(
+        kernel, dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, opts
+    )
+    buffers = [torch.full((*t.shape[:-1], 28), 7.0, dtype=dtype, device=device) for t in (q, k, v)]
+    grads_ = [b[..., :24] for b in buffers]
+    kernel.ops.attn_bwd(*grads_, dout, q, k, v, out, lse, None, None, None, 0, 0, *scalars(opts))
+    for got, w, b in zip(grads_, want, buffers):
+        assert torch.equal(got, w)
+        assert bool((b[..., 24:] == 7.0).all())

@@ -13,9 +13,8 @@ import torch
 import torch.nn as nn
 from attention_cases import cu_seqlens, dtypes_for, paged_cache, randn
 
-# opcheck's test_aot_dispatch_* differentiate ops whose inputs require grad; attn_func's backward
-# raises on CUDA (no CUDA backward yet), so its inputs here do not require grad (the backward is
-# tested in test_attention_bwd_ops.py and test_attention_errors.py).
+# opcheck's test_aot_dispatch_* differentiate ops whose inputs require grad; attn_func's inputs here
+# do not require grad (the backward is tested in test_attention_bwd_ops.py).
 
 
 def _opcheck(op, args):
@@ -436,8 +435,8 @@ def test_compile_parity(kernel, device, head_dim):
 
 @pytest.mark.slow
 def test_compile_with_gradients(kernel, device):
-    """Under torch.compile the forward compiles and runs with requires_grad inputs; the compiled
-    backward gives eager's gradients on the CPU and raises on CUDA (no CUDA backward yet)."""
+    """Under torch.compile the forward compiles and runs with requires_grad inputs, and the
+    compiled backward gives eager's gradients bit for bit."""
     torch._dynamo.reset()
     dtype = dtypes_for(device)[-1]
     q = randn((1, 5, 2, 32), dtype, device, 1).requires_grad_()
@@ -448,10 +447,6 @@ def test_compile_with_gradients(kernel, device):
 
     out = torch.compile(f, fullgraph=True)(q, k)
     assert torch.equal(out.detach(), kernel.flash_attn_func(q.detach(), k, k, causal=True))
-    if device == "cuda":
-        with pytest.raises(NotImplementedError, match="backward"):
-            out.float().sum().backward()
-        return
     out.float().sum().backward()
     compiled_grad, q.grad = q.grad, None
     f(q, k).float().sum().backward()

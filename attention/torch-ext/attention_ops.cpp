@@ -1067,6 +1067,72 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 
 namespace {
 
+// The kernels' params of a checked backward call: the forward's, then dout and the gradients
+// (dense: [batch, rows, heads, D]; varlen: [rows, heads, D]).
+attention::AttnBwdParams backward_params(const AttentionCall& c, const Geometry& g,
+                                         const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk,
+                                         at::Tensor& dv) {
+  attention::AttnBwdParams p;
+  p.fwd = make_params(c, g);
+  const auto strides = [&](const at::Tensor& t, bool varlen, int64_t& batch, int64_t& row,
+                           int64_t& head) {
+    if (varlen) {
+      row = stride(t, 0);
+      head = stride(t, 1);
+    } else {
+      batch = stride(t, 0);
+      row = stride(t, 1);
+      head = stride(t, 2);
+    }
+  };
+  p.dout = dout.const_data_ptr();
+  strides(dout, g.varlen_q, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
+  p.dq = dq.mutable_data_ptr();
+  strides(dq, g.varlen_q, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  p.dk = dk.mutable_data_ptr();
+  strides(dk, g.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  p.dv = dv.mutable_data_ptr();
+  strides(dv, g.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  return p;
+}
+
+#if defined(CUDA_KERNEL)
+// The CUDA backward (attention_cuda.h, attn_bwd). Inputs that are not 16-byte aligned are read
+// through contiguous copies and such gradients written through temporaries, as in the forward;
+// lse is made contiguous, since the rowsum(dout * out) workspace takes its layout.
+void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tensor& dout,
+                       at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  const at::Device device = c.q.device();
+  const c10::cuda::CUDAGuard device_guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
+  const auto readable = [](const at::Tensor& t) { return aligned16(t) ? t : t.contiguous(); };
+  // Varlen rows outside every sequence are not written: a temporary starts as the caller's zeros.
+  const auto writable = [](const at::Tensor& t, bool varlen) {
+    if (aligned16(t)) return t;
+    return varlen ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
+  };
+  AttentionCall a = c;
+  a.q = readable(c.q);
+  a.k = readable(c.k);
+  a.v = readable(c.v);
+  a.out = readable(c.out);
+  a.lse = c.lse->contiguous();
+  const at::Tensor d_out = readable(dout);
+  at::Tensor dq_w = writable(dq, g.varlen_q), dk_w = writable(dk, g.varlen_k),
+             dv_w = writable(dv, g.varlen_k);
+  const attention::AttnBwdParams p = backward_params(a, g, d_out, dq_w, dk_w, dv_w);
+  at::Tensor dsum = at::empty_like(*a.lse);
+  const int64_t q_rows = g.varlen_q ? g.total_q : g.batch * g.seqlen_q;
+  const cudaError_t err =
+      attention::cuda::attn_bwd(p, dsum.mutable_data_ptr<float>(), q_rows, stream);
+  TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));
+  for (auto [given, written] :
+       {std::pair<at::Tensor*, at::Tensor*>{&dq, &dq_w}, {&dk, &dk_w}, {&dv, &dv_w}}) {
+    if (!given->is_same(*written)) given->copy_(*written);
+  }
+}
+#endif
+
 // attn_bwd under the name of the op that runs it (attn_bwd, bwd, varlen_bwd).
 void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
                   const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -1094,7 +1160,7 @@ void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
   c.causal = causal;
   c.window_left = window_left;
   c.window_right = window_right;
-  [[maybe_unused]] const Geometry g = check(c);  // used by the CPU build only
+  const Geometry g = check(c);
   for (const auto& [name, grad, of, of_name] :
        {std::tuple<const char*, const at::Tensor*, const at::Tensor*, const char*>{"dout", &dout,
                                                                                    &out, "out"},
@@ -1111,11 +1177,15 @@ void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
   check_no_overlap(
       c.op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
       {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  TORCH_CHECK_NOT_IMPLEMENTED(q.device().is_cpu(), c.op,
-                              ": the backward runs on the CPU only so far; no kernel for device ",
-                              q.device());
-#if defined(CPU_KERNEL)
-  // The kernel writes every row of a dense batch. Packed (varlen) rows past the last sequence,
+#if defined(CUDA_KERNEL)
+  if (q.is_cuda()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        g.head_dim % 8 == 0 && g.head_dim <= attention::cuda::kBwdMaxHeadDim, c.op,
+        ": the CUDA backward takes head dims that are multiples of 8 up to ",
+        attention::cuda::kBwdMaxHeadDim, " so far, got ", g.head_dim);
+  }
+#endif
+  // The kernels write every row of a dense batch. Packed (varlen) rows past the last sequence,
   // and every row when there is nothing to compute, get zero gradients here.
   const bool nothing = g.batch == 0 || g.total_q == 0 || g.heads_q == 0 || c.k.numel() == 0;
   if (nothing || g.varlen_q) dq.zero_();
@@ -1124,29 +1194,21 @@ void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
     dv.zero_();
   }
   if (nothing) return;
-  attention::AttnBwdParams p;
-  p.fwd = make_params(c, g);
-  const auto strides = [&](const at::Tensor& t, bool varlen, int64_t& batch, int64_t& row,
-                           int64_t& head) {
-    if (varlen) {
-      row = stride(t, 0);
-      head = stride(t, 1);
-    } else {
-      batch = stride(t, 0);
-      row = stride(t, 1);
-      head = stride(t, 2);
-    }
-  };
-  p.dout = dout.const_data_ptr();
-  strides(dout, g.varlen_q, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
-  p.dq = dq.mutable_data_ptr();
-  strides(dq, g.varlen_q, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-  p.dk = dk.mutable_data_ptr();
-  strides(dk, g.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  p.dv = dv.mutable_data_ptr();
-  strides(dv, g.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-  on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
+#if defined(CUDA_KERNEL)
+  if (q.is_cuda()) {
+    run_backward_cuda(c, g, dout, dq, dk, dv);
+    return;
+  }
 #endif
+#if defined(CPU_KERNEL)
+  if (q.is_cpu()) {
+    const attention::AttnBwdParams p = backward_params(c, g, dout, dq, dk, dv);
+    on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
+    return;
+  }
+#endif
+  TORCH_CHECK_NOT_IMPLEMENTED(false, c.op, ": no backward for device ", q.device(),
+                              " in this build");
 }
 
 // The low-level backwards' dq / dk / dv: the given tensor, else a new one like its input.

@@ -5,7 +5,7 @@
 // low-level C++ entry points (mha_fwd, mha_varlen_fwd, mha_fwd_kvcache) returning (out,
 // softmax_lse) (a tuple, not flash-attn's Tensor[]: a list return cannot be functionalized next
 // to mutated arguments, so it would not trace), and bwd / varlen_bwd (mha_bwd, mha_varlen_bwd:
-// (dq, dk, dv, softmax_d), CPU only so far); reshape_and_cache(_flash) are vLLM's KV-cache writers. Launchers:
+// (dq, dk, dv, softmax_d)); reshape_and_cache(_flash) are vLLM's KV-cache writers. Launchers:
 // torch_binding.h; semantics: kernel_src/attention_params.h and kernel_src/cache_params.h.
 // The four forward ops end in `bool? enable_pdl=None`: programmatic dependent launch on CUDA
 // (None: the kernels' default, on for both; False: off; ignored on CPU; pdl_request.h).
@@ -39,7 +39,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "float softcap, bool causal, int window_left, int window_right) -> ()");
   ATTN_IMPL(attn_bwd);
 
-  // flash-attn 2 C++ API (flash_api.cpp); the backwards run on the CPU only so far.
+  // flash-attn 2 C++ API (flash_api.cpp).
   ops.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!)? out, Tensor? alibi_slopes, float p_dropout, "
       "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float "

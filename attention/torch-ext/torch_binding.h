@@ -41,7 +41,8 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 
 // The backward of attn_fwd (kernel_src/attention_params.h, AttnBwdParams): dq, dk, dv (shapes of
 // q, k, v, written in full) from dout (out's shape), the forward's out and lse, and the forward's
-// options; dense or varlen (cu_seqlens_q / _k), no paged cache. CPU only so far: on CUDA it raises.
+// options; dense or varlen (cu_seqlens_q / _k), no paged cache. On CUDA head_dim is a multiple of 8
+// up to 128 (NotImplementedError otherwise).
 void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
               const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse,
@@ -53,8 +54,9 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
 
 // flash-attn's mha_bwd / mha_varlen_bwd over attn_bwd: dq, dk, dv (into the given tensors, else
 // new ones) and softmax_d = rowsum(dout * out) (float32, laid out as softmax_lse); returns
-// (dq, dk, dv, softmax_d) (a tuple, as for the forwards). CPU only so far (NotImplementedError elsewhere); p_dropout > 0 raises
-// NotImplementedError; deterministic, gen and rng_state have nothing to act on.
+// (dq, dk, dv, softmax_d) (a tuple, as for the forwards). p_dropout > 0 raises NotImplementedError;
+// the backward is deterministic on every device, so deterministic, gen and rng_state have nothing
+// to act on.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& softmax_lse, const std::optional<at::Tensor>& dq,

@@ -13,8 +13,8 @@ no key gives out = 0 and lse = +inf.
   ``flash_attn_kvpacked_func``, ``flash_attn_varlen_qkvpacked_func``,
   ``flash_attn_varlen_kvpacked_func``, ``flash_attn_with_kvcache`` (appends new k/v into the
   cache, optional rotary embedding, cache_batch_idx, cache_leftpad, block_table, num_splits); the
-  C++ entry points ``ops.fwd``, ``ops.varlen_fwd``, ``ops.fwd_kvcache`` and (CPU only so far)
-  ``ops.bwd``, ``ops.varlen_bwd``; ``bert_padding``.
+  C++ entry points ``ops.fwd``, ``ops.varlen_fwd``, ``ops.fwd_kvcache``, ``ops.bwd`` and
+  ``ops.varlen_bwd``; ``bert_padding``.
 * vLLM: ``reshape_and_cache`` (paged layout) and ``reshape_and_cache_flash`` (flash layout).
 * transformers: ``attn_implementation="<org>/attention"`` finds ``flash_attn_varlen_func`` /
   ``flash_attn_func`` / ``flash_attn_with_kvcache`` (kernels >= 0.18.2); with older kernels,

@@ -1,0 +1,87 @@
+// attention_bwd.cu: the host launcher of the CUDA attention backward (attention_bwd_kernel.cuh)
+// and its instances: fp16 / bf16 x head dims 32, 64, 96, 128 (a caller's head dim runs on the
+// smallest instance that holds it, its extra columns zero).
+#include <cuda_runtime.h>
+
+#include "attention_bwd_kernel.cuh"
+#include "attention_cuda.h"
+
+namespace attention {
+namespace cuda {
+namespace {
+
+template <typename T, int D>
+cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cudaStream_t stream) {
+  const AttnFwdParams& f = p.fwd;
+  const int64_t dsum_items = q_rows * f.heads_q;
+  if (dsum_items > 0) {
+    const int64_t blocks = (dsum_items * 32 + 255) / 256;
+    bwd::bwd_dsum_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        p, dsum, f.cu_seqlens_q != nullptr ? q_rows : f.seqlen_q, dsum_items);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const auto blocks_of = [](int64_t rows) {
+    return static_cast<unsigned>((rows + bwd::kBlockRows - 1) / bwd::kBlockRows);
+  };
+  if (f.seqlen_k > 0) {
+    auto* kernel = bwd::bwd_dkdv_kernel<T, D>;
+    constexpr int kSmem = bwd::DkDvSmem<T, D>::kBytes;
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(blocks_of(f.seqlen_k), static_cast<unsigned>(f.heads_kv),
+                    static_cast<unsigned>(f.batch));
+    kernel<<<grid, bwd::kThreads, kSmem, stream>>>(p, dsum);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (f.seqlen_q > 0) {
+    auto* kernel = bwd::bwd_dq_kernel<T, D>;
+    constexpr int kSmem = bwd::DqSmem<T, D>::kBytes;
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(blocks_of(f.seqlen_q), static_cast<unsigned>(f.heads_q),
+                    static_cast<unsigned>(f.batch));
+    kernel<<<grid, bwd::kThreads, kSmem, stream>>>(p, dsum);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t launch_bwd_for_dim(const AttnBwdParams& p, float* dsum, int64_t q_rows,
+                               cudaStream_t stream) {
+  const int64_t d = p.fwd.head_dim;
+  if (d <= 32) return launch_bwd<T, 32>(p, dsum, q_rows, stream);
+  if (d <= 64) return launch_bwd<T, 64>(p, dsum, q_rows, stream);
+  if (d <= 96) return launch_bwd<T, 96>(p, dsum, q_rows, stream);
+  return launch_bwd<T, 128>(p, dsum, q_rows, stream);
+}
+
+}  // namespace
+
+cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows,
+                     cudaStream_t stream) {
+  const AttnFwdParams& f = params.fwd;
+  if (f.head_dim <= 0 || f.head_dim > kBwdMaxHeadDim || f.head_dim % 8 != 0 || f.heads_kv <= 0 ||
+      f.heads_q % f.heads_kv != 0 || f.lse == nullptr || dsum == nullptr || f.batch > 65535 ||
+      f.heads_q > 65535 || f.block_table != nullptr || f.seqused_k != nullptr ||
+      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (f.batch == 0 || f.heads_q == 0) return cudaSuccess;
+  switch (f.dtype) {
+    case DType::kFloat16:
+      return launch_bwd_for_dim<__half>(params, dsum, q_rows, stream);
+    case DType::kBFloat16:
+      return launch_bwd_for_dim<__nv_bfloat16>(params, dsum, q_rows, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace cuda
+}  // namespace attention
