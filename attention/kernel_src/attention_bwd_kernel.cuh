@@ -101,6 +101,89 @@ __device__ __forceinline__ bool visible(int64_t diag, int64_t j, int64_t len_k, 
   return j < len_k && (w.left < 0 || j >= diag - w.left) && (w.right < 0 || j <= diag + w.right);
 }
 
+// c0 = A0 B0^T and c1 = A1 B1^T over the head dim, zeroed first: A0 / A1 the 16 rows of this
+// warp (lane addresses a0 / a1 of (lane % 16, lane / 16)), B0 / B1 the 64 rows of a tile as the
+// n dimension (lane addresses b0 / b1 of ((lane % 8) + 8 (lane / 16), (lane / 8) % 2)).
+template <typename T, int D>
+__device__ __forceinline__ void two_products(float (&c0)[kBlockRows / 8][4],
+                                             float (&c1)[kBlockRows / 8][4], uint32_t a0,
+                                             uint32_t b0, uint32_t a1, uint32_t b1) {
+  using Rows = SwizzledRows<D>;
+#pragma unroll
+  for (int nt = 0; nt < kBlockRows / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c0[nt][e] = c1[nt][e] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t x0[4], x1[4];
+    ldmatrix_x4(x0, Rows::at(a0, 0, ks));
+    ldmatrix_x4(x1, Rows::at(a1, 0, ks));
+#pragma unroll
+    for (int np = 0; np < kBlockRows / 16; ++np) {
+      uint32_t y0[4], y1[4];
+      ldmatrix_x4(y0, Rows::at(b0, np * 16, ks));
+      ldmatrix_x4(y1, Rows::at(b1, np * 16, ks));
+      mma_16816<T>(c0[2 * np], x0, y0[0], y0[1]);
+      mma_16816<T>(c0[2 * np + 1], x0, y0[2], y0[3]);
+      mma_16816<T>(c1[2 * np], x1, y1[0], y1[1]);
+      mma_16816<T>(c1[2 * np + 1], x1, y1[2], y1[3]);
+    }
+  }
+}
+
+// The A fragment of k-step ks from C fragments: n-tiles 2 ks and 2 ks + 1, rounded to T.
+template <typename T>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const float (&c)[kBlockRows / 8][4],
+                                           int ks) {
+  a[0] = pack2<T>(c[2 * ks][0], c[2 * ks][1]);
+  a[1] = pack2<T>(c[2 * ks][2], c[2 * ks][3]);
+  a[2] = pack2<T>(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+  a[3] = pack2<T>(c[2 * ks + 1][2], c[2 * ks + 1][3]);
+}
+
+// acc += A (k = the 64 tile rows) times the tile at t_lane as the B operand ([k][D] rows read
+// transposed; lane address of (lane % 16, lane / 16)).
+template <typename T, int D>
+__device__ __forceinline__ void product_with_rows(float (&acc)[D / 8][4],
+                                                  const float (&c)[kBlockRows / 8][4],
+                                                  uint32_t t_lane) {
+  using Rows = SwizzledRows<D>;
+#pragma unroll
+  for (int ks = 0; ks < kBlockRows / 16; ++ks) {
+    uint32_t a[4];
+    a_fragment<T>(a, c, ks);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, Rows::at(t_lane, ks * 16, dp));
+      mma_16816<T>(acc[2 * dp], a, b[0], b[1]);
+      mma_16816<T>(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Rows g and g + 8 of this warp's 16 (first row `row0`, `rows` valid) of acc * scale, columns
+// 8 dt + 2t and + 1 up to head_dim, into base (row stride in elements).
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(T* base, int64_t row_stride,
+                                           const float (&acc)[D / 8][4], float scale, int64_t row0,
+                                           int64_t rows, int head_dim, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t r = row0 + g + half * 8;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col >= head_dim) continue;
+      *reinterpret_cast<uint32_t*>(base + r * row_stride + col) =
+          pack2<T>(acc[dt][2 * half] * scale, acc[dt][2 * half + 1] * scale);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // D = rowsum(dO * O): one warp per (packed row, head); dsum has lse's layout.
 // ---------------------------------------------------------------------------------------------
@@ -141,7 +224,6 @@ struct DkDvSmem {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(AttnBwdParams p, const float* dsum) {
-  constexpr int kKSteps = D / 16;          // k-steps over the head dim
   constexpr int kQTiles = kBlockRows / 8;  // n-tiles of S^T (queries)
   constexpr int kDTiles = D / 8;           // n-tiles of dK / dV
   using Rows = SwizzledRows<D>;
@@ -227,27 +309,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(AttnBwdParams p, con
 
       // S^T (16 keys x 64 queries) and dP^T.
       float st[kQTiles][4], dpt[kQTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-      }
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t ka[4], va[4];
-        ldmatrix_x4(ka, Rows::at(k_a, 0, ks));
-        ldmatrix_x4(va, Rows::at(v_a, 0, ks));
-#pragma unroll
-        for (int np = 0; np < kQTiles / 2; ++np) {
-          uint32_t qb4[4], db4[4];
-          ldmatrix_x4(qb4, Rows::at(q_b, np * 16, ks));
-          ldmatrix_x4(db4, Rows::at(do_b, np * 16, ks));
-          mma_16816<T>(st[2 * np], ka, qb4[0], qb4[1]);
-          mma_16816<T>(st[2 * np + 1], ka, qb4[2], qb4[3]);
-          mma_16816<T>(dpt[2 * np], va, db4[0], db4[1]);
-          mma_16816<T>(dpt[2 * np + 1], va, db4[2], db4[3]);
-        }
-      }
+      two_products<T, D>(st, dpt, k_a, q_b, v_a, do_b);
       // P^T into st, dS^T into dpt (element (key, query)).
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
@@ -265,51 +327,20 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(AttnBwdParams p, con
         }
       }
       // dV += P^T dO and dK += dS^T Q: 16-query k-steps.
-#pragma unroll
-      for (int ps = 0; ps < kQTiles / 2; ++ps) {
-        uint32_t pa[4], da[4];
-        pa[0] = pack2<T>(st[2 * ps][0], st[2 * ps][1]);
-        pa[1] = pack2<T>(st[2 * ps][2], st[2 * ps][3]);
-        pa[2] = pack2<T>(st[2 * ps + 1][0], st[2 * ps + 1][1]);
-        pa[3] = pack2<T>(st[2 * ps + 1][2], st[2 * ps + 1][3]);
-        da[0] = pack2<T>(dpt[2 * ps][0], dpt[2 * ps][1]);
-        da[1] = pack2<T>(dpt[2 * ps][2], dpt[2 * ps][3]);
-        da[2] = pack2<T>(dpt[2 * ps + 1][0], dpt[2 * ps + 1][1]);
-        da[3] = pack2<T>(dpt[2 * ps + 1][2], dpt[2 * ps + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          uint32_t ob[4], qtb[4];
-          ldmatrix_x4_trans(ob, Rows::at(do_t, ps * 16, dp));
-          ldmatrix_x4_trans(qtb, Rows::at(q_t, ps * 16, dp));
-          mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
-          mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
-          mma_16816<T>(dk[2 * dp], da, qtb[0], qtb[1]);
-          mma_16816<T>(dk[2 * dp + 1], da, qtb[2], qtb[3]);
-        }
-      }
+      product_with_rows<T, D>(dv, st, do_t);
+      product_with_rows<T, D>(dk, dpt, q_t);
     }
   }
   if (qblock_lo * kBlockRows >= i_hi || group == 0) cp_async_wait<0>();  // K/V loads still pending
 
-  // Store: key rows g and g + 8 of this warp, columns 8 dt + 2t, 2t + 1.
   T* dkbase = static_cast<T*>(p.dk) + kb * p.dk_batch_stride + s.k0 * p.dk_row_stride +
               hk * p.dk_head_stride;
   T* dvbase = static_cast<T*>(p.dv) + kb * p.dv_batch_stride + s.k0 * p.dv_row_stride +
               hk * p.dv_head_stride;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t j = key0 + warp * 16 + g + half * 8;
-    if (j >= s.len_k) continue;
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      const int col = dt * 8 + 2 * t;
-      if (col >= f.head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dkbase + j * p.dk_row_stride + col) =
-          pack2<T>(dk[dt][2 * half] * scale, dk[dt][2 * half + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dvbase + j * p.dv_row_stride + col) =
-          pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
-    }
-  }
+  const int64_t my_keys = key0 + warp * 16;
+  const int head_dim = static_cast<int>(f.head_dim);
+  store_rows<T, D>(dkbase, p.dk_row_stride, dk, scale, my_keys, s.len_k, head_dim, lane);
+  store_rows<T, D>(dvbase, p.dv_row_stride, dv, 1.0f, my_keys, s.len_k, head_dim, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -324,7 +355,6 @@ struct DqSmem {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(AttnBwdParams p, const float* dsum) {
-  constexpr int kKSteps = D / 16;
   constexpr int kKTiles = kBlockRows / 8;  // n-tiles of S (keys)
   constexpr int kDTiles = D / 8;
   using Rows = SwizzledRows<D>;
@@ -402,27 +432,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(AttnBwdParams p, const
     __syncthreads();
 
     float sc[kKTiles][4], dp[kKTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kKTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = dp[nt][e] = 0.0f;
-    }
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t qa[4], da[4];
-      ldmatrix_x4(qa, Rows::at(q_a, 0, ks));
-      ldmatrix_x4(da, Rows::at(do_a, 0, ks));
-#pragma unroll
-      for (int np = 0; np < kKTiles / 2; ++np) {
-        uint32_t kb4[4], vb4[4];
-        ldmatrix_x4(kb4, Rows::at(k_b, np * 16, ks));
-        ldmatrix_x4(vb4, Rows::at(v_b, np * 16, ks));
-        mma_16816<T>(sc[2 * np], qa, kb4[0], kb4[1]);
-        mma_16816<T>(sc[2 * np + 1], qa, kb4[2], kb4[3]);
-        mma_16816<T>(dp[2 * np], da, vb4[0], vb4[1]);
-        mma_16816<T>(dp[2 * np + 1], da, vb4[2], vb4[3]);
-      }
-    }
+    two_products<T, D>(sc, dp, q_a, k_b, do_a, v_b);
     // dS into dp (element (query, key)).
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {
@@ -439,38 +449,13 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(AttnBwdParams p, const
       }
     }
     // dQ += dS K: 16-key k-steps, K rows transposed as the B operand.
-#pragma unroll
-    for (int ps = 0; ps < kKTiles / 2; ++ps) {
-      uint32_t a[4];
-      a[0] = pack2<T>(dp[2 * ps][0], dp[2 * ps][1]);
-      a[1] = pack2<T>(dp[2 * ps][2], dp[2 * ps][3]);
-      a[2] = pack2<T>(dp[2 * ps + 1][0], dp[2 * ps + 1][1]);
-      a[3] = pack2<T>(dp[2 * ps + 1][2], dp[2 * ps + 1][3]);
-#pragma unroll
-      for (int dt2 = 0; dt2 < kDTiles / 2; ++dt2) {
-        uint32_t kt[4];
-        ldmatrix_x4_trans(kt, Rows::at(k_t, ps * 16, dt2));
-        mma_16816<T>(dq[2 * dt2], a, kt[0], kt[1]);
-        mma_16816<T>(dq[2 * dt2 + 1], a, kt[2], kt[3]);
-      }
-    }
+    product_with_rows<T, D>(dq, dp, k_t);
   }
   if (j_lo / kBlockRows * kBlockRows >= j_hi) cp_async_wait<0>();  // Q / dO loads still pending
 
   T* dqbase = static_cast<T*>(p.dq) + qb * p.dq_batch_stride + s.q0 * p.dq_row_stride +
               h * p.dq_head_stride;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t i = q0 + warp * 16 + g + half * 8;
-    if (i >= s.len_q) continue;
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      const int col = dt * 8 + 2 * t;
-      if (col >= head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dqbase + i * p.dq_row_stride + col) =
-          pack2<T>(dq[dt][2 * half] * scale, dq[dt][2 * half + 1] * scale);
-    }
-  }
+  store_rows<T, D>(dqbase, p.dq_row_stride, dq, scale, q0 + warp * 16, s.len_q, head_dim, lane);
 }
 
 }  // namespace bwd
