@@ -184,6 +184,10 @@ __device__ __forceinline__ void store_rows(T* base, int64_t row_stride,
   }
 }
 
+// Explicit conversions (builds may define __CUDA_NO_HALF_CONVERSIONS__).
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 // ---------------------------------------------------------------------------------------------
 // D = rowsum(dO * O): one warp per (packed row, head); dsum has lse's layout.
 // ---------------------------------------------------------------------------------------------
@@ -204,9 +208,7 @@ __global__ void __launch_bounds__(256)
   const T* d = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + i * p.dout_row_stride +
                h * p.dout_head_stride;
   float acc = 0.0f;
-  for (int c = lane; c < f.head_dim; c += 32) {
-    acc += static_cast<float>(o[c]) * static_cast<float>(d[c]);
-  }
+  for (int c = lane; c < f.head_dim; c += 32) acc += to_float(o[c]) * to_float(d[c]);
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) acc += shfl_xor(acc, m);
   if (lane == 0) dsum[b * f.lse_batch_stride + h * f.lse_head_stride + i] = acc;
