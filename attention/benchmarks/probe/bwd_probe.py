@@ -1,0 +1,183 @@
+"""The CUDA attention backward kernels alone, built in seconds with torch's extension loader
+instead of the whole kit (a GPU session's first look at a kernel change): gradients against
+float64 autograd of the formula, each error against twice torch's own bf16 autograd error plus a
+floor (the bound of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens,
+H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /tmp).
+
+    python attention/benchmarks/probe/bwd_probe.py      (on a GPU machine with CUDA torch)
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.cpp_extension import load
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "attention", "tests"))
+from attention_cases import alibi_slopes, bias, visible  # noqa: E402
+
+os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+t0 = time.time()
+ext = load(
+    "attn_bwd_probe",
+    [
+        os.path.join(os.path.dirname(__file__), "bwd_probe_binding.cpp"),
+        os.path.join(ROOT, "attention/kernel_src/attention_bwd.cu"),
+    ],
+    extra_include_paths=[os.path.join(ROOT, "attention/kernel_src")],
+    extra_cuda_cflags=["-O3", "-std=c++17"],
+    verbose=False,
+)
+print(f"built in {time.time() - t0:.0f} s", flush=True)
+
+
+def formula(q, k, v, scale, causal, window, softcap, slopes):
+    """[B, S, H, D] -> out, lse ([B, H, S_q]) in q's dtype (lse float32 of it)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.repeat_interleave(h // hk, dim=2).transpose(1, 2)
+    vt = v.repeat_interleave(h // hk, dim=2).transpose(1, 2)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    bb = bias(sq, sk, slopes)
+    if bb is not None:
+        s = s + bb.to(s.device, s.dtype)
+    mask = visible(sq, sk, causal, window).to(s.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p @ vt).transpose(1, 2), lse
+
+
+CASES = [  # B, Sq, Sk, H, Hk, D, causal, window, softcap, alibi
+    (2, 37, 37, 4, 4, 32, False, (-1, -1), 0.0, False),
+    (2, 150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
+    (2, 130, 200, 4, 1, 128, False, (70, 10), 0.0, False),
+    (2, 200, 90, 2, 2, 96, True, (-1, -1), 0.0, False),
+    (2, 129, 129, 4, 2, 128, True, (-1, -1), 20.0, True),
+    (1, 300, 300, 2, 2, 40, True, (-1, -1), 0.0, False),
+    (2, 64, 64, 2, 2, 128, False, (-1, -1), 0.0, False),
+]
+dev, dt = "cuda", torch.bfloat16
+results = []
+for case in CASES:
+    B, sq, sk, h, hk, d, causal, window, cap, al = case
+    g = torch.Generator(device="cpu").manual_seed(sq + d)
+    q, k, v = (
+        torch.randn(s, generator=g).to(dev) for s in [(B, sq, h, d), (B, sk, hk, d), (B, sk, hk, d)]
+    )
+    dout = torch.randn(B, sq, h, d, generator=g).to(dev)
+    slopes = alibi_slopes(h, dev) if al else None
+    opts = dict(scale=d**-0.5, causal=causal, window=window, softcap=cap, slopes=slopes)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    out64, lse64 = formula(*leaves64, **opts)
+    out64.backward(dout.double())
+    leaves16 = [t.to(dt).requires_grad_() for t in (q, k, v)]
+    out16, _ = formula(*leaves16, **opts)
+    out16.backward(dout.to(dt))
+    qb, kb, vb = (t.to(dt).contiguous() for t in (q, k, v))
+    out_b = out64.detach().to(dt).contiguous()
+    lse = lse64.detach().float().contiguous()
+    grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
+    ext.bwd(
+        qb,
+        kb,
+        vb,
+        out_b,
+        lse,
+        dout.to(dt).contiguous(),
+        *grads,
+        d**-0.5,
+        causal,
+        window[0],
+        window[1],
+        cap,
+        slopes,
+    )
+    torch.cuda.synchronize()
+    row = {"case": str(case)}
+    ok = True
+    for name, got, l64, l16 in zip(("dq", "dk", "dv"), grads, leaves64, leaves16):
+        want = l64.grad
+        err = float((got.double() - want).abs().max())
+        terr = float((l16.grad.double() - want).abs().max())
+        floor = 8 * 2**-8 * float(want.abs().max())
+        row[name] = (round(err, 5), round(terr, 5))
+        ok &= err <= 2 * terr + floor
+    row["ok"] = ok
+    results.append(row)
+    print(row, flush=True)
+
+
+# timing: B*S = 16K, H 32/8, D 128, causal and not, S = 2048 and 8192
+def bench(fn, iters=10):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+timing = []
+for S, causal in [(2048, True), (2048, False), (8192, True)]:
+    B, H, HK, D = 16384 // S, 32, 8, 128
+    q = torch.randn(B, S, H, D, device=dev, dtype=dt)
+    k = torch.randn(B, S, HK, D, device=dev, dtype=dt)
+    v = torch.randn(B, S, HK, D, device=dev, dtype=dt)
+    dout = torch.randn_like(q)
+    qs, ks, vs = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)
+    lse = torch.zeros(B, H, S, device=dev)  # values do not matter for timing
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    ours = bench(
+        lambda: ext.bwd(
+            q,
+            k,
+            v,
+            out.detach().transpose(1, 2).contiguous(),
+            lse,
+            dout,
+            *grads,
+            D**-0.5,
+            causal,
+            -1,
+            -1,
+            0.0,
+            None,
+        )
+    )
+    ks_r, vs_r = (t.detach().repeat_interleave(H // HK, 1).requires_grad_() for t in (ks, vs))
+    res = {}
+    for name, backend in [
+        ("flash", torch.nn.attention.SDPBackend.FLASH_ATTENTION),
+        ("cudnn", torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
+    ]:
+        try:
+            with torch.nn.attention.sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(qs, ks_r, vs_r, is_causal=causal)
+                go = dout.transpose(1, 2)
+                res[name] = bench(
+                    lambda: torch.autograd.grad(o, (qs, ks_r, vs_r), go, retain_graph=True)
+                )
+        except Exception as e:  # noqa: BLE001
+            res[name] = repr(e)[:80]
+    flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+    row = {"S": S, "causal": causal, "ours_ms": ours, "tflops": flops / ours / 1e9, **res}
+    timing.append(row)
+    print(row, flush=True)
+json.dump(
+    {"correct": results, "timing": timing},
+    open(os.path.join(os.environ.get("OUT", "/tmp"), "bwd_probe.json"), "w"),
+    indent=1,
+)
