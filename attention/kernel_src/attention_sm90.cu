@@ -73,38 +73,27 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   return a;
 }
 
-template <class Element>
-cudaError_t run_head_dim(const KernelArgs& a, int64_t head_dim, int sm_count, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return attention::sm90::run_fwd_instance<Element, 64>(a, sm_count, stream);
-    case 96:
-      return attention::sm90::run_fwd_instance<Element, 96>(a, sm_count, stream);
-    case 128:
-      return attention::sm90::run_fwd_instance<Element, 128>(a, sm_count, stream);
-    case 192:
-      return attention::sm90::run_fwd_instance<Element, 192>(a, sm_count, stream);
-    case 256:
-      return attention::sm90::run_fwd_instance<Element, 256>(a, sm_count, stream);
-    default:
-      return cudaErrorInvalidValue;
+// The head dims with an instance (attention_sm90_instances.h): one list for the rule (supports)
+// and the dispatch (fwd).
+template <int... kDims>
+struct HeadDims {
+  static bool contains(int64_t head_dim) { return ((head_dim == kDims) || ...); }
+  template <class Element>
+  static cudaError_t run(const KernelArgs& a, int64_t head_dim, int sm_count, cudaStream_t stream) {
+    cudaError_t err = cudaErrorInvalidValue;
+    (void)((head_dim == kDims &&
+            (err = attention::sm90::run_fwd_instance<Element, kDims>(a, sm_count, stream), true)) ||
+           ...);
+    return err;
   }
-}
+};
+using InstanceHeadDims = HeadDims<64, 96, 128, 192, 256>;
 
 }  // namespace
 
 bool supports(const AttnFwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  switch (p.head_dim) {
-    case 64:
-    case 96:
-    case 128:
-    case 192:
-    case 256:
-      break;
-    default:
-      return false;
-  }
+  if (!InstanceHeadDims::contains(p.head_dim)) return false;
   if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr ||
       p.kv_batch_idx != nullptr || p.leftpad_k != nullptr || p.block_table != nullptr) {
     return false;
@@ -133,8 +122,8 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, cudaStream_t stream) {
   if (!supports(p)) return cudaErrorInvalidValue;
   const KernelArgs a = kernel_args(p);
   return p.dtype == DType::kBFloat16
-             ? run_head_dim<cutlass::bfloat16_t>(a, p.head_dim, sm_count, stream)
-             : run_head_dim<cutlass::half_t>(a, p.head_dim, sm_count, stream);
+             ? InstanceHeadDims::run<cutlass::bfloat16_t>(a, p.head_dim, sm_count, stream)
+             : InstanceHeadDims::run<cutlass::half_t>(a, p.head_dim, sm_count, stream);
 }
 
 }  // namespace sm90
