@@ -52,6 +52,10 @@ token with a StaticCache filled to the context (1x2048; ``--decode 1x2048,8x2048
 at the cost of two more whole-model compiles), CUDA graphs through
 ``torch.compile(mode="reduce-overhead")`` in the compile configurations, eager steps otherwise.
 LTX: one denoising step (one transformer forward) at batch 2 (classifier-free guidance).
+Training (language models, ``--train 1x2048``; none by default): one step of forward, the
+causal-LM loss and backward (gradients of every parameter, no optimizer), on a second twin whose
+kit layers are the training ones; the kit's attention is mapped in where its backward runs
+(``attention_trains``), else attention stays PyTorch's and ``routes`` says so.
 Compiled prefill and denoise use ``dynamic=True`` (dynamo still compiles the first shape
 statically, then once with dynamic sizes; batch 1 is specialized: at most three compiles) on
 each repeated block (``--compile-scope
@@ -77,6 +81,7 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
       "model_config": {...},                          # the model's config as a dict
       "routes": {"rmsnorm": {class: count}, "activation": {class: count},
                  "rope": "<what was swapped>", "attention": "<how>"},
+      "routes_train": {...}                           # with --train: the training twin's routes
       "check": {"passed": bool, "k": 2.0, "cases": [
           {"name": "prefill 1x2048" | "decode 4 steps after 1x2048" | "denoise ...",
            "bf16_vs_fp32": {"max", "mean"}, "kit_vs_fp32": {"max", "mean"},
@@ -130,6 +135,13 @@ ORG = "open-kernels"
 ATTENTION_NAME = "open_kernels_attention"
 CONFIGS = ("eager", "eager+kit", "compile", "compile+kit")
 K = 2.0  # tolerance factor on the untouched model's own bf16-vs-fp32 error (module docstring)
+
+
+def attention_trains(device: str) -> bool:
+    """Whether the kit's attention has a backward on `device`: the CPU always; CUDA only with
+    ATTENTION_CUDA_BACKWARD=1 while its kernels await their GPU tests (attention/CARD.md)."""
+    return device == "cpu" or os.environ.get("ATTENTION_CUDA_BACKWARD") == "1"
+
 
 # ---- loading the kit ----
 
@@ -460,8 +472,8 @@ class Kit:
         self._stack.close()
 
     def attach(self, model, *, device: str, training: bool = False) -> dict:
-        """Map every loaded kernel into `model` (the twin). In training, attention stays PyTorch's:
-        the kit's attention has no backward."""
+        """Map every loaded kernel into `model` (the twin). In training, attention is the kit's
+        where its backward runs on `device` (attention_trains), else it stays PyTorch's."""
         from kernels import Mode
 
         # The twin serves the eager and the compiled kit configurations: ask for both.
@@ -477,7 +489,7 @@ class Kit:
                 f"{self.spec.module}.{self.spec.rope_attr} -> rope.{self.spec.rope_kit} "
                 "(swapped while a kit configuration runs)"
             )
-        if "attention" in self.kit and not training:
+        if "attention" in self.kit and (not training or attention_trains(device)):
             if self.spec.kind == "lm":
                 self._attention_transformers(model)
             else:
@@ -911,9 +923,13 @@ def parse_args(argv=None):
     p.add_argument("--size", choices=["tiny", "full"], default="tiny")
     p.add_argument("--out", type=Path, help="results JSON (rewritten after each measurement)")
     p.add_argument(
-        "--shapes", help="prefill (LM) or denoise (ltx: BxFRAMESxHxW) shapes, comma-separated"
+        "--shapes",
+        help="prefill (LM) or denoise (ltx: BxFRAMESxHxW) shapes, comma-separated ('' for none)",
     )
     p.add_argument("--decode", help="decode shapes batch x context, comma-separated ('' for none)")
+    p.add_argument(
+        "--train", default="", help="training-step shapes batch x length (language models)"
+    )
     p.add_argument("--check-shape", help="shape of the check's input")
     p.add_argument("--configs", default=",".join(CONFIGS), help="subset of " + ",".join(CONFIGS))
     p.add_argument("--kernels", default=",".join(KERNELS), help="kit kernels to map in")
@@ -971,12 +987,17 @@ def main(argv=None) -> dict:
         if c not in CONFIGS:
             raise SystemExit(f"unknown configuration {c!r}; one of {CONFIGS}")
     prefill_default, decode_default, check_default = DEFAULTS[(spec.kind, args.size)]
-    shapes = [parse_shape(s) for s in (args.shapes or prefill_default).split(",") if s]
+    shapes = [
+        parse_shape(s)
+        for s in (args.shapes if args.shapes is not None else prefill_default).split(",")
+        if s
+    ]
     decodes = [
         parse_shape(s)
         for s in (args.decode if args.decode is not None else decode_default).split(",")
         if s and spec.kind == "lm"
     ]
+    trains = [parse_shape(x) for x in args.train.split(",") if x and spec.kind == "lm"]
     check_shape = parse_shape(args.check_shape or check_default)
     prompt_tokens = PROMPT_TOKENS[args.size]
 
@@ -1028,6 +1049,12 @@ def main(argv=None) -> dict:
                 )
         del model32
         doc["wall_s"]["check"] = round(time.perf_counter() - t0 - doc["wall_s"]["build"], 1)
+        train_model = None
+        if trains:  # a second twin: the kit's training layers (and its attention where it trains)
+            train_model = twin(model)
+            doc["routes_train"] = dict(kit.attach(train_model, device=device, training=True))
+            if "attention" in kit.kit and "attention" not in doc["routes_train"]:
+                doc["routes_train"]["attention"] = "PyTorch's (the kit's has no backward here)"
         doc["routes"] = {k: v for k, v in kit.routes.items()}
         results.save()
         if doc["check"] is not None and not doc["check"]["passed"]:
@@ -1039,7 +1066,7 @@ def main(argv=None) -> dict:
             return doc
         measure(
             args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, prompt_tokens,
-            dtype, device, doc, results,
+            dtype, device, doc, results, trains=trains, train_model=train_model,
         )  # fmt: skip
         doc["complete"] = True
         return doc
@@ -1068,7 +1095,7 @@ def first_shape_reference(spec, ref32, shape):
 
 
 def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, prompt_tokens,
-            dtype, device, doc, results):  # fmt: skip
+            dtype, device, doc, results, trains=(), train_model=None):  # fmt: skip
     from torch._dynamo.utils import counters
 
     # Regional compilation reuses one compiled block for every layer; should guards still tell
@@ -1156,6 +1183,29 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                     record(doc, results, row)
                 except Exception as e:  # noqa: BLE001
                     fail(doc, results, f"{config} decode {label}", e)
+        # Training: forward, loss and backward, regional compilation as for prefill.
+        if trains:
+            train_base = train_model if use_kit else model
+            with contextlib.ExitStack() as stack:
+                if use_kit:
+                    stack.enter_context(kit.rope())
+                step = train_base
+                if is_compiled:
+                    step = stack.enter_context(compiled(train_base, spec, args.compile_scope))
+                for shape in trains:
+                    label = "x".join(map(str, shape))
+                    if over_budget(args, doc, results, f"{config} train {label}"):
+                        continue
+                    try:
+                        row = time_train(step, train_base, shape, args, device)
+                        row.update(phase="train", shape=label, batch=shape[0], length=shape[1])
+                        row["config"] = config
+                        row["tokens_per_s"] = shape[0] * shape[1] / (row["median_ms"] / 1000)
+                        if is_compiled:
+                            row["graphs"] = counters["stats"]["unique_graphs"]
+                        record(doc, results, row)
+                    except Exception as e:  # noqa: BLE001
+                        fail(doc, results, f"{config} train {label}", e)
     doc["speedups"] = speedups(doc["measurements"])
     results.save()
 
@@ -1202,6 +1252,29 @@ def time_decode(step, prefill_model, shape, args, device) -> dict:
         step(input_ids=tok, position_ids=pos, **kw)
 
     return time_calls(call, device, args.warmup + 2, args.decode_iters, between=advance)
+
+
+def time_train(step, model, shape, args, device) -> dict:
+    """ms per training step at `shape` = batch x length: forward with the inputs as labels (the
+    causal-LM loss), backward into every parameter's grad (cleared before each step), no
+    optimizer. `model` is the module whose parameters `step` (it, or its compiled form) uses."""
+    batch, length = shape
+    ids = lm_ids(model.config, batch, length, device, seed=4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    was_training = model.training
+    model.train()
+
+    def call():
+        for p in params:
+            p.grad = None
+        step(input_ids=ids, labels=ids).loss.backward()
+
+    try:
+        return time_calls(call, device, args.warmup, args.iters)
+    finally:
+        for p in params:
+            p.grad = None
+        model.train(was_training)
 
 
 def record(doc, results, row):

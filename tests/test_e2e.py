@@ -9,10 +9,10 @@ For Llama, Qwen3 and LTX-Video (two-layer configs of the real classes, random we
   output passes the same check; the language models' static-cache decode step too, which is
   what the GPU run captures in CUDA graphs;
 * training: loss and every parameter gradient of the model with the kit's rmsnorm, activation
-  and rope layers (Mode.TRAINING) against the untouched model, in float32 with a float64 twin
-  as reference (the kit's error at most K times PyTorch's plus a floor of 16 float32 ulps of the
-  largest reference value). Attention stays PyTorch's SDPA there: the kit's attention is
-  forward-only (its backward raises).
+  and rope layers (Mode.TRAINING) and its attention (whose backward runs on the CPU) against the
+  untouched model, in float32 with a float64 twin as reference (the kit's error at most K times
+  PyTorch's plus a floor of 16 float32 ulps of the largest reference value); and the harness's
+  training-step measurement (--train).
 
 The compile tests use the aot_eager backend by default (dynamo's full-graph capture and AOT
 autograd's tracing through the custom ops' fake implementations, which is where graph breaks
@@ -192,7 +192,8 @@ def test_training_loss_and_gradients(kit_modules, isolated, name):
         ref_model = copy.deepcopy(model).double()
         kit_model = e2e.twin(model)
         routes = kit.attach(kit_model, device="cpu", training=True)
-        assert "attention" not in routes, "the kit's attention is forward-only"
+        if "attention" in kit_modules:  # its backward runs on the CPU
+            assert "attention" in routes, routes
         shape = e2e.parse_shape(e2e.DEFAULTS[(spec.kind, "tiny")][2])
         prompt = e2e.PROMPT_TOKENS["tiny"]
         inputs = e2e.check_inputs(spec, model, shape, torch.float32, "cpu", prompt)
@@ -332,3 +333,20 @@ def test_time_calls_records_host_time():
     assert len(row["times_ms"]) == 5 and row["host_ms"] > 0
     assert row["host_ms"] <= max(row["times_ms"]) + 1e-3
     assert "allocator" not in row and "syncs" not in row
+
+
+def test_training_step_rows(kit_modules, tmp_path):
+    """--train times a forward + loss + backward step per configuration on the training twin,
+    whose routes (recorded apart) include the kit's attention where its backward runs."""
+    out = tmp_path / "train.json"
+    argv = ["--model", "llama", "--device", "cpu", "--size", "tiny", "--skip-check", "--shapes="]
+    argv += ["--decode=", "--train", "1x16", "--configs", "eager,eager+kit", "--iters", "2"]
+    argv += ["--warmup", "1", "--out", str(out)]
+    doc = e2e.main(argv)
+    assert doc["complete"] and not doc["errors"], doc["errors"]
+    rows = [(m["phase"], m["shape"], m["config"]) for m in doc["measurements"]]
+    assert rows == [("train", "1x16", "eager"), ("train", "1x16", "eager+kit")]
+    assert all(m["median_ms"] > 0 and m["tokens_per_s"] > 0 for m in doc["measurements"])
+    assert (
+        doc["routes_train"]["rmsnorm"] and "AttentionInterface" in doc["routes_train"]["attention"]
+    )
