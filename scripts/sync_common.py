@@ -51,6 +51,10 @@ USERS: dict[str, Users] = {
         "torch-ext/{kernel}/_public_errors.py",
         ("activation", "attention", "quant", "rmsnorm", "rope"),
     ),
+    # the Python package: the eager-inference shortcut past the custom ops
+    "eager_path.py": Users(
+        "torch-ext/{kernel}/_eager_path.py", ("activation", "attention", "rmsnorm", "rope")
+    ),
     # the Python package: attach_layers, the kernelize layers attached by host class (rope has
     # no host module class to attach to; attention plugs in through AttentionInterface)
     "hub_layers.py": Users("torch-ext/{kernel}/_hub_layers.py", ("activation", "rmsnorm")),

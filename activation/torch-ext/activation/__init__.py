@@ -110,7 +110,7 @@ def _apply(
 ) -> torch.Tensor:
     out, x = _resolve(name, first, second, out, x, input)
     if out is None:
-        return _custom_ops.FORWARD[name](x, *scalars, enable_pdl)
+        return _custom_ops.activate(name, x, *scalars, enable_pdl)
     if (
         second is not None
         and name in _GATED

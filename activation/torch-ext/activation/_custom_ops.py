@@ -24,6 +24,7 @@ from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 
+from ._eager_path import custom_op_needed
 from ._ops import add_op_namespace_prefix, ops
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -63,6 +64,17 @@ _SPECS = (
 
 #: Allocating, differentiable forward of each activation: FORWARD[name](input, *scalars, enable_pdl).
 FORWARD: Dict[str, Callable[..., torch.Tensor]] = {}
+#: The body of FORWARD[name] (a new output filled by the out-param op), which eager inference
+#: calls directly (_eager_path.custom_op_needed).
+FORWARD_BODY: Dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def activate(name: str, x: torch.Tensor, *scalars_and_pdl) -> torch.Tensor:
+    """FORWARD[name], or its body where no custom-op machinery is involved (eager inference)."""
+    table = FORWARD if custom_op_needed(x) else FORWARD_BODY
+    return table[name](x, *scalars_and_pdl)
+
+
 #: Allocating backward of each activation: BACKWARD[name](grad_out, input, *scalars, enable_pdl).
 BACKWARD: Dict[str, Callable[..., torch.Tensor]] = {}
 
@@ -208,6 +220,7 @@ def _register(spec: _OpSpec) -> None:
     )
 
     FORWARD[name] = forward_op
+    FORWARD_BODY[name] = forward
     BACKWARD[name] = backward_op
 
 

@@ -14,7 +14,7 @@ from typing import Dict
 import torch
 import torch.nn as nn
 
-from ._custom_ops import FORWARD
+from ._custom_ops import activate
 
 
 class SiluAndMul(nn.Module):
@@ -24,7 +24,7 @@ class SiluAndMul(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["silu_and_mul"](x)
+        return activate("silu_and_mul", x)
 
 
 class MulAndSilu(nn.Module):
@@ -34,7 +34,7 @@ class MulAndSilu(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["mul_and_silu"](x)
+        return activate("mul_and_silu", x)
 
 
 class GeluAndMul(nn.Module):
@@ -44,7 +44,7 @@ class GeluAndMul(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_and_mul"](x)
+        return activate("gelu_and_mul", x)
 
 
 class GeluTanhAndMul(nn.Module):
@@ -54,7 +54,7 @@ class GeluTanhAndMul(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_tanh_and_mul"](x)
+        return activate("gelu_tanh_and_mul", x)
 
 
 class _ThresholdConstructor(type(nn.Module)):
@@ -80,7 +80,7 @@ class FatreluAndMul(nn.Module, metaclass=_ThresholdConstructor):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["fatrelu_and_mul"](x, float(self.threshold))
+        return activate("fatrelu_and_mul", x, float(self.threshold))
 
 
 class SwigluOAIAndMul(nn.Module):
@@ -92,7 +92,7 @@ class SwigluOAIAndMul(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["swigluoai_and_mul"](x, float(self.alpha), float(self.limit))
+        return activate("swigluoai_and_mul", x, float(self.alpha), float(self.limit))
 
 
 class Silu(nn.Module):
@@ -102,7 +102,7 @@ class Silu(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["silu"](x)
+        return activate("silu", x)
 
 
 class Gelu(nn.Module):
@@ -112,7 +112,7 @@ class Gelu(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu"](x)
+        return activate("gelu", x)
 
 
 class GeluTanh(nn.Module):
@@ -122,7 +122,7 @@ class GeluTanh(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_tanh"](x)
+        return activate("gelu_tanh", x)
 
 
 class FastGELU(nn.Module):
@@ -132,7 +132,7 @@ class FastGELU(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_fast"](x)
+        return activate("gelu_fast", x)
 
 
 class NewGELU(nn.Module):
@@ -142,7 +142,7 @@ class NewGELU(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_new"](x)
+        return activate("gelu_new", x)
 
 
 class QuickGELU(nn.Module):
@@ -152,7 +152,7 @@ class QuickGELU(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_quick"](x)
+        return activate("gelu_quick", x)
 
 
 class DiffusersGELU(nn.Module):
@@ -166,7 +166,7 @@ class DiffusersGELU(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         op = "gelu_tanh" if self.approximate == "tanh" else "gelu"
-        return FORWARD[op](self.proj(hidden_states))
+        return activate(op, self.proj(hidden_states))
 
 
 class DiffusersSwiGLU(nn.Module):
@@ -178,7 +178,7 @@ class DiffusersSwiGLU(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return FORWARD["mul_and_silu"](self.proj(hidden_states))
+        return activate("mul_and_silu", self.proj(hidden_states))
 
 
 class DiffusersApproximateGELU(nn.Module):
@@ -190,7 +190,7 @@ class DiffusersApproximateGELU(nn.Module):
     can_torch_compile: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return FORWARD["gelu_quick"](self.proj(x))
+        return activate("gelu_quick", self.proj(x))
 
 
 def _not_inplace(module: nn.Module) -> bool:

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._eager_path import custom_op_needed
 from ._ops import add_op_namespace_prefix, ops
 
 # float64 runs on the CPU only (gradient checks); CUDA takes CUDA_DTYPES.
@@ -569,15 +570,7 @@ def _reshape_and_cache_flash_fake(
 # ---- the allocating forward op behind the Python API ----
 
 
-@torch.library.custom_op(
-    add_op_namespace_prefix("attn_func"),
-    mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
-    "Tensor? block_table, Tensor? kv_batch_idx, Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, "
-    "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
-    "int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)",
-)
-def _attn_func(
+def _attn_func_body(
     q,
     k,
     v,
@@ -626,6 +619,19 @@ def _attn_func(
     return out, lse
 
 
+# The allocating op: what autograd and torch.compile see. Eager inference calls its body directly
+# (_eager_path.custom_op_needed).
+_attn_func = torch.library.custom_op(
+    add_op_namespace_prefix("attn_func"),
+    _attn_func_body,
+    mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
+    "Tensor? block_table, Tensor? kv_batch_idx, Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, "
+    "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
+    "int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)",
+)
+
+
 @torch.library.register_fake(add_op_namespace_prefix("attn_func"))
 def _attn_func_fake(
     q,
@@ -665,11 +671,6 @@ def _attn_func_fake(
     return output_like(q), lse_like(q, cu_seqlens_q is not None)
 
 
-BACKWARD_MESSAGE = (
-    "attention: the backward pass runs on the CPU only in this version of the kernel (the CUDA backward "
-    "is not written yet); on CUDA run the forward under torch.no_grad() / torch.inference_mode(), or use "
-    "another attention implementation for training"
-)
 INFERENCE_ONLY_MESSAGE = (
     "attention: the backward pass does not cover seqused_k, block_table, kv_batch_idx or leftpad_k "
     "(KV-cache and paged forms are inference-only); run them under torch.no_grad()"
@@ -678,18 +679,19 @@ INFERENCE_ONLY_MESSAGE = (
 
 @torch.library.custom_op(add_op_namespace_prefix("attn_backward_unsupported"), mutates_args=())
 def _attn_backward_unsupported(
-    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged: bool
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of attn_func where there is none (CUDA; the KV-cache and paged forms): raises
-    when it runs. An op rather than a bare raise, so that torch.compile (whose AOT autograd traces
-    the backward while compiling the forward) still compiles a forward whose inputs require grad;
-    the compiled backward raises when it runs. It takes grad_out so that the partitioner cannot
-    move it into the forward graph."""
-    raise NotImplementedError(INFERENCE_ONLY_MESSAGE if paged else BACKWARD_MESSAGE)
+    """The backward of attn_func where there is none (the KV-cache and paged forms): raises when
+    it runs. An op rather than a bare raise, so that torch.compile (whose AOT autograd traces the
+    backward while compiling the forward) still compiles a forward whose inputs require grad; the
+    compiled backward raises when it runs. It takes grad_out so that the partitioner cannot move
+    it into the forward graph. (Where the C++ backward cannot run, as on CUDA while its kernels
+    are off, attn_bwd itself raises NotImplementedError, saying why.)"""
+    raise NotImplementedError(INFERENCE_ONLY_MESSAGE)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("attn_backward_unsupported"))
-def _attn_backward_unsupported_fake(grad_out, q, k, v, paged):
+def _attn_backward_unsupported_fake(grad_out, q, k, v):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -721,8 +723,8 @@ _MAX_Q, _MAX_K, _SCALE, _SOFTCAP, _CAUSAL, _LEFT, _RIGHT = range(10, 17)
 def _backward(ctx, grad_out, grad_lse):
     # The gradient of lse is not propagated (flash-attn's backward ignores it too).
     q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
-    if ctx.paged or q.device.type != "cpu":
-        dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v, ctx.paged)
+    if ctx.paged:
+        dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v)
     else:
         dq, dk, dv = _attn_func_backward(
             grad_out, q, k, v, out, lse, *ctx.optional(cu_q, cu_k, alibi), *ctx.scalars
@@ -768,8 +770,8 @@ def attention(
     dropout_p: float = 0.0,
     enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out, softmax_lse) of the general forward, differentiable in the sense that a backward
-    through it raises NotImplementedError (training fails loudly, inference works)."""
+    """(out, softmax_lse) of the general forward, differentiable through attn_bwd (the paged and
+    KV-cache forms raise NotImplementedError in the backward: inference-only)."""
     if dropout_p is not None and float(dropout_p) > 0.0:
         raise NotImplementedError(
             f"{op}: dropout_p = {dropout_p} is not implemented: this kernel is forward-only without dropout "
@@ -777,7 +779,8 @@ def attention(
         )
     left, right = window(op, window_size)
     scale = softmax_scale_of(q, softmax_scale)
-    return _attn_func(
+    forward = _attn_func if custom_op_needed(q, k, v, alibi_slopes) else _attn_func_body
+    return forward(
         q,
         k,
         v,

@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._eager_path import custom_op_needed
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -470,15 +471,6 @@ def _add_norm_allocating(
     return out, residual_out
 
 
-def _custom_op_needed(*tensors: Optional[torch.Tensor]) -> bool:
-    """Autograd or torch.compile needs the allocating custom ops; eager inference (a decode step
-    calls the norm twice per layer) calls the out-param op directly: the custom op's autograd
-    and redispatch layers cost more host time per call than the rest of the wrapper."""
-    if torch.compiler.is_compiling():
-        return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 @torch.library.register_fake(add_op_namespace_prefix("add_rms_norm_functional"))
 def _add_rms_norm_functional_fake(
     input, residual, weight, epsilon, weight_offset, norm_dtype, out_dtype, enable_pdl=None
@@ -724,7 +716,7 @@ def norm(
     enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Differentiable `rms_norm_fwd` with every option (weight already in a kernel dtype)."""
-    impl = _rms_norm_functional if _custom_op_needed(x, weight, scale, shift) else _norm_allocating
+    impl = _rms_norm_functional if custom_op_needed(x, weight, scale, shift) else _norm_allocating
     return impl(
         x,
         weight,
@@ -751,7 +743,7 @@ def add_norm(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Differentiable fused residual add + norm: ``(norm(r), r)``, ``r = round(x + residual)``."""
     impl = (
-        _add_rms_norm_functional if _custom_op_needed(x, residual, weight) else _add_norm_allocating
+        _add_rms_norm_functional if custom_op_needed(x, residual, weight) else _add_norm_allocating
     )
     return impl(
         x,

@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _reference
+from ._eager_path import custom_op_needed
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -797,11 +798,10 @@ def rope(
         bool(full_table),
     )
     if not inplace:
-        if _requires_grad(q, k, cos, sin) or torch.compiler.is_compiling():
+        if custom_op_needed(q, k, cos, sin):
             return _rope_functional(q, k, cos, sin, *args, False, enable_pdl)
         # Eager inference (transformers' decode calls this once per layer): the out-param op
-        # directly. The custom op's autograd and redispatch layers cost more host time per call
-        # than the rest of the wrapper.
+        # directly (_eager_path).
         return _rope_allocating(q, k, cos, sin, *args, False, enable_pdl)
     if not _requires_grad(q, k, cos, sin):
         ops.rope_inplace(q, k, cos, sin, *args, False, enable_pdl)

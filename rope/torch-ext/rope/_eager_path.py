@@ -1,0 +1,34 @@
+"""When a public function may skip its torch.library custom op (private helper of the package).
+
+One source of truth: common/eager_path.py, copied by scripts/sync_common.py into each kernel's
+Python package as _eager_path.py (a kernel folder must build on its own); tests/test_common_sync.py
+fails when a copy drifts. Edit common/, then run the script.
+
+The allocating custom ops are what autograd and torch.compile need, but a call through one
+crosses the dispatcher twice, the custom op's autograd and redispatch layers and dynamo's
+disable wrapper: tens of microseconds of host time, more than the kernel of a decode step takes
+on the GPU. Where none of that machinery is involved, a public function calls the op's body (the
+C++ out-parameter op on a new output) itself: the same kernel and the same result.
+"""
+
+from typing import Optional
+
+import torch
+
+
+def custom_op_needed(*tensors: Optional[torch.Tensor]) -> bool:
+    """True when the call must go through the custom op: torch.compile is tracing, a
+    TorchDispatchMode is active (FakeTensorMode, FunctionalTensorMode, a FlopCounterMode...), an
+    input is a tensor subclass other than Parameter (FakeTensor, DTensor...), or autograd records
+    the call (grad mode on and an input requiring grad)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return True
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+            return True
+        if grad and t.requires_grad:
+            return True
+    return False

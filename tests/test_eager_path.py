@@ -1,0 +1,43 @@
+"""common/eager_path.py: when the kernels' public functions may call a custom op's body directly
+(eager inference) and when they must go through the op (autograd, tracing, dispatch modes,
+tensor subclasses)."""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
+
+spec = importlib.util.spec_from_file_location(
+    "eager_path", Path(__file__).resolve().parent.parent / "common" / "eager_path.py"
+)
+eager_path = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(eager_path)
+needed = eager_path.custom_op_needed
+
+
+def test_plain_inference_skips_the_op():
+    x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8))
+    assert not needed(x, None)
+    with torch.no_grad():
+        assert not needed(x, w)  # a Parameter is a plain tensor, and grad mode is off
+
+
+def test_autograd_takes_the_op():
+    x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8))
+    assert needed(x, w)  # grad mode on, w requires grad
+    assert needed(x.requires_grad_())
+    with torch.inference_mode():
+        assert not needed(torch.randn(2))
+
+
+def test_modes_and_subclasses_take_the_op():
+    x = torch.randn(4, 8)
+    with FlopCounterMode(display=False):
+        assert needed(x)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+    assert needed(fake)  # a FakeTensor outside its mode is still a subclass
+    with mode:
+        assert needed(fake)
