@@ -999,9 +999,10 @@ def transformers_rope(
             f"got shape {list(cos.shape)}"
         )
     to4 = (lambda t: t.transpose(1, 2)) if dim == 1 else (lambda t: t)
-    batch, seqlen = q.shape[0], to4(q).shape[1]
+    seq_axis = 3 - dim  # [B, H, S, D]: 2; [B, S, H, D]: 1
+    batch, seqlen = q.shape[0], q.shape[seq_axis]
     if k is not None and (
-        k.shape[0] != batch or to4(k).shape[1] != seqlen or k.shape[-1] != q.shape[-1]
+        k.shape[0] != batch or k.shape[seq_axis] != seqlen or k.shape[-1] != q.shape[-1]
     ):
         raise ValueError(
             f"{op}: k must have the batch, sequence length and head_dim of q, got shapes {list(k.shape)} and "
@@ -1011,8 +1012,7 @@ def transformers_rope(
     cos4 = _broadcast_rows(cos.unsqueeze(2), seqlen)
     sin4 = _broadcast_rows(sin.unsqueeze(2), seqlen)
 
-    def one(x, other, name):
-        dtype = _promoted(op, **{name: x}, cos=cos, sin=sin)
+    def one(x, other, dtype):
         c, s = table_dtype(cos4, sin4, dtype)
         y, y_other = rope(
             to4(x.to(dtype)),
@@ -1025,9 +1025,11 @@ def transformers_rope(
         )
         return to4(y), None if y_other is None else to4(y_other)
 
-    if k is None or _promoted(op, q=q, cos=cos, sin=sin) == _promoted(op, k=k, cos=cos, sin=sin):
-        return one(q, k, "q")
-    return one(q, None, "q")[0], one(k, None, "k")[0]
+    q_dtype = _promoted(op, q=q, cos=cos, sin=sin)
+    k_dtype = q_dtype if k is None else _promoted(op, k=k, cos=cos, sin=sin)
+    if k_dtype == q_dtype:
+        return one(q, k, q_dtype)
+    return one(q, None, q_dtype)[0], one(k, None, k_dtype)[0]
 
 
 def ltx_rope(
