@@ -166,7 +166,7 @@ KERNEL_REGEX = {
     "rmsnorm": r"rms_norm_",
     "activation": r"(gated|unary)_act_",
     "rope": r"rope_kernel",
-    "attention": r"attn_fwd|cache_write|kv_append|rotate_q",
+    "attention": r"attn_fwd|attn_bwd|cache_write|kv_append|rotate_q",
 }
 
 

@@ -16,7 +16,7 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
   const int64_t dsum_items = q_rows * f.heads_q;
   if (dsum_items > 0) {
     const int64_t blocks = (dsum_items * 32 + 255) / 256;
-    bwd::bwd_dsum_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+    bwd::attn_bwd_dsum_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
         p, dsum, f.cu_seqlens_q != nullptr ? q_rows : f.seqlen_q, dsum_items);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
@@ -25,7 +25,7 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
     return static_cast<unsigned>((rows + bwd::kBlockRows - 1) / bwd::kBlockRows);
   };
   if (f.seqlen_k > 0) {
-    auto* kernel = bwd::bwd_dkdv_kernel<T, D>;
+    auto* kernel = bwd::attn_bwd_dkdv_kernel<T, D>;
     constexpr int kSmem = bwd::DkDvSmem<T, D>::kBytes;
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -37,7 +37,7 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
     if (err != cudaSuccess) return err;
   }
   if (f.seqlen_q > 0) {
-    auto* kernel = bwd::bwd_dq_kernel<T, D>;
+    auto* kernel = bwd::attn_bwd_dq_kernel<T, D>;
     constexpr int kSmem = bwd::DqSmem<T, D>::kBytes;
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

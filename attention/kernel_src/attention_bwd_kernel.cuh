@@ -4,14 +4,14 @@
 //   s = scale <q_i, k_j>,  D_i = <dO_i, O_i>,  dp = <dO_i, v_j>,  ds = p (dp - D_i) dz/ds,
 //   dV_j = sum_i p dO_i,  dK_j = scale sum_i ds q_i,  dQ_i = scale sum_j ds k_j.
 // Three kernels, none with atomics, so every result is deterministic:
-//   bwd_dsum:   D = rowsum(dO * O) in fp32, one warp per (row, head);
-//   bwd_dkdv:   one CTA per (64-key block, kv head, sequence); each of its 4 warps owns 16 keys
-//               and accumulates their dK and dV in registers over every query block of every
-//               query head of the group (GQA reduced in place). S^T = K Q^T and dP^T = V dO^T
-//               are its C fragments, which become the A fragments of dV += P^T dO and
-//               dK += dS^T Q;
-//   bwd_dq:     one CTA per (64-query block, query head, sequence), the forward's loop over
-//               key blocks with dP = dO V^T next to S = Q K^T, and dQ += dS K.
+//   attn_bwd_dsum:  D = rowsum(dO * O) in fp32, one warp per (row, head);
+//   attn_bwd_dkdv:  one CTA per (64-key block, kv head, sequence); each of its 4 warps owns 16 keys
+//                   and accumulates their dK and dV in registers over every query block of
+//                   every query head of the group (GQA reduced in place). S^T = K Q^T and
+//                   dP^T = V dO^T are its C fragments, which become the A fragments of
+//                   dV += P^T dO and dK += dS^T Q;
+//   attn_bwd_dq:    one CTA per (64-query block, query head, sequence), the forward's loop over
+//                   key blocks with dP = dO V^T next to S = Q K^T, and dQ += dS K.
 // dQ recomputes S and dP (7 GEMMs in all against the 5 of a dQ accumulated with atomics): the
 // price of determinism without a workspace of fp32 partial sums.
 #pragma once
@@ -193,7 +193,7 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 // ---------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(256)
-    bwd_dsum_kernel(AttnBwdParams p, float* dsum, int64_t rows_per_batch, int64_t n_items) {
+    attn_bwd_dsum_kernel(AttnBwdParams p, float* dsum, int64_t rows_per_batch, int64_t n_items) {
   const AttnFwdParams& f = p.fwd;
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -225,7 +225,8 @@ struct DkDvSmem {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(AttnBwdParams p, const float* dsum) {
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv_kernel(AttnBwdParams p, const float* dsum) {
   constexpr int kQTiles = kBlockRows / 8;  // n-tiles of S^T (queries)
   constexpr int kDTiles = D / 8;           // n-tiles of dK / dV
   using Rows = SwizzledRows<D>;
@@ -356,7 +357,7 @@ struct DqSmem {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) bwd_dq_kernel(AttnBwdParams p, const float* dsum) {
+__global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBwdParams p, const float* dsum) {
   constexpr int kKTiles = kBlockRows / 8;  // n-tiles of S (keys)
   constexpr int kDTiles = D / 8;
   using Rows = SwizzledRows<D>;
