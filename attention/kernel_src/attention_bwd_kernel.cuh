@@ -251,8 +251,9 @@ __global__ void __launch_bounds__(kThreads)
                    hk * f.k_head_stride;
   const T* vbase = static_cast<const T*>(f.v) + kb * f.v_batch_stride + s.k0 * f.v_row_stride +
                    hk * f.v_head_stride;
-  load_tile<D>(sk, kbase, f.k_row_stride, key0, s.len_k, static_cast<int>(f.head_dim), tid);
-  load_tile<D>(sv, vbase, f.v_row_stride, key0, s.len_k, static_cast<int>(f.head_dim), tid);
+  const int head_dim = static_cast<int>(f.head_dim);
+  load_tile<D>(sk, kbase, f.k_row_stride, key0, s.len_k, head_dim, tid);
+  load_tile<D>(sv, vbase, f.v_row_stride, key0, s.len_k, head_dim, tid);
   cp_async_commit();
 
   // Lane addresses: A operands (K, V rows of this warp) and transposed B operands (Q, dO rows
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t lse_off = qb * f.lse_batch_stride + h * f.lse_head_stride + s.q0;
     for (int64_t i0 = qblock_lo * kBlockRows; i0 < i_hi; i0 += kBlockRows) {
       __syncthreads();  // the previous tile's readers are done
-      load_tile<D>(sq, qbase, f.q_row_stride, i0, s.len_q, static_cast<int>(f.head_dim), tid);
-      load_tile<D>(sdo, dobase, p.dout_row_stride, i0, s.len_q, static_cast<int>(f.head_dim), tid);
+      load_tile<D>(sq, qbase, f.q_row_stride, i0, s.len_q, head_dim, tid);
+      load_tile<D>(sdo, dobase, p.dout_row_stride, i0, s.len_q, head_dim, tid);
       cp_async_commit();
       if (tid < kBlockRows) {
         const bool valid = i0 + tid < s.len_q;
@@ -334,14 +335,13 @@ __global__ void __launch_bounds__(kThreads)
       product_with_rows<T, D>(dk, dpt, q_t);
     }
   }
-  if (qblock_lo * kBlockRows >= i_hi || group == 0) cp_async_wait<0>();  // K/V loads still pending
+  if (qblock_lo * kBlockRows >= i_hi) cp_async_wait<0>();  // K/V loads still pending
 
   T* dkbase = static_cast<T*>(p.dk) + kb * p.dk_batch_stride + s.k0 * p.dk_row_stride +
               hk * p.dk_head_stride;
   T* dvbase = static_cast<T*>(p.dv) + kb * p.dv_batch_stride + s.k0 * p.dv_row_stride +
               hk * p.dv_head_stride;
   const int64_t my_keys = key0 + warp * 16;
-  const int head_dim = static_cast<int>(f.head_dim);
   store_rows<T, D>(dkbase, p.dk_row_stride, dk, scale, my_keys, s.len_k, head_dim, lane);
   store_rows<T, D>(dvbase, p.dv_row_stride, dv, 1.0f, my_keys, s.len_k, head_dim, lane);
 }

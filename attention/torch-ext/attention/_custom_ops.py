@@ -779,7 +779,9 @@ def attention(
         )
     left, right = window(op, window_size)
     scale = softmax_scale_of(q, softmax_scale)
-    forward = _attn_func if custom_op_needed(q, k, v, alibi_slopes) else _attn_func_body
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx)
+    needed = custom_op_needed(*tensors, leftpad_k, alibi_slopes)
+    forward = _attn_func if needed else _attn_func_body
     return forward(
         q,
         k,
