@@ -54,8 +54,7 @@ at the cost of two more whole-model compiles), CUDA graphs through
 LTX: one denoising step (one transformer forward) at batch 2 (classifier-free guidance).
 Training (language models, ``--train 1x2048``; none by default): one step of forward, the
 causal-LM loss and backward (gradients of every parameter, no optimizer), on a second twin whose
-kit layers are the training ones; the kit's attention is mapped in where its backward runs
-(``attention_trains``), else attention stays PyTorch's and ``routes`` says so.
+kit layers are the training ones, the kit's attention included (its backward).
 Compiled prefill and denoise use ``dynamic=True`` (dynamo still compiles the first shape
 statically, then once with dynamic sizes; batch 1 is specialized: at most three compiles) on
 each repeated block (``--compile-scope
@@ -135,12 +134,6 @@ ORG = "open-kernels"
 ATTENTION_NAME = "open_kernels_attention"
 CONFIGS = ("eager", "eager+kit", "compile", "compile+kit")
 K = 2.0  # tolerance factor on the untouched model's own bf16-vs-fp32 error (module docstring)
-
-
-def attention_trains(device: str) -> bool:
-    """Whether the kit's attention has a backward on `device`: the CPU always; CUDA only with
-    ATTENTION_CUDA_BACKWARD=1 while its kernels await their GPU tests (attention/CARD.md)."""
-    return device == "cpu" or os.environ.get("ATTENTION_CUDA_BACKWARD") == "1"
 
 
 # ---- loading the kit ----
@@ -472,8 +465,7 @@ class Kit:
         self._stack.close()
 
     def attach(self, model, *, device: str, training: bool = False) -> dict:
-        """Map every loaded kernel into `model` (the twin). In training, attention is the kit's
-        where its backward runs on `device` (attention_trains), else it stays PyTorch's."""
+        """Map every loaded kernel into `model` (the twin), for training (backward) or inference."""
         from kernels import Mode
 
         # The twin serves the eager and the compiled kit configurations: ask for both.
@@ -489,7 +481,7 @@ class Kit:
                 f"{self.spec.module}.{self.spec.rope_attr} -> rope.{self.spec.rope_kit} "
                 "(swapped while a kit configuration runs)"
             )
-        if "attention" in self.kit and (not training or attention_trains(device)):
+        if "attention" in self.kit:
             if self.spec.kind == "lm":
                 self._attention_transformers(model)
             else:

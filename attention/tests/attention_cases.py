@@ -29,7 +29,6 @@ D products, one exp / log, the running max), or exactly +inf for a row that sees
 """
 
 import math
-import os
 from typing import List, Optional, Sequence
 
 import torch
@@ -42,13 +41,6 @@ LSE_TOL = 2.0**-17
 
 def dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def backward_runs(device: str) -> bool:
-    """Whether this build runs the attention backward on `device`: always on the CPU; on CUDA
-    only with ATTENTION_CUDA_BACKWARD=1 until its kernels pass their GPU tests (it raises
-    NotImplementedError otherwise)."""
-    return device == "cpu" or os.environ.get("ATTENTION_CUDA_BACKWARD") == "1"
 
 
 def dtypes_for(device: str) -> List[torch.dtype]:

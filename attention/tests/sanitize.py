@@ -174,6 +174,36 @@ def prefill_calls(k, dtype, device):
             k.flash_attn_func(q, *kv, causal=causal)
 
 
+def backward_calls(k, dtype, device):
+    """Exact-size backward calls (dQ, dK, dV through autograd), causal, windowed or not, with
+    GQA, every head-dim instance and lengths off the 64-row tiles, plus a varlen batch whose
+    middle sequence has no keys: a row or key tile past a tensor's end leaves its allocation."""
+    for sq, sk, d, window in (
+        (77, 77, 32, (-1, -1)),
+        (130, 200, 64, (-1, -1)),
+        (200, 130, 96, (40, 0)),
+        (150, 201, 128, (-1, -1)),
+    ):
+        q = torch.randn(2, sq, 4, d, dtype=dtype, device=device, requires_grad=True)
+        kv = [
+            torch.randn(2, sk, 2, d, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2)
+        ]
+        for causal in (False, True):
+            out = k.flash_attn_func(q, *kv, causal=causal, window_size=window)
+            out.backward(torch.randn_like(out))
+    lens_q, lens_k = (70, 3, 129), (65, 0, 140)
+    cu_q = torch.tensor([0, 70, 73, 202], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 65, 65, 205], dtype=torch.int32, device=device)
+    q = torch.randn(sum(lens_q), 4, 64, dtype=dtype, device=device, requires_grad=True)
+    kv = [
+        torch.randn(sum(lens_k), 2, 64, dtype=dtype, device=device, requires_grad=True)
+        for _ in range(2)
+    ]
+    out = k.flash_attn_varlen_func(q, *kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    out.backward(torch.randn_like(out))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -184,6 +214,7 @@ def main():
     for dtype in (torch.bfloat16, torch.float16):
         for run in (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls):
             run(k, dtype, args.device)
+        backward_calls(k, dtype, args.device)
     if args.device == "cuda":
         torch.cuda.synchronize()
         k.check_kvcache_errors()

@@ -8,7 +8,6 @@ import pytest
 import torch
 from attention_cases import (
     alibi_slopes,
-    backward_runs,
     bias,
     cu_seqlens,
     dtype_id,
@@ -18,14 +17,6 @@ from attention_cases import (
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-
-
-@pytest.fixture(autouse=True)
-def backward_on(device):
-    """On CUDA the backward is off until its GPU tests pass (attention_cases.backward_runs); these
-    are those tests, run with ATTENTION_CUDA_BACKWARD=1."""
-    if not backward_runs(device):
-        pytest.skip("CUDA backward off: set ATTENTION_CUDA_BACKWARD=1 to test it")
 
 
 def kernel_dtype(device, dtype=torch.float32):

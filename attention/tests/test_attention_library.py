@@ -11,7 +11,7 @@ graph break into an error.
 import pytest
 import torch
 import torch.nn as nn
-from attention_cases import backward_runs, cu_seqlens, dtypes_for, paged_cache, randn
+from attention_cases import cu_seqlens, dtypes_for, paged_cache, randn
 
 # opcheck's test_aot_dispatch_* differentiate ops whose inputs require grad; attn_func's inputs here
 # do not require grad (the backward is tested in test_attention_bwd_ops.py).
@@ -436,8 +436,7 @@ def test_compile_parity(kernel, device, head_dim):
 @pytest.mark.slow
 def test_compile_with_gradients(kernel, device):
     """Under torch.compile the forward compiles and runs with requires_grad inputs, and the
-    compiled backward gives eager's gradients bit for bit (where the backward runs:
-    attention_cases.backward_runs)."""
+    compiled backward gives eager's gradients bit for bit."""
     torch._dynamo.reset()
     dtype = dtypes_for(device)[-1]
     q = randn((1, 5, 2, 32), dtype, device, 1).requires_grad_()
@@ -448,10 +447,6 @@ def test_compile_with_gradients(kernel, device):
 
     out = torch.compile(f, fullgraph=True)(q, k)
     assert torch.equal(out.detach(), kernel.flash_attn_func(q.detach(), k, k, causal=True))
-    if not backward_runs(device):
-        with pytest.raises(NotImplementedError, match="ATTENTION_CUDA_BACKWARD=1"):
-            out.float().sum().backward()
-        return
     out.float().sum().backward()
     compiled_grad, q.grad = q.grad, None
     f(q, k).float().sum().backward()

@@ -1097,14 +1097,6 @@ attention::AttnBwdParams backward_params(const AttentionCall& c, const Geometry&
 }
 
 #if defined(CUDA_KERNEL)
-// The CUDA backward kernels (attention_bwd.cu) were written without a GPU at hand: until their
-// GPU tests pass they run only where the environment sets ATTENTION_CUDA_BACKWARD=1, and a
-// backward on CUDA raises NotImplementedError otherwise, as before they existed.
-bool cuda_backward_enabled() {
-  const char* flag = std::getenv("ATTENTION_CUDA_BACKWARD");
-  return flag != nullptr && std::strcmp(flag, "1") == 0;
-}
-
 // The CUDA backward (attention_cuda.h, attn_bwd). Inputs that are not 16-byte aligned are read
 // through contiguous copies and such gradients written through temporaries, as in the forward;
 // lse is made contiguous, since the rowsum(dout * out) workspace takes its layout.
@@ -1187,10 +1179,6 @@ void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
       {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
 #if defined(CUDA_KERNEL)
   if (q.is_cuda()) {
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        cuda_backward_enabled(), c.op,
-        ": the CUDA backward has not passed its GPU tests yet and is off; set "
-        "ATTENTION_CUDA_BACKWARD=1 to run it (for those tests)");
     TORCH_CHECK_NOT_IMPLEMENTED(
         g.head_dim % 8 == 0 && g.head_dim <= attention::cuda::kBwdMaxHeadDim, c.op,
         ": the CUDA backward takes head dims that are multiples of 8 up to ",

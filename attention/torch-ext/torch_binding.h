@@ -42,7 +42,7 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 // The backward of attn_fwd (kernel_src/attention_params.h, AttnBwdParams): dq, dk, dv (shapes of
 // q, k, v, written in full) from dout (out's shape), the forward's out and lse, and the forward's
 // options; dense or varlen (cu_seqlens_q / _k), no paged cache. On CUDA head_dim is a multiple of 8
-// up to 128, and the backward is off (NotImplementedError) unless ATTENTION_CUDA_BACKWARD=1.
+// up to 128 (NotImplementedError past it).
 void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
               const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse,

@@ -477,9 +477,8 @@ def _flash_attn_backward(
     """flash-attn ``_flash_attn_backward``: writes the gradients of q, k and v into ``dq``, ``dk``
     and ``dv`` (new tensors where None) and returns ``softmax_d`` = rowsum(dout * out), float32
     [B, H, S_q] (flash-attn pads S_q on CUDA; this does not). ``dropout_p > 0`` raises
-    NotImplementedError, and so does a CUDA head dim past 128, or any CUDA call unless
-    ATTENTION_CUDA_BACKWARD=1 (the CUDA kernels are off until their GPU tests pass). The backward is deterministic on
-    every call (no atomics), so ``deterministic`` changes nothing."""
+    NotImplementedError, and so does a CUDA head dim past 128 or not a multiple of 8. The backward
+    is deterministic on every call (no atomics), so ``deterministic`` changes nothing."""
     left, right = _custom_ops.window("_flash_attn_backward", (window_size_left, window_size_right))
     return ops.bwd(
         *(x.contiguous() for x in (dout, q, k, v, out)),
