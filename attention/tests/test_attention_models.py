@@ -374,6 +374,8 @@ print("ok")
 
 def _loss_and_grads(model, ids, mask):
     """Causal-LM loss on ids (labels = ids) and every parameter's gradient, float64 on the CPU."""
+    device = next(model.parameters()).device  # the float64 reference runs on the CPU
+    ids, mask = ids.to(device), mask.to(device)
     model.train()
     model.zero_grad()
     out = model(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False)
