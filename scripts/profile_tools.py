@@ -8,6 +8,7 @@ Systems, and torch-profiler traces of an op or an end-to-end run, with GPU time 
     profile_tools.py trace KERNEL OP [sizes]  |  trace e2e --model M [e2e args]
     profile_tools.py run-op KERNEL OP [sizes] [--warmup N] [--iters N]   (what ncu and nsys run)
     profile_tools.py families TRACE.json|KERN_SUM.csv               (the per-family table again)
+    profile_tools.py gaps TRACE.json[.gz] [--window-ms MS]   (GPU idle time and the host ops behind it)
 
 Sizes (each kernel reads the ones it needs): --tokens, --hidden (rmsnorm's hidden size,
 activation's output width d; gated ops read 2d), --heads, --kv-heads, --head-dim, --batch,
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import gzip
 import json
 import os
 import re
@@ -118,6 +120,83 @@ def kernels_from_chrome_trace(path: Path) -> dict[str, tuple[float, int]]:
             us, n = kernels.get(e["name"], (0.0, 0))
             kernels[e["name"]] = (us + float(e.get("dur", 0.0)), n + 1)
     return kernels
+
+
+def _trace_events(path: Path) -> list:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)
+    return events.get("traceEvents", []) if isinstance(events, dict) else events
+
+
+def idle_gaps(path: Path, window_ms: float = 150.0, min_gap_us: float = 3.0) -> dict:
+    """GPU idle time in the last `window_ms` of a torch-profiler Chrome trace (kernels, copies and
+    memsets on any stream, merged), and for each gap longer than `min_gap_us` the host op that
+    launched the work after it: the innermost CPU op around the launch's runtime call (matched by
+    correlation id). A gap whose launch call ended after the GPU ran dry is `late`: the GPU waited
+    for the host there. Totals per innermost op show which host work the GPU waited behind."""
+    events = _trace_events(path)
+    gpu_cats = ("kernel", "gpu_memcpy", "gpu_memset")
+    work = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("cat", "").lower() in gpu_cats),
+        key=lambda e: e["ts"],
+    )
+    if not work:
+        raise SystemExit(f"{path}: no GPU activity in the trace")
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat", "").lower() == "cuda_runtime"
+        and "correlation" in e.get("args", {})
+    }
+    host_ops: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat", "").lower() in ("cpu_op", "user_annotation"):
+            host_ops.setdefault((e["pid"], e["tid"]), []).append(e)
+
+    def launcher(call) -> str:
+        around = [
+            e
+            for e in host_ops.get((call["pid"], call["tid"]), [])
+            if e["ts"] <= call["ts"] and e["ts"] + e["dur"] >= call["ts"] + call["dur"]
+        ]
+        return min(around, key=lambda e: e["dur"])["name"] if around else "(no host op)"
+
+    end = max(e["ts"] + e["dur"] for e in work)
+    work = [e for e in work if e["ts"] >= end - window_ms * 1000]
+    busy_until, busy, idle, late = work[0]["ts"] + work[0]["dur"], work[0]["dur"], 0.0, 0.0
+    by_op: dict = {}
+    for e in work[1:]:
+        gap = e["ts"] - busy_until
+        if gap > min_gap_us:
+            call = launches.get(e.get("args", {}).get("correlation"))
+            name = launcher(call) if call else "(no launch record)"
+            idle += gap
+            row = by_op.setdefault(name, {"idle_us": 0.0, "late_us": 0.0, "gaps": 0})
+            row["idle_us"] += gap
+            row["gaps"] += 1
+            if call is not None and call["ts"] + call["dur"] > busy_until:
+                row["late_us"] += gap
+                late += gap
+        busy += max(0.0, e["ts"] + e["dur"] - max(busy_until, e["ts"]))
+        busy_until = max(busy_until, e["ts"] + e["dur"])
+    span = end - work[0]["ts"]
+    ops = sorted(by_op.items(), key=lambda kv: -kv[1]["idle_us"])
+    return {"span_us": span, "busy_us": busy, "idle_us": idle, "late_us": late, "by_op": dict(ops)}
+
+
+def format_gaps(g: dict, rows: int = 15) -> str:
+    lines = [
+        f"last {g['span_us'] / 1000:.1f} ms: GPU busy {g['busy_us'] / 1000:.1f} ms, idle "
+        f"{g['idle_us'] / 1000:.1f} ms, of which {g['late_us'] / 1000:.1f} ms waiting for a launch",
+        f"{'idle ms':>9} {'late ms':>9} {'gaps':>6}  host op launching the work after the gap",
+    ]
+    for name, row in list(g["by_op"].items())[:rows]:
+        lines.append(
+            f"{row['idle_us'] / 1000:>9.2f} {row['late_us'] / 1000:>9.2f} {row['gaps']:>6}  {name[:90]}"
+        )
+    return "\n".join(lines)
 
 
 def kernels_from_nsys_csv(path: Path) -> dict[str, tuple[float, int]]:
@@ -380,6 +459,10 @@ def parser() -> argparse.ArgumentParser:
     fam = sub.add_parser("families", help="GPU time per op family of a trace or nsys CSV")
     fam.add_argument("path", type=Path)
     fam.add_argument("--reports", type=Path, help="where to write families.txt / .json")
+
+    gaps = sub.add_parser("gaps", help="GPU idle time of a trace and the host ops behind it")
+    gaps.add_argument("path", type=Path, help="torch-profiler Chrome trace (.json or .json.gz)")
+    gaps.add_argument("--window-ms", type=float, default=150.0, help="the trace's last MS only")
     return top
 
 
@@ -575,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
     if args.mode == "run-op":
         return run_op(args)
+    if args.mode == "gaps":
+        print(format_gaps(idle_gaps(args.path, args.window_ms)))
+        return 0
     if args.mode == "families":
         path = args.path
         kernels = (

@@ -1,6 +1,7 @@
 """scripts/profile.sh and scripts/profile_tools.py without a GPU: the command line, the commands
 it builds, and the op-family classifier of kernel names."""
 
+import gzip
 import json
 import os
 import re
@@ -163,6 +164,59 @@ def test_family_table_from_a_chrome_trace(tmp_path):
 
     assert profile_tools.main(["families", str(trace), "--reports", str(tmp_path / "r")]) == 0
     assert json.loads((tmp_path / "r" / "families.json").read_text()) == summary
+
+
+def test_idle_gaps_of_a_chrome_trace(tmp_path, capsys):
+    """Two gaps on the GPU: one the host caused (the launch call ended after the GPU ran dry),
+    one it did not (launched early; the GPU waited on something else); each goes to the
+    innermost host op around its launch."""
+
+    def op(name, ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+    def launch(ts, corr):
+        return {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": ts,
+            "dur": 2,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": corr},
+        }
+
+    def kernel(ts, dur, corr):
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": f"k{corr}",
+            "ts": ts,
+            "dur": dur,
+            "args": {"correlation": corr},
+        }
+
+    events = [
+        op("graph", 0, 1000),
+        op("mine::norm", 100, 50),
+        op("aten::mm", 10, 5),
+        launch(11, 1),
+        kernel(20, 100, 1),  # busy 20-120
+        launch(130, 2),  # inside mine::norm, ends at 132 > 120: late
+        kernel(140, 60, 2),  # gap of 20 us
+        launch(140, 3),  # inside mine::norm too, but long before the GPU is free
+        kernel(400, 10, 3),  # gap of 200 us, not late
+        kernel(405, 2, 4),  # overlaps: no gap, adds 0 busy past 410
+    ]
+    trace = tmp_path / "t.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    g = profile_tools.idle_gaps(trace, window_ms=1.0)
+    assert g["busy_us"] == pytest.approx(170.0) and g["idle_us"] == pytest.approx(220.0)
+    assert g["late_us"] == pytest.approx(20.0)
+    assert g["by_op"] == {"mine::norm": {"idle_us": 220.0, "late_us": 20.0, "gaps": 2}}
+    assert profile_tools.main(["gaps", str(trace), "--window-ms", "1"]) == 0
+    assert "waiting for a launch" in capsys.readouterr().out
 
 
 def test_family_table_from_nsys_csv(tmp_path):

@@ -844,8 +844,13 @@ void run_attention(AttentionCall& c) {
     }
     at::Tensor tile_counter;
     if (attention::cuda::attn_fwd_tile_counter_needed(p)) {
-      tile_counter = at::zeros({1}, c.q.options().dtype(at::kInt));
+      // A memset instead of at::zeros: a fill kernel through the dispatcher cost about 20 us of
+      // host time per call (H200 host, profiler), a memset node in a CUDA graph all the same.
+      tile_counter = at::empty({1}, c.q.options().dtype(at::kInt));
       p.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
+      const cudaError_t zeroed = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
+      TORCH_CHECK(zeroed == cudaSuccess, c.op,
+                  ": zeroing the tile counter failed: ", cudaGetErrorString(zeroed));
     }
     const cudaError_t err = attention::cuda::attn_fwd(p, stream);
     TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));

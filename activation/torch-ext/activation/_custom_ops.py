@@ -165,9 +165,15 @@ def _register(spec: _OpSpec) -> None:
     torch.library.register_fake(add_op_namespace_prefix(name), out_fake)
     torch.library.register_fake(add_op_namespace_prefix(bwd_name), bwd_fake)
 
-    # Allocating forward: a fresh contiguous output, filled by the out-param op.
+    # Allocating forward: a fresh contiguous output, filled by the out-param op. Under dynamo
+    # (compiled inference traces this body) the checks are the out-param op's fake's: dynamo
+    # cannot trace torch._check messages that read tensors.
     def forward(x: torch.Tensor, *scalars: float) -> torch.Tensor:
-        out = x.new_empty(_check_fwd(name, gated, x))
+        if torch.compiler.is_compiling() and (not gated or x.dim() >= 1):
+            shape = (*x.shape[:-1], x.shape[-1] // 2) if gated else x.shape
+        else:
+            shape = _check_fwd(name, gated, x)
+        out = x.new_empty(shape)
         out_op(out, x, *scalars)
         return out
 
