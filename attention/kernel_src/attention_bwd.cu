@@ -1,14 +1,25 @@
 // attention_bwd.cu: the host launcher of the CUDA attention backward (attention_bwd_kernel.cuh)
 // and its instances: fp16 / bf16 x head dims 32, 64, 96, 128 (a caller's head dim runs on the
-// smallest instance that holds it, its extra columns zero).
+// smallest instance that holds it, its extra columns zero), single-stage or pipelined
+// (attention_bwd_pipelined_kernel.cuh, AttnBwdParams::stages = 2).
 #include <cuda_runtime.h>
 
 #include "attention_bwd_kernel.cuh"
+#include "attention_bwd_pipelined_kernel.cuh"
 #include "attention_cuda.h"
 
 namespace attention {
 namespace cuda {
 namespace {
+
+template <typename Kernel>
+cudaError_t launch(Kernel kernel, int smem, dim3 grid, const AttnBwdParams& p, const float* dsum,
+                   cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, bwd::kThreads, smem, stream>>>(p, dsum);
+  return cudaGetLastError();
+}
 
 template <typename T, int D>
 cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cudaStream_t stream) {
@@ -24,28 +35,25 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
   const auto blocks_of = [](int64_t rows) {
     return static_cast<unsigned>((rows + bwd::kBlockRows - 1) / bwd::kBlockRows);
   };
+  const bool pipelined = p.stages == 2;
   if (f.seqlen_k > 0) {
-    auto* kernel = bwd::attn_bwd_dkdv_kernel<T, D>;
-    constexpr int kSmem = bwd::DkDvSmem<T, D>::kBytes;
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
     const dim3 grid(blocks_of(f.seqlen_k), static_cast<unsigned>(f.heads_kv),
                     static_cast<unsigned>(f.batch));
-    kernel<<<grid, bwd::kThreads, kSmem, stream>>>(p, dsum);
-    err = cudaGetLastError();
+    const cudaError_t err =
+        pipelined ? launch(bwd::attn_bwd_dkdv_pipelined_kernel<T, D>,
+                           bwd::DkDvPipelinedSmem<T, D>::kBytes, grid, p, dsum, stream)
+                  : launch(bwd::attn_bwd_dkdv_kernel<T, D>, bwd::DkDvSmem<T, D>::kBytes, grid, p,
+                           dsum, stream);
     if (err != cudaSuccess) return err;
   }
   if (f.seqlen_q > 0) {
-    auto* kernel = bwd::attn_bwd_dq_kernel<T, D>;
-    constexpr int kSmem = bwd::DqSmem<T, D>::kBytes;
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
     const dim3 grid(blocks_of(f.seqlen_q), static_cast<unsigned>(f.heads_q),
                     static_cast<unsigned>(f.batch));
-    kernel<<<grid, bwd::kThreads, kSmem, stream>>>(p, dsum);
-    err = cudaGetLastError();
+    const cudaError_t err = pipelined
+                                ? launch(bwd::attn_bwd_dq_pipelined_kernel<T, D>,
+                                         bwd::DqPipelinedSmem<T, D>::kBytes, grid, p, dsum, stream)
+                                : launch(bwd::attn_bwd_dq_kernel<T, D>, bwd::DqSmem<T, D>::kBytes,
+                                         grid, p, dsum, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -69,7 +77,8 @@ cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows,
   if (f.head_dim <= 0 || f.head_dim > kBwdMaxHeadDim || f.head_dim % 8 != 0 || f.heads_kv <= 0 ||
       f.heads_q % f.heads_kv != 0 || f.lse == nullptr || dsum == nullptr || f.batch > 65535 ||
       f.heads_q > 65535 || f.block_table != nullptr || f.seqused_k != nullptr ||
-      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr) {
+      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || params.stages < 0 ||
+      params.stages > 2) {
     return cudaErrorInvalidValue;
   }
   if (f.batch == 0 || f.heads_q == 0) return cudaSuccess;

@@ -142,6 +142,17 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 #endif
 }
 
+// 4 bytes global -> shared through L1 (.ca: the only class that takes 4 bytes); same zero fill.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+#else
+  (void)dst, (void)src, (void)src_bytes;
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.commit_group;\n" ::);

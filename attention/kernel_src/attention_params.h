@@ -3,7 +3,7 @@
 // one entry point per backend; the CUDA side dispatches to kernels per architecture behind it
 // (stage 1: an sm_80+ mma.sync kernel for every capability 8.0 .. 12.0; on capability 9.0 a
 // Hopper wgmma/TMA kernel for the params attention_sm90.h's rule admits). The backward
-// (AttnBwdParams, below) is on the CPU so far.
+// (AttnBwdParams, below): the CPU, and mma.sync kernels on sm_80+ (attention_bwd_kernel.cuh).
 //
 // Semantics (flash-attn 2 forward), per batch b, query head h, query row i:
 //   hk = h / (heads_q / heads_kv)                                       (MQA / GQA)
@@ -141,6 +141,10 @@ struct AttnBwdParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   void* dv = nullptr;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  // CUDA: shared-memory stages of the tiles each backward kernel streams (Q / dO of the dK/dV
+  // pass, K / V of the dQ pass): 2 runs the pipelined kernels (the next step's loads overlap this
+  // step's math; attention_bwd_pipelined_kernel.cuh), 0 or 1 the single-stage ones.
+  int stages = 0;
 };
 
 }  // namespace attention

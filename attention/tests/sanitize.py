@@ -11,7 +11,9 @@ exactly the capacity must raise nothing. The overflowing sequence is the last on
 tensor is an exact-size allocation (PyTorch's caching allocator is switched off, so each tensor
 is an allocation of its own): a read or write past a block-table row, a cache or a slot range
 leaves its allocation, which memcheck reports. A few plain prefill calls follow (on an H100 / H200
-the Hopper kernel's, for memcheck and racecheck). Not collected by pytest (no test_ prefix).
+the Hopper kernel's, for memcheck and racecheck), then backward calls on exact-size tensors,
+through the single-stage and the pipelined CUDA kernels (ATTENTION_BWD_STAGES=1, 2). Not
+collected by pytest (no test_ prefix).
 `--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
 """
 
@@ -214,7 +216,9 @@ def main():
     for dtype in (torch.bfloat16, torch.float16):
         for run in (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls):
             run(k, dtype, args.device)
-        backward_calls(k, dtype, args.device)
+        for stages in ("1", "2"):  # the single-stage and the pipelined CUDA backward
+            os.environ["ATTENTION_BWD_STAGES"] = stages
+            backward_calls(k, dtype, args.device)
     if args.device == "cuda":
         torch.cuda.synchronize()
         k.check_kvcache_errors()

@@ -210,6 +210,40 @@ def test_bwd_is_deterministic(kernel, device):
     assert all(torch.equal(a, b) for a, b in zip(one, many))
 
 
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_pipelined_bwd_matches_single_stage(kernel, device, case, monkeypatch):
+    """CUDA: the pipelined kernels (ATTENTION_BWD_STAGES=2, off by default until this passes on a
+    GPU) do the single-stage kernels' math in the same order, so every gradient is equal bit for
+    bit, for each mode, head dim and length off the 64-row tiles; varlen too."""
+    if device != "cuda":
+        pytest.skip("the stages are the CUDA kernels'")
+    sq, sk, h, hk, d, causal, window, cap, alibi = case
+    q = randn((2, sq, h, d), torch.bfloat16, device, seed=sq + h)
+    k = randn((2, sk, hk, d), torch.bfloat16, device, seed=sk + hk + 1)
+    v = randn((2, sk, hk, d), torch.bfloat16, device, seed=sk + d + 2)
+    dout = randn((2, sq, h, d), torch.bfloat16, device, seed=3)
+    slopes = alibi_slopes(h, device) if alibi else None
+    opts = dict(scale=d**-0.5, causal=causal, window=window, softcap=cap, slopes=slopes)
+    out, lse = forward(kernel, q, k, v, opts)
+    lens_q, lens_k = [5, 70, 0, 33], [9, 100, 4, 0]
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    pq = randn((sum(lens_q), h, d), torch.bfloat16, device, seed=4)
+    pk = randn((sum(lens_k), hk, d), torch.bfloat16, device, seed=5)
+    pv = randn((sum(lens_k), hk, d), torch.bfloat16, device, seed=6)
+    pdout = randn((sum(lens_q), h, d), torch.bfloat16, device, seed=7)
+    sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
+    pout, plse = forward(kernel, pq, pk, pv, opts, *sizes)
+    runs = {}
+    for stages in ("1", "2"):
+        monkeypatch.setenv("ATTENTION_BWD_STAGES", stages)
+        dense = backward(kernel, dout, q, k, v, out, lse, opts)
+        packed = backward(kernel, pdout, pq, pk, pv, pout, plse, opts, *sizes)
+        runs[stages] = (*dense, *packed)
+    for name, one, two in zip(("dq", "dk", "dv") * 2, runs["1"], runs["2"]):
+        assert torch.equal(one.nan_to_num(7.0), two.nan_to_num(7.0)), f"{name} differs"
+        assert not two.isnan().any(), f"{name}: an element was left unwritten"
+
+
 def test_bwd_errors_name_the_argument(kernel, device):
     q = randn((1, 8, 2, 16), kernel_dtype(device), device)
     opts = dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None)

@@ -127,6 +127,15 @@ bool hopper_allowed() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
+// ATTENTION_BWD_STAGES=2 runs the CUDA backward on its pipelined kernels (AttnBwdParams::stages,
+// kernel_src/attention_bwd_pipelined_kernel.cuh), which are off by default until their GPU tests
+// pass: a switch for those tests and for benchmarks, read at every call like ATTENTION_HOPPER.
+// Anything else runs the single-stage kernels.
+int backward_stages() {
+  const char* value = std::getenv("ATTENTION_BWD_STAGES");
+  return value != nullptr && std::strcmp(value, "2") == 0 ? 2 : 1;
+}
+
 using Named = std::pair<const char*, const at::Tensor*>;
 
 // Each written tensor must not share memory with any other tensor of the call, written or read
@@ -1125,7 +1134,8 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   const at::Tensor d_out = readable(dout);
   at::Tensor dq_w = writable(dq, g.varlen_q), dk_w = writable(dk, g.varlen_k),
              dv_w = writable(dv, g.varlen_k);
-  const attention::AttnBwdParams p = backward_params(a, g, d_out, dq_w, dk_w, dv_w);
+  attention::AttnBwdParams p = backward_params(a, g, d_out, dq_w, dk_w, dv_w);
+  p.stages = backward_stages();
   at::Tensor dsum = at::empty_like(*a.lse);
   const int64_t q_rows = g.varlen_q ? g.total_q : g.batch * g.seqlen_q;
   const cudaError_t err =

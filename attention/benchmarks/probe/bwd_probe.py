@@ -1,7 +1,8 @@
 """The CUDA attention backward kernels alone, built in seconds with torch's extension loader
 instead of the whole kit (a GPU session's first look at a kernel change): gradients against
 float64 autograd of the formula, each error against twice torch's own bf16 autograd error plus a
-floor (the bound of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens,
+floor (the bound of tests/test_attention_bwd_ops.py), and the pipelined kernels (stages = 2)
+against the single-stage ones bit for bit; then backward times of both at B*S = 16K tokens,
 H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /tmp).
 
     python attention/benchmarks/probe/bwd_probe.py      (on a GPU machine with CUDA torch)
@@ -65,6 +66,7 @@ CASES = [  # B, Sq, Sk, H, Hk, D, causal, window, softcap, alibi
     (2, 64, 64, 2, 2, 128, False, (-1, -1), 0.0, False),
 ]
 dev, dt = "cuda", torch.bfloat16
+STAGES = (1, 2)  # AttnBwdParams::stages: the single-stage and the pipelined kernels
 results = []
 for case in CASES:
     B, sq, sk, h, hk, d, causal, window, cap, al = case
@@ -84,25 +86,32 @@ for case in CASES:
     qb, kb, vb = (t.to(dt).contiguous() for t in (q, k, v))
     out_b = out64.detach().to(dt).contiguous()
     lse = lse64.detach().float().contiguous()
-    grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
-    ext.bwd(
-        qb,
-        kb,
-        vb,
-        out_b,
-        lse,
-        dout.to(dt).contiguous(),
-        *grads,
-        d**-0.5,
-        causal,
-        window[0],
-        window[1],
-        cap,
-        slopes,
-    )
+    by_stages = {}
+    for stages in STAGES:
+        grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
+        ext.bwd(
+            qb,
+            kb,
+            vb,
+            out_b,
+            lse,
+            dout.to(dt).contiguous(),
+            *grads,
+            d**-0.5,
+            causal,
+            window[0],
+            window[1],
+            cap,
+            slopes,
+            stages,
+        )
+        by_stages[stages] = grads
     torch.cuda.synchronize()
+    grads = by_stages[1]
     row = {"case": str(case)}
-    ok = True
+    # The pipelined kernels do the single-stage ones' math in the same order: equal bit for bit.
+    ok = all(torch.equal(a, b) for a, b in zip(by_stages[1], by_stages[2]))
+    row["stages_equal"] = ok
     for name, got, l64, l16 in zip(("dq", "dk", "dv"), grads, leaves64, leaves16):
         want = l64.grad
         err = float((got.double() - want).abs().max())
@@ -140,23 +149,27 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
     out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)
     lse = torch.zeros(B, H, S, device=dev)  # values do not matter for timing
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    ours = bench(
-        lambda: ext.bwd(
-            q,
-            k,
-            v,
-            out.detach().transpose(1, 2).contiguous(),
-            lse,
-            dout,
-            *grads,
-            D**-0.5,
-            causal,
-            -1,
-            -1,
-            0.0,
-            None,
+    ours = {
+        stages: bench(
+            lambda stages=stages: ext.bwd(
+                q,
+                k,
+                v,
+                out.detach().transpose(1, 2).contiguous(),
+                lse,
+                dout,
+                *grads,
+                D**-0.5,
+                causal,
+                -1,
+                -1,
+                0.0,
+                None,
+                stages,
+            )
         )
-    )
+        for stages in STAGES
+    }
     ks_r, vs_r = (t.detach().repeat_interleave(H // HK, 1).requires_grad_() for t in (ks, vs))
     res = {}
     for name, backend in [
@@ -173,7 +186,10 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
         except Exception as e:  # noqa: BLE001
             res[name] = repr(e)[:80]
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-    row = {"S": S, "causal": causal, "ours_ms": ours, "tflops": flops / ours / 1e9, **res}
+    row = {"S": S, "causal": causal, **res}
+    for stages, ms in ours.items():
+        row[f"ours_{stages}stage_ms"] = ms
+        row[f"ours_{stages}stage_tflops"] = flops / ms / 1e9
     timing.append(row)
     print(row, flush=True)
 json.dump(

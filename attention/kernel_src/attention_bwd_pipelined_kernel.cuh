@@ -1,0 +1,329 @@
+// attention_bwd_pipelined_kernel.cuh: the dK/dV and dQ passes of attention_bwd_kernel.cuh with
+// two shared-memory stages for the tiles each one streams (Q / dO and the lse, D rows in the
+// dK/dV pass, K / V in the dQ pass): the next step's cp.async loads are issued before this
+// step's math, so a step waits for a load issued a whole step earlier instead of its own. Same
+// math in the same order as the single-stage kernels, so the same results bit for bit. 96-99 KB
+// of shared memory at head dim 128 (2 CTAs per SM on sm_90, 1 on sm_86 / sm_89).
+// Selected by AttnBwdParams::stages = 2 (attention_bwd.cu) until its GPU tests have passed.
+#pragma once
+
+#include "attention_bwd_kernel.cuh"
+
+namespace attention {
+namespace cuda {
+namespace bwd {
+
+// Position in the dK/dV pass's steps: step = head * q_blocks + block.
+struct StepCursor {
+  int step = 0, head = 0, block = 0;
+  __device__ __forceinline__ void advance(int q_blocks) {
+    ++step;
+    if (++block == q_blocks) {
+      block = 0;
+      ++head;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// dK, dV of 64 keys (blockIdx.x) of kv head blockIdx.y of sequence blockIdx.z, as
+// attn_bwd_dkdv_kernel. Shared memory: K, V tiles of [64][D], then per stage Q, dO tiles and the
+// lse, D rows of the query tile. The steps are (query head of the group, query block) pairs.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int D>
+struct DkDvPipelinedSmem {
+  static constexpr int kStages = 2;
+  static constexpr int kTileBytes = kBlockRows * D * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;     // Q, dO
+  static constexpr int kRowsBytes = 2 * kBlockRows * 4;  // lse, D
+  static constexpr int kBytes = 2 * kTileBytes + kStages * (kStageBytes + kRowsBytes);
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv_pipelined_kernel(AttnBwdParams p, const float* dsum) {
+  using Smem = DkDvPipelinedSmem<T, D>;
+  constexpr int kStages = Smem::kStages;
+  constexpr int kQTiles = kBlockRows / 8;  // n-tiles of S^T (queries)
+  constexpr int kDTiles = D / 8;           // n-tiles of dK / dV
+  using Rows = SwizzledRows<D>;
+  const AttnFwdParams& f = p.fwd;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.z, hk = blockIdx.y;
+  const SeqRows s = seq_rows(f, b);
+  const int64_t key0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  if (key0 >= s.len_k) return;
+  const Band w = band_of(f);
+  const int64_t shift = s.len_k - s.len_q;
+  const bool varlen_q = f.cu_seqlens_q != nullptr, varlen_k = f.cu_seqlens_k != nullptr;
+
+  uint8_t* smem = dynamic_smem();
+  const uint32_t sk = smem_u32(smem), sv = sk + Smem::kTileBytes, sq0 = sv + Smem::kTileBytes;
+  const uint32_t rows0 = sk + 2 * Smem::kTileBytes + kStages * Smem::kStageBytes;
+  const float* s_rows = reinterpret_cast<const float*>(smem + (rows0 - sk));
+
+  const int64_t kb = varlen_k ? 0 : b;
+  const T* kbase = static_cast<const T*>(f.k) + kb * f.k_batch_stride + s.k0 * f.k_row_stride +
+                   hk * f.k_head_stride;
+  const T* vbase = static_cast<const T*>(f.v) + kb * f.v_batch_stride + s.k0 * f.v_row_stride +
+                   hk * f.v_head_stride;
+  const int head_dim = static_cast<int>(f.head_dim);
+  load_tile<D>(sk, kbase, f.k_row_stride, key0, s.len_k, head_dim, tid);
+  load_tile<D>(sv, vbase, f.v_row_stride, key0, s.len_k, head_dim, tid);
+  cp_async_commit();
+
+  // Lane addresses: A operands (K, V rows of this warp) and transposed B operands (Q, dO rows
+  // as the k dimension) use (lane % 16, lane / 16); plain B operands (Q, dO rows as n) use
+  // ((lane % 8) + 8 (lane / 16), (lane / 8) % 2) (attention_cuda_mma.cuh). Q / dO addresses are
+  // those of stage 0; a stage adds a multiple of the tile size, clear of the swizzle's bits.
+  const int lr_a = lane % 16, lc_a = lane / 16;
+  const int lr_b = (lane % 8) + (lane / 16) * 8, lc_b = (lane / 8) % 2;
+  const uint32_t k_a = sk + Rows(lr_a, lc_a, static_cast<uint32_t>(warp * 16 * D * 2)).base;
+  const uint32_t v_a = sv + Rows(lr_a, lc_a, static_cast<uint32_t>(warp * 16 * D * 2)).base;
+  const uint32_t q_b = sq0 + Rows(lr_b, lc_b, 0).base;
+  const uint32_t do_b = q_b + Smem::kTileBytes;
+  const uint32_t q_t = sq0 + Rows(lr_a, lc_a, 0).base;
+  const uint32_t do_t = q_t + Smem::kTileBytes;
+
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  }
+
+  // Queries that see any key of this block: [i_lo, i_hi), in query blocks [qb_lo, qb_hi).
+  const int64_t key_last = (key0 + kBlockRows < s.len_k ? key0 + kBlockRows : s.len_k) - 1;
+  int64_t i_lo = 0, i_hi = s.len_q;
+  if (w.right >= 0) i_lo = key0 - shift - w.right > 0 ? key0 - shift - w.right : 0;
+  if (w.left >= 0) {
+    const int64_t last = key_last + w.left - shift + 1;
+    i_hi = last < i_hi ? last : i_hi;
+  }
+  const int64_t qb_lo = i_lo / kBlockRows;
+  const int q_blocks =
+      i_hi > i_lo ? static_cast<int>((i_hi + kBlockRows - 1) / kBlockRows - qb_lo) : 0;
+  const int group = static_cast<int>(f.heads_q / f.heads_kv);
+  const int steps = q_blocks * group;
+  const int64_t qb = varlen_q ? 0 : b;
+  const float scale = f.softmax_scale;
+  ScoreMath math{};
+  math.softcap = f.softcap;
+  math.softcap_scale = f.softcap > 0.0f ? scale / f.softcap : 0.0f;
+
+  // Steps: every query block of the group's first head, then of its second, ... `loading` is
+  // the step whose tiles are issued next, `computing` the one the math is on.
+  StepCursor loading{}, computing{};
+  // The Q, dO tiles and lse, D rows of `loading` into its stage (a commit group of their own,
+  // empty past the last step, so that the wait counts stay uniform).
+  const auto issue = [&]() {
+    if (loading.step < steps) {
+      const int stage = loading.step % kStages;
+      const int64_t h = hk * group + loading.head, i0 = (qb_lo + loading.block) * kBlockRows;
+      const uint32_t sq = sq0 + stage * Smem::kStageBytes;
+      load_tile<D>(sq, static_cast<const T*>(f.q) + qb * f.q_batch_stride +
+                           s.q0 * f.q_row_stride + h * f.q_head_stride,
+                   f.q_row_stride, i0, s.len_q, head_dim, tid);
+      load_tile<D>(sq + Smem::kTileBytes,
+                   static_cast<const T*>(p.dout) + qb * p.dout_batch_stride +
+                       s.q0 * p.dout_row_stride + h * p.dout_head_stride,
+                   p.dout_row_stride, i0, s.len_q, head_dim, tid);
+      // Rows past the sequence read as 0: no element of theirs is visible (p = ds = 0 there).
+      const int r = tid % kBlockRows;
+      const float* src = tid < kBlockRows ? f.lse : dsum;
+      const int64_t at = qb * f.lse_batch_stride + h * f.lse_head_stride + s.q0 + i0 + r;
+      cp_async_4(rows0 + stage * Smem::kRowsBytes + tid * 4, i0 + r < s.len_q ? src + at : src,
+                 i0 + r < s.len_q);
+    }
+    cp_async_commit();
+    loading.advance(q_blocks);
+  };
+
+  issue();  // the first step's tiles
+  for (; computing.step < steps; computing.advance(q_blocks)) {
+    issue();  // the next step's tiles, into the other stage
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const int stage = computing.step % kStages;
+    const uint32_t stage_off = stage * Smem::kStageBytes;
+    const float* s_lse = s_rows + stage * 2 * kBlockRows;
+    const float* s_dsum = s_lse + kBlockRows;
+    const int64_t h = hk * group + computing.head, i0 = (qb_lo + computing.block) * kBlockRows;
+    math.slope = f.alibi_slopes != nullptr ? f.alibi_slopes[b * f.alibi_batch_stride + h] : 0.0f;
+
+    // S^T (16 keys x 64 queries) and dP^T.
+    float st[kQTiles][4], dpt[kQTiles][4];
+    two_products<T, D>(st, dpt, k_a, q_b + stage_off, v_a, do_b + stage_off);
+    // P^T into st, dS^T into dpt (element (key, query)).
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = nt * 8 + 2 * t + (e & 1);
+        const int64_t i = i0 + qi, j = key0 + warp * 16 + g + (e >= 2 ? 8 : 0);
+        const int64_t diag = i + shift;
+        float pv = 0.0f, dsv = 0.0f;
+        if (i < s.len_q && visible(diag, j, s.len_k, w)) {
+          math.eval(st[nt][e], dpt[nt][e], s_lse[qi], s_dsum[qi], diag, j, scale, pv, dsv);
+        }
+        st[nt][e] = pv;
+        dpt[nt][e] = dsv;
+      }
+    }
+    // dV += P^T dO and dK += dS^T Q: 16-query k-steps.
+    product_with_rows<T, D>(dv, st, do_t + stage_off);
+    product_with_rows<T, D>(dk, dpt, q_t + stage_off);
+    __syncthreads();  // this stage's readers are done before a later step refills it
+  }
+  cp_async_wait<0>();  // K / V without a step, and the trailing empty groups
+
+  T* dkbase = static_cast<T*>(p.dk) + kb * p.dk_batch_stride + s.k0 * p.dk_row_stride +
+              hk * p.dk_head_stride;
+  T* dvbase = static_cast<T*>(p.dv) + kb * p.dv_batch_stride + s.k0 * p.dv_row_stride +
+              hk * p.dv_head_stride;
+  const int64_t my_keys = key0 + warp * 16;
+  store_rows<T, D>(dkbase, p.dk_row_stride, dk, scale, my_keys, s.len_k, head_dim, lane);
+  store_rows<T, D>(dvbase, p.dv_row_stride, dv, 1.0f, my_keys, s.len_k, head_dim, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// dQ of 64 queries (blockIdx.x) of query head blockIdx.y of sequence blockIdx.z, as
+// attn_bwd_dq_kernel. Shared memory: Q, dO tiles of [64][D], then per stage K, V tiles (one key
+// block a step).
+// ---------------------------------------------------------------------------------------------
+template <typename T, int D>
+struct DqPipelinedSmem {
+  static constexpr int kStages = 2;
+  static constexpr int kTileBytes = kBlockRows * D * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K, V
+  static constexpr int kBytes = 2 * kTileBytes + kStages * kStageBytes;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_pipelined_kernel(AttnBwdParams p, const float* dsum) {
+  using Smem = DqPipelinedSmem<T, D>;
+  constexpr int kStages = Smem::kStages;
+  constexpr int kKTiles = kBlockRows / 8;  // n-tiles of S (keys)
+  constexpr int kDTiles = D / 8;
+  using Rows = SwizzledRows<D>;
+  const AttnFwdParams& f = p.fwd;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.z;
+  const int64_t h = blockIdx.y;
+  const SeqRows s = seq_rows(f, b);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  if (q0 >= s.len_q) return;
+  const Band w = band_of(f);
+  const int64_t shift = s.len_k - s.len_q;
+  const bool varlen_q = f.cu_seqlens_q != nullptr, varlen_k = f.cu_seqlens_k != nullptr;
+  const int64_t hk = h / (f.heads_q / f.heads_kv);
+
+  uint8_t* smem = dynamic_smem();
+  const uint32_t sq = smem_u32(smem), sdo = sq + Smem::kTileBytes,
+                 sk0 = sdo + Smem::kTileBytes;
+  const int64_t qb = varlen_q ? 0 : b, kb = varlen_k ? 0 : b;
+  const T* qbase = static_cast<const T*>(f.q) + qb * f.q_batch_stride + s.q0 * f.q_row_stride +
+                   h * f.q_head_stride;
+  const T* dobase = static_cast<const T*>(p.dout) + qb * p.dout_batch_stride +
+                    s.q0 * p.dout_row_stride + h * p.dout_head_stride;
+  const T* kbase = static_cast<const T*>(f.k) + kb * f.k_batch_stride + s.k0 * f.k_row_stride +
+                   hk * f.k_head_stride;
+  const T* vbase = static_cast<const T*>(f.v) + kb * f.v_batch_stride + s.k0 * f.v_row_stride +
+                   hk * f.v_head_stride;
+  const int head_dim = static_cast<int>(f.head_dim);
+  load_tile<D>(sq, qbase, f.q_row_stride, q0, s.len_q, head_dim, tid);
+  load_tile<D>(sdo, dobase, p.dout_row_stride, q0, s.len_q, head_dim, tid);
+  cp_async_commit();
+
+  // K / V addresses are those of stage 0; a stage adds a multiple of the tile size.
+  const int lr_a = lane % 16, lc_a = lane / 16;
+  const int lr_b = (lane % 8) + (lane / 16) * 8, lc_b = (lane / 8) % 2;
+  const uint32_t q_a = sq + Rows(lr_a, lc_a, static_cast<uint32_t>(warp * 16 * D * 2)).base;
+  const uint32_t do_a = sdo + Rows(lr_a, lc_a, static_cast<uint32_t>(warp * 16 * D * 2)).base;
+  const uint32_t k_b = sk0 + Rows(lr_b, lc_b, 0).base;
+  const uint32_t v_b = k_b + Smem::kTileBytes;
+  const uint32_t k_t = sk0 + Rows(lr_a, lc_a, 0).base;
+
+  // This thread's two query rows (g, g + 8 of the warp's 16): lse (+inf past the sequence) and D.
+  const int64_t lse_off = qb * f.lse_batch_stride + h * f.lse_head_stride + s.q0;
+  float row_lse[2], row_dsum[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = q0 + warp * 16 + g + half * 8;
+    row_lse[half] = i < s.len_q ? f.lse[lse_off + i] : __int_as_float(0x7f800000);
+    row_dsum[half] = i < s.len_q ? dsum[lse_off + i] : 0.0f;
+  }
+  const float scale = f.softmax_scale;
+  ScoreMath math{};
+  math.softcap = f.softcap;
+  math.softcap_scale = f.softcap > 0.0f ? scale / f.softcap : 0.0f;
+  math.slope = f.alibi_slopes != nullptr ? f.alibi_slopes[b * f.alibi_batch_stride + h] : 0.0f;
+
+  float dq[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+  }
+  // Keys any query of this block sees: [j_lo, j_hi), in key blocks from kb_lo.
+  const int64_t q_last = (q0 + kBlockRows < s.len_q ? q0 + kBlockRows : s.len_q) - 1;
+  int64_t j_lo = 0, j_hi = s.len_k;
+  if (w.left >= 0) j_lo = q0 + shift - w.left > 0 ? q0 + shift - w.left : 0;
+  if (w.right >= 0) {
+    const int64_t last = q_last + shift + w.right + 1;
+    j_hi = last < j_hi ? last : j_hi;
+  }
+  const int64_t kb_lo = j_lo / kBlockRows;
+  const int steps = j_hi > j_lo ? static_cast<int>((j_hi + kBlockRows - 1) / kBlockRows - kb_lo) : 0;
+  // The K, V tiles of key block kb_lo + step into its stage (a commit group of its own, empty
+  // past the last step).
+  const auto issue = [&](int step) {
+    if (step < steps) {
+      const uint32_t sk = sk0 + (step % kStages) * Smem::kStageBytes;
+      const int64_t k0 = (kb_lo + step) * kBlockRows;
+      load_tile<D>(sk, kbase, f.k_row_stride, k0, s.len_k, head_dim, tid);
+      load_tile<D>(sk + Smem::kTileBytes, vbase, f.v_row_stride, k0, s.len_k, head_dim, tid);
+    }
+    cp_async_commit();
+  };
+
+  issue(0);
+  for (int step = 0; step < steps; ++step) {
+    issue(step + 1);  // the next step's tiles, into the other stage
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const uint32_t stage_off = (step % kStages) * Smem::kStageBytes;
+    const int64_t k0 = (kb_lo + step) * kBlockRows;
+
+    float sc[kKTiles][4], dp[kKTiles][4];
+    two_products<T, D>(sc, dp, q_a, k_b + stage_off, do_a, v_b + stage_off);
+    // dS into dp (element (query, key)).
+#pragma unroll
+    for (int nt = 0; nt < kKTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >= 2 ? 1 : 0;
+        const int64_t i = q0 + warp * 16 + g + half * 8, j = k0 + nt * 8 + 2 * t + (e & 1);
+        const int64_t diag = i + shift;
+        float pv = 0.0f, dsv = 0.0f;
+        if (i < s.len_q && visible(diag, j, s.len_k, w)) {
+          math.eval(sc[nt][e], dp[nt][e], row_lse[half], row_dsum[half], diag, j, scale, pv, dsv);
+        }
+        dp[nt][e] = dsv;
+      }
+    }
+    // dQ += dS K: 16-key k-steps, K rows transposed as the B operand.
+    product_with_rows<T, D>(dq, dp, k_t + stage_off);
+    __syncthreads();  // this stage's readers are done before a later step refills it
+  }
+  cp_async_wait<0>();  // Q / dO without a step, and the trailing empty groups
+
+  T* dqbase = static_cast<T*>(p.dq) + qb * p.dq_batch_stride + s.q0 * p.dq_row_stride +
+              h * p.dq_head_stride;
+  store_rows<T, D>(dqbase, p.dq_row_stride, dq, scale, q0 + warp * 16, s.len_q, head_dim, lane);
+}
+
+}  // namespace bwd
+}  // namespace cuda
+}  // namespace attention
