@@ -35,16 +35,27 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
   const auto blocks_of = [](int64_t rows) {
     return static_cast<unsigned>((rows + bwd::kBlockRows - 1) / bwd::kBlockRows);
   };
-  const bool pipelined = p.stages == 2;
+  const bool pipelined = p.stages == 2, atomic_dq = p.dq_accum != nullptr;
   if (f.seqlen_k > 0) {
     const dim3 grid(blocks_of(f.seqlen_k), static_cast<unsigned>(f.heads_kv),
                     static_cast<unsigned>(f.batch));
     const cudaError_t err =
-        pipelined ? launch(bwd::attn_bwd_dkdv_pipelined_kernel<T, D>,
-                           bwd::DkDvPipelinedSmem<T, D>::kBytes, grid, p, dsum, stream)
-                  : launch(bwd::attn_bwd_dkdv_kernel<T, D>, bwd::DkDvSmem<T, D>::kBytes, grid, p,
-                           dsum, stream);
+        atomic_dq   ? launch(bwd::attn_bwd_dkdv_pipelined_kernel<T, D, true>,
+                             bwd::DkDvPipelinedSmem<T, D, true>::kBytes, grid, p, dsum, stream)
+        : pipelined ? launch(bwd::attn_bwd_dkdv_pipelined_kernel<T, D, false>,
+                             bwd::DkDvPipelinedSmem<T, D, false>::kBytes, grid, p, dsum, stream)
+                    : launch(bwd::attn_bwd_dkdv_kernel<T, D>, bwd::DkDvSmem<T, D>::kBytes, grid, p,
+                             dsum, stream);
     if (err != cudaSuccess) return err;
+  }
+  if (atomic_dq) {
+    const int64_t pairs = q_rows * f.heads_q * (f.head_dim / 2);
+    if (pairs == 0) return cudaSuccess;
+    const int64_t blocks = (pairs + 255) / 256;
+    bwd::attn_bwd_dq_convert_kernel<T>
+        <<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
+            p, f.cu_seqlens_q != nullptr ? q_rows : f.seqlen_q, pairs);
+    return cudaGetLastError();
   }
   if (f.seqlen_q > 0) {
     const dim3 grid(blocks_of(f.seqlen_q), static_cast<unsigned>(f.heads_q),
@@ -78,7 +89,7 @@ cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows,
       f.heads_q % f.heads_kv != 0 || f.lse == nullptr || dsum == nullptr || f.batch > 65535 ||
       f.heads_q > 65535 || f.block_table != nullptr || f.seqused_k != nullptr ||
       f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || params.stages < 0 ||
-      params.stages > 2) {
+      params.stages > 2 || (params.dq_accum != nullptr && params.stages != 2)) {
     return cudaErrorInvalidValue;
   }
   if (f.batch == 0 || f.heads_q == 0) return cudaSuccess;

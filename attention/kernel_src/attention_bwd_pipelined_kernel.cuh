@@ -25,24 +25,76 @@ struct StepCursor {
   }
 };
 
+// dQ of one step (query rows i0.., head h) from the dS^T tile at `ds` ([64 keys][64 queries],
+// swizzled rows of 64) and the K tile (lane address k_t of (lane % 16, lane / 16)): this warp's
+// 16 queries times D, 16 columns at a time (8 accumulators live), each added to the fp32
+// dq_accum rows [q_rows][heads_q][head_dim] with atomics; rows past the sequence are skipped.
+template <typename T, int D>
+__device__ __forceinline__ void add_dq_of_step(const AttnBwdParams& p, uint32_t ds, uint32_t k_t,
+                                               int64_t h, int64_t i0, const SeqRows& s,
+                                               int64_t batch, int warp, int lane) {
+  using Rows = SwizzledRows<D>;
+  using DsRows = SwizzledRows<kBlockRows>;
+  const AttnFwdParams& f = p.fwd;
+  const int g = lane / 4, t = lane % 4;
+  // A = dS (queries x keys) by transposed reads of dS^T: rows (lane % 8) + 8 (lane / 16) of a
+  // 16-key step, query chunk 2 warp + (lane / 8) % 2.
+  const uint32_t ds_lane = ds + DsRows((lane % 8) + (lane / 16) * 8, (lane / 8) % 2, 0).base;
+  uint32_t a[kBlockRows / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < kBlockRows / 16; ++ks)
+    ldmatrix_x4_trans(a[ks], DsRows::at(ds_lane, ks * 16, warp));
+  const int64_t row0 = (batch * f.seqlen_q + s.q0 + i0 + warp * 16) * f.heads_q + h;
+  const int64_t row_stride = f.heads_q * f.head_dim;  // dq_accum: [q_rows][heads_q][head_dim]
+#pragma unroll
+  for (int dp = 0; dp < D / 16; ++dp) {
+    float acc[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kBlockRows / 16; ++ks) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, Rows::at(k_t, ks * 16, dp));
+      mma_16816<T>(acc[0], a[ks], b[0], b[1]);
+      mma_16816<T>(acc[1], a[ks], b[2], b[3]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + half * 8;
+      if (i0 + warp * 16 + r >= s.len_q) continue;
+      float* row = p.dq_accum + row0 * f.head_dim + r * row_stride;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int col = dp * 16 + nt * 8 + 2 * t;
+        if (col >= f.head_dim) continue;
+        atomicAdd(row + col, acc[nt][2 * half]);
+        atomicAdd(row + col + 1, acc[nt][2 * half + 1]);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // dK, dV of 64 keys (blockIdx.x) of kv head blockIdx.y of sequence blockIdx.z, as
 // attn_bwd_dkdv_kernel. Shared memory: K, V tiles of [64][D], then per stage Q, dO tiles and the
 // lse, D rows of the query tile. The steps are (query head of the group, query block) pairs.
+// kAtomicDq: each step also adds its dQ = dS K (64 queries x D) into p.dq_accum (fp32) with
+// atomics, FlashAttention-2's single pass (5 GEMMs instead of the 7 of a separate dQ pass; the
+// order of the adds varies from run to run). dS^T goes through a [64 keys][64 queries] tile of
+// shared memory, whose transposed reads give the A operand with the queries as rows.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int D>
+template <typename T, int D, bool kAtomicDq>
 struct DkDvPipelinedSmem {
   static constexpr int kStages = 2;
   static constexpr int kTileBytes = kBlockRows * D * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;     // Q, dO
   static constexpr int kRowsBytes = 2 * kBlockRows * 4;  // lse, D
-  static constexpr int kBytes = 2 * kTileBytes + kStages * (kStageBytes + kRowsBytes);
+  static constexpr int kDsBytes = kAtomicDq ? kBlockRows * kBlockRows * 2 : 0;
+  static constexpr int kBytes = 2 * kTileBytes + kStages * (kStageBytes + kRowsBytes) + kDsBytes;
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_pipelined_kernel(AttnBwdParams p, const float* dsum) {
-  using Smem = DkDvPipelinedSmem<T, D>;
+  using Smem = DkDvPipelinedSmem<T, D, kAtomicDq>;
   constexpr int kStages = Smem::kStages;
   constexpr int kQTiles = kBlockRows / 8;  // n-tiles of S^T (queries)
   constexpr int kDTiles = D / 8;           // n-tiles of dK / dV
@@ -61,6 +113,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t sk = smem_u32(smem), sv = sk + Smem::kTileBytes, sq0 = sv + Smem::kTileBytes;
   const uint32_t rows0 = sk + 2 * Smem::kTileBytes + kStages * Smem::kStageBytes;
   const float* s_rows = reinterpret_cast<const float*>(smem + (rows0 - sk));
+  const uint32_t sds = rows0 + kStages * Smem::kRowsBytes;  // dS^T (kAtomicDq)
 
   const int64_t kb = varlen_k ? 0 : b;
   const T* kbase = static_cast<const T*>(f.k) + kb * f.k_batch_stride + s.k0 * f.k_row_stride +
@@ -83,6 +136,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t q_b = sq0 + Rows(lr_b, lc_b, 0).base;
   const uint32_t do_b = q_b + Smem::kTileBytes;
   const uint32_t q_t = sq0 + Rows(lr_a, lc_a, 0).base;
+  const uint32_t k_t = sk + Rows(lr_a, lc_a, 0).base;  // K rows as the k dimension (dQ = dS K)
   const uint32_t do_t = q_t + Smem::kTileBytes;
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -121,8 +175,9 @@ __global__ void __launch_bounds__(kThreads)
       const int stage = loading.step % kStages;
       const int64_t h = hk * group + loading.head, i0 = (qb_lo + loading.block) * kBlockRows;
       const uint32_t sq = sq0 + stage * Smem::kStageBytes;
-      load_tile<D>(sq, static_cast<const T*>(f.q) + qb * f.q_batch_stride +
-                           s.q0 * f.q_row_stride + h * f.q_head_stride,
+      load_tile<D>(sq,
+                   static_cast<const T*>(f.q) + qb * f.q_batch_stride + s.q0 * f.q_row_stride +
+                       h * f.q_head_stride,
                    f.q_row_stride, i0, s.len_q, head_dim, tid);
       load_tile<D>(sq + Smem::kTileBytes,
                    static_cast<const T*>(p.dout) + qb * p.dout_batch_stride +
@@ -170,10 +225,26 @@ __global__ void __launch_bounds__(kThreads)
         dpt[nt][e] = dsv;
       }
     }
+    if constexpr (kAtomicDq) {
+      // This warp's 16 rows of dS^T, rounded to T as the products round them.
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * 16 + g + half * 8;
+          st_shared_u32(sds + tile_offset<kBlockRows>(row, nt) + 4 * t,
+                        pack2<T>(dpt[nt][2 * half], dpt[nt][2 * half + 1]));
+        }
+      }
+    }
     // dV += P^T dO and dK += dS^T Q: 16-query k-steps.
     product_with_rows<T, D>(dv, st, do_t + stage_off);
     product_with_rows<T, D>(dk, dpt, q_t + stage_off);
-    __syncthreads();  // this stage's readers are done before a later step refills it
+    if constexpr (kAtomicDq) {
+      __syncthreads();  // every warp's dS^T rows are written
+      add_dq_of_step<T, D>(p, sds, k_t, h, i0, s, varlen_q ? 0 : b, warp, lane);
+    }
+    __syncthreads();  // this stage's (and dS^T's) readers are done before a later step refills it
   }
   cp_async_wait<0>();  // K / V without a step, and the trailing empty groups
 
@@ -220,8 +291,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t hk = h / (f.heads_q / f.heads_kv);
 
   uint8_t* smem = dynamic_smem();
-  const uint32_t sq = smem_u32(smem), sdo = sq + Smem::kTileBytes,
-                 sk0 = sdo + Smem::kTileBytes;
+  const uint32_t sq = smem_u32(smem), sdo = sq + Smem::kTileBytes, sk0 = sdo + Smem::kTileBytes;
   const int64_t qb = varlen_q ? 0 : b, kb = varlen_k ? 0 : b;
   const T* qbase = static_cast<const T*>(f.q) + qb * f.q_batch_stride + s.q0 * f.q_row_stride +
                    h * f.q_head_stride;
@@ -275,7 +345,8 @@ __global__ void __launch_bounds__(kThreads)
     j_hi = last < j_hi ? last : j_hi;
   }
   const int64_t kb_lo = j_lo / kBlockRows;
-  const int steps = j_hi > j_lo ? static_cast<int>((j_hi + kBlockRows - 1) / kBlockRows - kb_lo) : 0;
+  const int steps =
+      j_hi > j_lo ? static_cast<int>((j_hi + kBlockRows - 1) / kBlockRows - kb_lo) : 0;
   // The K, V tiles of key block kb_lo + step into its stage (a commit group of its own, empty
   // past the last step).
   const auto issue = [&](int step) {
@@ -322,6 +393,29 @@ __global__ void __launch_bounds__(kThreads)
   T* dqbase = static_cast<T*>(p.dq) + qb * p.dq_batch_stride + s.q0 * p.dq_row_stride +
               h * p.dq_head_stride;
   store_rows<T, D>(dqbase, p.dq_row_stride, dq, scale, q0 + warp * 16, s.len_q, head_dim, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// dQ = scale * dq_accum, rounded to T into p.dq (any strides): two columns per thread, over the
+// rows [q_rows][heads_q] of the accumulator (dense: b * seqlen_q + i; varlen: the packed row).
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256)
+    attn_bwd_dq_convert_kernel(AttnBwdParams p, int64_t rows_per_batch, int64_t n_pairs) {
+  const AttnFwdParams& f = p.fwd;
+  const int64_t pairs_per_row = f.head_dim / 2;  // head_dim is a multiple of 8
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < n_pairs;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = 2 * (item % pairs_per_row), rh = item / pairs_per_row;
+    const int64_t h = rh % f.heads_q, packed = rh / f.heads_q;
+    const bool varlen = f.cu_seqlens_q != nullptr;
+    const int64_t b = varlen ? 0 : packed / rows_per_batch,
+                  i = varlen ? packed : packed % rows_per_batch;
+    const float2 v = *reinterpret_cast<const float2*>(p.dq_accum + rh * f.head_dim + c);
+    T* dst = static_cast<T*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride +
+             h * p.dq_head_stride + c;
+    *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v.x * f.softmax_scale, v.y * f.softmax_scale);
+  }
 }
 
 }  // namespace bwd

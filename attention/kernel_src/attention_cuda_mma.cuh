@@ -191,6 +191,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 #endif
 }
 
+// 4 bytes into shared memory, ordered with the ldmatrix reads of other warps by a barrier.
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+#else
+  (void)addr, (void)v;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // d += a * b on one m16n8k16 tile, fp32 accumulation; T = __half or __nv_bfloat16.
 // ---------------------------------------------------------------------------------------------

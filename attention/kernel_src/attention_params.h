@@ -145,6 +145,11 @@ struct AttnBwdParams {
   // pass, K / V of the dQ pass): 2 runs the pipelined kernels (the next step's loads overlap this
   // step's math; attention_bwd_pipelined_kernel.cuh), 0 or 1 the single-stage ones.
   int stages = 0;
+  // CUDA, with stages = 2: where set, dQ is added into this fp32 workspace of [q_rows][heads_q]
+  // [head_dim] (zeroed by the caller; q_rows = batch * seqlen_q, or total_q for varlen) with
+  // atomics during the dK/dV pass and then converted into dq, instead of a pass of its own:
+  // fewer FLOPs, not deterministic (the order of the adds varies).
+  float* dq_accum = nullptr;
 };
 
 }  // namespace attention

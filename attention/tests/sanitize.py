@@ -12,8 +12,8 @@ tensor is an exact-size allocation (PyTorch's caching allocator is switched off,
 is an allocation of its own): a read or write past a block-table row, a cache or a slot range
 leaves its allocation, which memcheck reports. A few plain prefill calls follow (on an H100 / H200
 the Hopper kernel's, for memcheck and racecheck), then backward calls on exact-size tensors,
-through the single-stage and the pipelined CUDA kernels (ATTENTION_BWD_STAGES=1, 2). Not
-collected by pytest (no test_ prefix).
+through the single-stage, the pipelined and the atomic-dQ CUDA kernels (ATTENTION_BWD_STAGES,
+ATTENTION_BWD_ATOMIC_DQ). Not collected by pytest (no test_ prefix).
 `--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
 """
 
@@ -216,8 +216,10 @@ def main():
     for dtype in (torch.bfloat16, torch.float16):
         for run in (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls):
             run(k, dtype, args.device)
-        for stages in ("1", "2"):  # the single-stage and the pipelined CUDA backward
+        # the single-stage, the pipelined and the atomic-dQ CUDA backward
+        for stages, atomic in (("1", "0"), ("2", "0"), ("2", "1")):
             os.environ["ATTENTION_BWD_STAGES"] = stages
+            os.environ["ATTENTION_BWD_ATOMIC_DQ"] = atomic
             backward_calls(k, dtype, args.device)
     if args.device == "cuda":
         torch.cuda.synchronize()

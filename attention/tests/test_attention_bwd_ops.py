@@ -214,7 +214,9 @@ def test_bwd_is_deterministic(kernel, device):
 def test_pipelined_bwd_matches_single_stage(kernel, device, case, monkeypatch):
     """CUDA: the pipelined kernels (ATTENTION_BWD_STAGES=2, off by default until this passes on a
     GPU) do the single-stage kernels' math in the same order, so every gradient is equal bit for
-    bit, for each mode, head dim and length off the 64-row tiles; varlen too."""
+    bit, for each mode, head dim and length off the 64-row tiles; varlen too. With dQ added by
+    atomics (ATTENTION_BWD_ATOMIC_DQ=1), dK and dV are still those bits and dQ, whose sums run
+    in a varying order, is within the float64 bound of the other tests."""
     if device != "cuda":
         pytest.skip("the stages are the CUDA kernels'")
     sq, sk, h, hk, d, causal, window, cap, alibi = case
@@ -234,14 +236,44 @@ def test_pipelined_bwd_matches_single_stage(kernel, device, case, monkeypatch):
     sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
     pout, plse = forward(kernel, pq, pk, pv, opts, *sizes)
     runs = {}
-    for stages in ("1", "2"):
+    for variant, stages, atomic in (
+        ("single", "1", "0"),
+        ("pipelined", "2", "0"),
+        ("atomic", "2", "1"),
+    ):
         monkeypatch.setenv("ATTENTION_BWD_STAGES", stages)
+        monkeypatch.setenv("ATTENTION_BWD_ATOMIC_DQ", atomic)
         dense = backward(kernel, dout, q, k, v, out, lse, opts)
         packed = backward(kernel, pdout, pq, pk, pv, pout, plse, opts, *sizes)
-        runs[stages] = (*dense, *packed)
-    for name, one, two in zip(("dq", "dk", "dv") * 2, runs["1"], runs["2"]):
-        assert torch.equal(one.nan_to_num(7.0), two.nan_to_num(7.0)), f"{name} differs"
-        assert not two.isnan().any(), f"{name}: an element was left unwritten"
+        runs[variant] = (*dense, *packed)
+    names = ("dq", "dk", "dv", "varlen dq", "varlen dk", "varlen dv")
+    for name, one, two, three in zip(names, runs["single"], runs["pipelined"], runs["atomic"]):
+        assert not two.isnan().any() and not three.isnan().any(), f"{name}: left unwritten"
+        assert torch.equal(one, two), f"{name}: pipelined differs"
+        if "dq" not in name:
+            assert torch.equal(one, three), f"{name}: atomic-dQ variant differs"
+    dq, dk, dv, pdq, pdk, pdv = runs["atomic"]
+    for b in range(2):
+        assert_grads(
+            (dq[b], dk[b], dv[b]), q[b], k[b], v[b], dout[b], torch.bfloat16, "atomic", **opts
+        )
+    for i in range(len(lens_q)):
+        rq = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        rk = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        what = f"atomic, seq {i}"
+        if lens_q[i] == 0 or lens_k[i] == 0:  # no score at all: zero gradients
+            assert not pdq[rq].any() and not pdk[rk].any() and not pdv[rk].any(), what
+            continue
+        assert_grads(
+            (pdq[rq], pdk[rk], pdv[rk]),
+            pq[rq],
+            pk[rk],
+            pv[rk],
+            pdout[rq],
+            torch.bfloat16,
+            what,
+            **opts,
+        )
 
 
 def test_bwd_errors_name_the_argument(kernel, device):

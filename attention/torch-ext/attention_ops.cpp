@@ -128,13 +128,16 @@ bool hopper_allowed() {
 }
 
 // ATTENTION_BWD_STAGES=2 runs the CUDA backward on its pipelined kernels (AttnBwdParams::stages,
-// kernel_src/attention_bwd_pipelined_kernel.cuh), which are off by default until their GPU tests
-// pass: a switch for those tests and for benchmarks, read at every call like ATTENTION_HOPPER.
-// Anything else runs the single-stage kernels.
-int backward_stages() {
-  const char* value = std::getenv("ATTENTION_BWD_STAGES");
-  return value != nullptr && std::strcmp(value, "2") == 0 ? 2 : 1;
+// kernel_src/attention_bwd_pipelined_kernel.cuh), and ATTENTION_BWD_ATOMIC_DQ=1 with it adds dQ
+// with atomics in the dK/dV pass (AttnBwdParams::dq_accum; not deterministic). Both are off by
+// default until their GPU tests pass: switches for those tests and for benchmarks, read at every
+// call like ATTENTION_HOPPER. Anything else runs the single-stage kernels.
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::strcmp(set, value) == 0;
 }
+int backward_stages() { return env_is("ATTENTION_BWD_STAGES", "2") ? 2 : 1; }
+bool backward_atomic_dq() { return env_is("ATTENTION_BWD_ATOMIC_DQ", "1"); }
 
 using Named = std::pair<const char*, const at::Tensor*>;
 
@@ -1138,6 +1141,11 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   p.stages = backward_stages();
   at::Tensor dsum = at::empty_like(*a.lse);
   const int64_t q_rows = g.varlen_q ? g.total_q : g.batch * g.seqlen_q;
+  at::Tensor dq_accum;
+  if (p.stages == 2 && backward_atomic_dq()) {
+    dq_accum = at::zeros({q_rows, g.heads_q, g.head_dim}, c.q.options().dtype(at::kFloat));
+    p.dq_accum = dq_accum.mutable_data_ptr<float>();
+  }
   const cudaError_t err =
       attention::cuda::attn_bwd(p, dsum.mutable_data_ptr<float>(), q_rows, stream);
   TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));

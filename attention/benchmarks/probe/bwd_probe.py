@@ -1,9 +1,9 @@
 """The CUDA attention backward kernels alone, built in seconds with torch's extension loader
 instead of the whole kit (a GPU session's first look at a kernel change): gradients against
 float64 autograd of the formula, each error against twice torch's own bf16 autograd error plus a
-floor (the bound of tests/test_attention_bwd_ops.py), and the pipelined kernels (stages = 2)
-against the single-stage ones bit for bit; then backward times of both at B*S = 16K tokens,
-H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /tmp).
+floor (the bound of tests/test_attention_bwd_ops.py), for the single-stage kernels and the
+atomic-dQ variant, and the pipelined kernels against the single-stage ones bit for bit; then
+backward times of the three at B*S = 16K tokens, H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /tmp).
 
     python attention/benchmarks/probe/bwd_probe.py      (on a GPU machine with CUDA torch)
 """
@@ -66,7 +66,8 @@ CASES = [  # B, Sq, Sk, H, Hk, D, causal, window, softcap, alibi
     (2, 64, 64, 2, 2, 128, False, (-1, -1), 0.0, False),
 ]
 dev, dt = "cuda", torch.bfloat16
-STAGES = (1, 2)  # AttnBwdParams::stages: the single-stage and the pipelined kernels
+# AttnBwdParams (stages, dq_accum set): the single-stage, the pipelined and the atomic-dQ kernels
+VARIANTS = {"single": (1, False), "pipelined": (2, False), "atomic": (2, True)}
 results = []
 for case in CASES:
     B, sq, sk, h, hk, d, causal, window, cap, al = case
@@ -86,8 +87,8 @@ for case in CASES:
     qb, kb, vb = (t.to(dt).contiguous() for t in (q, k, v))
     out_b = out64.detach().to(dt).contiguous()
     lse = lse64.detach().float().contiguous()
-    by_stages = {}
-    for stages in STAGES:
+    by_variant = {}
+    for variant, (stages, atomic) in VARIANTS.items():
         grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
         ext.bwd(
             qb,
@@ -104,21 +105,25 @@ for case in CASES:
             cap,
             slopes,
             stages,
+            atomic,
         )
-        by_stages[stages] = grads
+        by_variant[variant] = grads
     torch.cuda.synchronize()
-    grads = by_stages[1]
     row = {"case": str(case)}
-    # The pipelined kernels do the single-stage ones' math in the same order: equal bit for bit.
-    ok = all(torch.equal(a, b) for a, b in zip(by_stages[1], by_stages[2]))
-    row["stages_equal"] = ok
-    for name, got, l64, l16 in zip(("dq", "dk", "dv"), grads, leaves64, leaves16):
-        want = l64.grad
-        err = float((got.double() - want).abs().max())
-        terr = float((l16.grad.double() - want).abs().max())
-        floor = 8 * 2**-8 * float(want.abs().max())
-        row[name] = (round(err, 5), round(terr, 5))
-        ok &= err <= 2 * terr + floor
+    # The pipelined kernels do the single-stage ones' math in the same order: equal bit for bit;
+    # the atomic-dQ variant too for dK and dV.
+    single = by_variant["single"]
+    ok = all(torch.equal(a, b) for a, b in zip(single, by_variant["pipelined"]))
+    ok &= all(torch.equal(a, b) for a, b in zip(single[1:], by_variant["atomic"][1:]))
+    row["bits_equal"] = ok
+    for variant in ("single", "atomic"):
+        for name, got, l64, l16 in zip(("dq", "dk", "dv"), by_variant[variant], leaves64, leaves16):
+            want = l64.grad
+            err = float((got.double() - want).abs().max())
+            terr = float((l16.grad.double() - want).abs().max())
+            floor = 8 * 2**-8 * float(want.abs().max())
+            row[f"{variant} {name}"] = (round(err, 5), round(terr, 5))
+            ok &= err <= 2 * terr + floor
     row["ok"] = ok
     results.append(row)
     print(row, flush=True)
@@ -150,8 +155,8 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
     lse = torch.zeros(B, H, S, device=dev)  # values do not matter for timing
     grads = [torch.empty_like(t) for t in (q, k, v)]
     ours = {
-        stages: bench(
-            lambda stages=stages: ext.bwd(
+        variant: bench(
+            lambda stages=stages, atomic=atomic: ext.bwd(
                 q,
                 k,
                 v,
@@ -166,9 +171,10 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
                 0.0,
                 None,
                 stages,
+                atomic,
             )
         )
-        for stages in STAGES
+        for variant, (stages, atomic) in VARIANTS.items()
     }
     ks_r, vs_r = (t.detach().repeat_interleave(H // HK, 1).requires_grad_() for t in (ks, vs))
     res = {}
@@ -187,9 +193,9 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
             res[name] = repr(e)[:80]
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     row = {"S": S, "causal": causal, **res}
-    for stages, ms in ours.items():
-        row[f"ours_{stages}stage_ms"] = ms
-        row[f"ours_{stages}stage_tflops"] = flops / ms / 1e9
+    for variant, ms in ours.items():
+        row[f"ours_{variant}_ms"] = ms
+        row[f"ours_{variant}_tflops"] = flops / ms / 1e9
     timing.append(row)
     print(row, flush=True)
 json.dump(

@@ -6,7 +6,8 @@
 
 void bwd(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor lse, at::Tensor dout,
          at::Tensor dq, at::Tensor dk, at::Tensor dv, double scale, bool causal, int64_t wl,
-         int64_t wr, double softcap, std::optional<at::Tensor> alibi, int64_t stages) {
+         int64_t wr, double softcap, std::optional<at::Tensor> alibi, int64_t stages,
+         bool atomic_dq) {
   attention::AttnBwdParams p;
   auto& f = p.fwd;
   f.dtype = q.scalar_type() == at::kHalf ? attention::DType::kFloat16 : attention::DType::kBFloat16;
@@ -58,6 +59,11 @@ void bwd(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor ls
   p.dv_row_stride = dv.stride(1);
   p.dv_head_stride = dv.stride(2);
   p.stages = static_cast<int>(stages);
+  at::Tensor dq_accum;
+  if (atomic_dq) {
+    dq_accum = at::zeros({q.size(0) * q.size(1), q.size(2), q.size(3)}, lse.options());
+    p.dq_accum = dq_accum.data_ptr<float>();
+  }
   auto dsum = at::empty_like(lse);
   auto err = attention::cuda::attn_bwd(p, dsum.data_ptr<float>(), q.size(0) * q.size(1),
                                        at::cuda::getCurrentCUDAStream());
