@@ -97,6 +97,7 @@ ROW_FILTERS = {
 
 # suite -> (its kernel folder, its results folder in there, the script that writes them)
 SUITES = {
+    "attention-bwd": ("attention", "benchmarks/results/backward", "benchmarks/sweep_bwd.py"),
     "quant-gemm": ("quant", "benchmarks/results/gemm", "benchmarks/gemm_sweep.py"),
     "quant-int4": ("quant", "benchmarks/results/int4", "benchmarks/int4_sweep.py"),
 }
@@ -252,6 +253,50 @@ COLUMNS["attention"] = [
 ]
 
 
+def _bwd_cell(kind: str, what: str):
+    """A cell of the backward suite: ours' time (ms) or TFLOP/s, or a baseline's time over ours,
+    for `kind` = bwd | fwd_bwd; – where a contender rejected the shape."""
+
+    def cell(r: dict) -> str:
+        if what == "ms":
+            t = r["us"][kind]["ours"]
+            return f"{t / 1000:.2f}" if t else "–"
+        if what == "tflops":
+            v = r["tflops"][kind]["ours"]
+            return f"{v:.0f}" if v else "–"
+        v = r["speedup"][kind].get(what)
+        return f"{v:.2f}×" if v else "–"
+
+    return cell
+
+
+def _bwd_peak(r: dict) -> str:
+    peak = r.get("peak_mib") or {}
+    if not peak:
+        return "–"
+    return " / ".join(
+        "–" if peak.get(n) is None else f"{peak[n]:.0f}" for n in ("ours", "sdpa_flash", "sdpa_cudnn")
+    )
+
+
+COLUMNS["attention-bwd"] = [
+    (
+        "shape",
+        "---",
+        lambda r: f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']}/{r['heads_kv']} × "
+        f"D{r['head_dim']}" + (", causal" if r["causal"] else ""),
+    ),
+    ("bwd (ms)", "---:", _bwd_cell("bwd", "ms")),
+    ("bwd TFLOP/s", "---:", _bwd_cell("bwd", "tflops")),
+    ("bwd vs SDPA flash", "---:", _bwd_cell("bwd", "sdpa_flash")),
+    ("bwd vs SDPA cuDNN", "---:", _bwd_cell("bwd", "sdpa_cudnn")),
+    ("bwd vs SDPA efficient", "---:", _bwd_cell("bwd", "sdpa_efficient")),
+    ("fwd+bwd (ms)", "---:", _bwd_cell("fwd_bwd", "ms")),
+    ("fwd+bwd vs SDPA cuDNN", "---:", _bwd_cell("fwd_bwd", "sdpa_cudnn")),
+    ("peak MiB at 16K: ours / flash / cuDNN", "---:", _bwd_peak),
+]
+
+
 def quantize_bar_line(results: list[dict], tokens: int = 4096, bar: float = 0.9) -> str:
     """Which quantize ops reach `bar` of the copy ceiling at every size of at least `tokens`
     tokens (the quant issue's bar), and the lowest fraction of each op that does not."""
@@ -377,6 +422,12 @@ NOTES = {
         "H200 prefill) is the sm_80+ kernel on the calls the Hopper kernel takes (ATTENTION_HOPPER=0); "
         "the last column is the memory each call allocates beyond its inputs."
     ),
+    "attention-bwd": (
+        "The backward (`torch.autograd.grad` of a stored forward) and the forward + backward of "
+        "flash_attn_func against SDPA's backends on the same inputs, GQA 32/8; a ratio is the "
+        "baseline's time over ours (above 1: ours is faster), – where a contender rejects the "
+        "shape (ours past head dim 128)."
+    ),
     "quant-gemm": (
         "GPU times are medians of CUDA-graph replay, each call reading its weight from DRAM "
         "(rotated copies larger than twice the L2); a ratio is the baseline's time over ours "
@@ -406,10 +457,15 @@ def render(kernel: str, payload: dict) -> str:
         )
         columns = [rate if c[2] is None else c for c in columns]
     rows = [r for r in payload["results"] if keep(r)]
+    ceiling = (
+        f" Copy ceiling measured in the same run: {payload['copy_gbs']:.0f} GB/s."
+        if "copy_gbs" in payload
+        else ""
+    )
     lines = [
         f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}, triton {env.get('triton')}, "
-        f"commit `{env['commit'][:12]}`, build `{env.get('kernel_id', '?')}`, {env['date'][:10]}. "
-        f"Copy ceiling measured in the same run: {payload['copy_gbs']:.0f} GB/s.",
+        f"commit `{env['commit'][:12]}`, build `{env.get('kernel_id', '?')}`, {env['date'][:10]}."
+        + ceiling,
         "",
         "| " + " | ".join(header for header, _, _ in columns) + " |",
         "|" + "|".join(align for _, align, _ in columns) + "|",

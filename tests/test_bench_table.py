@@ -433,6 +433,52 @@ def test_attention_table_follows_the_numbers():
     assert "ours is faster" in table and "Baselines: b." in table
 
 
+def test_attention_backward_table_follows_the_numbers():
+    """The backward suite (attention/benchmarks/sweep_bwd.py's rows): ms and TFLOP/s of ours,
+    baseline time over ours, – where a contender rejected the shape, no copy ceiling line."""
+
+    def row(seqlen, head_dim, bwd, fwd_bwd, peak=None):
+        tflops = {
+            kind: {n: (1e6 / t if t else None) for n, t in us.items()}
+            for kind, us in (("bwd", bwd), ("fwd_bwd", fwd_bwd))
+        }
+        speedup = {
+            kind: {
+                n: (us[n] / us["ours"] if us[n] and us["ours"] else None) for n in us if n != "ours"
+            }
+            for kind, us in (("bwd", bwd), ("fwd_bwd", fwd_bwd))
+        }
+        return {
+            "batch": 16384 // seqlen,
+            "seqlen": seqlen,
+            "head_dim": head_dim,
+            "causal": True,
+            "heads_q": 32,
+            "heads_kv": 8,
+            "dtype": "bfloat16",
+            "us": {"bwd": bwd, "fwd_bwd": fwd_bwd},
+            "tflops": tflops,
+            "speedup": speedup,
+            "peak_mib": peak or {},
+        }
+
+    base = {"ours": 2000.0, "sdpa_flash": 1000.0, "sdpa_cudnn": 500.0, "sdpa_efficient": 4000.0}
+    rejected = {"ours": None, "sdpa_flash": 1000.0, "sdpa_cudnn": None, "sdpa_efficient": 4000.0}
+    peak = {"ours": 326.0, "sdpa_flash": 1092.0, "sdpa_cudnn": 836.0}
+    payload = {
+        "environment": _environment("attention", "2026-11-28"),
+        "method": "m",
+        "results": [row(16384, 128, base, base, peak), row(2048, 256, rejected, rejected)],
+    }
+    table = bench_table.render("attention-bwd", payload)
+    assert "Copy ceiling" not in table and "Method: m." in table
+    assert (
+        "| B1 × S16384 × H32/8 × D128, causal | 2.00 | 500 | 0.50× | 0.25× | 2.00× | 2.00 | 0.25× "
+        "| 326 / 1092 / 836 |"
+    ) in table
+    assert "| B8 × S2048 × H32/8 × D256, causal | – | – | – | – | – | – | – | – |" in table
+
+
 def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
     """As for rope: the rows the README shows come first in the (budgeted) sweep, the full list is
     the whole grid, and the sweep's command line parses without a GPU."""

@@ -68,8 +68,8 @@ CONTENDERS = {
     "sdpa_efficient": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), [B, H, S, D]",
 }
 METHOD = (
-    f"GPU time = median of 10 CUDA-graph replays, each of back-to-back calls filling about {REP_MS} ms "
-    "(triton do_bench_cudagraph); bwd = torch.autograd.grad of a stored forward's output "
+    f"GPU time = median of 10 replays of a CUDA graph of back-to-back calls filling about {REP_MS} ms, "
+    "captured on the stream the forwards ran on (autograd runs a backward on its forward's stream); bwd = torch.autograd.grad of a stored forward's output "
     "(retain_graph), fwd_bwd = forward + that backward; TFLOP/s: bwd = 2.5 x and fwd_bwd = 3.5 x the "
     "forward's 4 B H S^2 D (halved when causal); gradients checked before timing (module docstring); "
     "peak memory = torch.cuda.max_memory_allocated during one fwd_bwd minus the memory allocated "
