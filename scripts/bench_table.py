@@ -275,7 +275,8 @@ def _bwd_peak(r: dict) -> str:
     if not peak:
         return "–"
     return " / ".join(
-        "–" if peak.get(n) is None else f"{peak[n]:.0f}" for n in ("ours", "sdpa_flash", "sdpa_cudnn")
+        "–" if peak.get(n) is None else f"{peak[n]:.0f}"
+        for n in ("ours", "sdpa_flash", "sdpa_cudnn")
     )
 
 
@@ -283,8 +284,10 @@ COLUMNS["attention-bwd"] = [
     (
         "shape",
         "---",
-        lambda r: f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']}/{r['heads_kv']} × "
-        f"D{r['head_dim']}" + (", causal" if r["causal"] else ""),
+        lambda r: (
+            f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']}/{r['heads_kv']} × "
+            f"D{r['head_dim']}" + (", causal" if r["causal"] else "")
+        ),
     ),
     ("bwd (ms)", "---:", _bwd_cell("bwd", "ms")),
     ("bwd TFLOP/s", "---:", _bwd_cell("bwd", "tflops")),
