@@ -44,7 +44,7 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(KERNEL_DIR.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import V_SCALE  # noqa: E402
-from sweep import sdpa  # noqa: E402
+from sweep import _peak_mib, sdpa, selected  # noqa: E402
 
 import benchlib  # noqa: E402
 
@@ -214,17 +214,6 @@ def _timed(fn):
     return graph_time_us(fn), None
 
 
-def _peak_mib(fn):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    grads = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del grads
-    return peak / 2**20
-
-
 def contender_calls(kernel, case: Case, q, k, v, dout):
     """{name: (bwd, fwd_bwd, gqa_mode)} for ours and each SDPA backend that takes the shape."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -328,11 +317,7 @@ def main():
     )
     kernel = benchlib.load_built_kernel(KERNEL_DIR)
     env = benchlib.environment(kernel)
-    todo = [
-        c
-        for c in cases(args.quick)
-        if not args.match or any(m in c.label + " " for m in args.match)
-    ]
+    todo = selected(cases(args.quick), args.match)
     results, skipped, spent = [], [], []
     for case in todo:
         elapsed = time.perf_counter() - _START
