@@ -1,6 +1,6 @@
-// attention_sm90.h: the Hopper (sm_90a) attention forward behind attn_fwd (attention_cuda.h), no
-// Torch or CUTLASS headers. The kernel (wgmma, TMA, warp specialization) is
-// attention_sm90_fwd.cuh; attention_sm90.cu and its generated instances are built for 9.0a only
+// attention_sm90.h: the Hopper (sm_90a) attention forward behind attn_fwd and backward behind
+// attn_bwd (attention_cuda.h), no Torch or CUTLASS headers. The kernels (wgmma, TMA, warp
+// specialization) are attention_sm90_fwd.cuh and attention_sm90_bwd.cuh; attention_sm90.cu and its generated instances are built for 9.0a only
 // ([kernel.attention_cuda_sm90] of build.toml), while their host functions are called from the
 // portable launcher, which takes this path on capability 9.0 when params.allow_hopper is set and
 // supports() holds.
@@ -36,6 +36,27 @@ bool supports(const AttnFwdParams& p);
 // returns the launch status. It launches without PDL whatever p.pdl_request asks, and reports
 // nothing to p.errors (a fixed-length batch has no key length to check).
 cudaError_t fwd(const AttnFwdParams& p, int sm_count, cudaStream_t stream);
+
+// Whether the Hopper backward (attention_sm90_bwd.cuh) computes `p` (attention_params.h
+// semantics). True exactly when all of these hold:
+//   - dtype float16 or bfloat16; head_dim exactly 128;
+//   - fixed-length batches, no score modifier, no sliding window (as supports() above);
+//   - fwd.lse set; heads_q a multiple of heads_kv;
+//   - batch, heads and lengths fit in int32, batch * heads_q <= 65535, ceil(seqlen_k / 128) <=
+//     65535;
+//   - q, k, v and dout strides TMA-addressable (as above); out and dout 16-byte aligned with
+//     strides of multiples of 8 elements; dq, dk and dv 4-byte aligned with even strides.
+// It adds dQ with atomics, so its dq may differ in the last bits from call to call: deterministic
+// calls take the mma.sync backward (attention_cuda.h).
+bool bwd_supports(const AttnBwdParams& p);
+
+// The fp32 workspace bwd() needs, in floats: batch * heads_q * round_up(seqlen_q, 64) *
+// (head_dim + 2) (the dQ accumulator, lse and D).
+int64_t bwd_workspace_floats(const AttnBwdParams& p);
+
+// Enqueues the backward of `p` (bwd_supports(p) true) on `stream`, using `workspace`
+// (bwd_workspace_floats(p) floats, any contents, 8-byte aligned), and returns the launch status.
+cudaError_t bwd(const AttnBwdParams& p, float* workspace, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace cuda

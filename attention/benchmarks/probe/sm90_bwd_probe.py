@@ -1,0 +1,161 @@
+"""The Hopper attention backward alone (kernel_src/attention_sm90_bwd.cuh), built in under a
+minute with torch's extension loader instead of the whole kit: gradients against float64 autograd
+of the formula, each error against twice torch's own bf16 autograd error plus a floor (the bound
+of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens, H = 32/8, D = 128
+next to SDPA flash and cuDNN. Writes $OUT/sm90_bwd_probe.json (or /tmp).
+
+    python attention/benchmarks/probe/sm90_bwd_probe.py      (on an sm_90 GPU with CUDA torch)
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.cpp_extension import load
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "attention", "tests"))
+from attention_cases import visible  # noqa: E402
+
+CUTLASS = os.path.join(
+    list(importlib.util.find_spec("cutlass_library").submodule_search_locations)[0],
+    "source",
+    "include",
+)
+os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+t0 = time.time()
+ext = load(
+    "attn_sm90_bwd_probe",
+    [
+        os.path.join(os.path.dirname(__file__), "sm90_bwd_probe_binding.cpp"),
+        os.path.join(ROOT, "attention/kernel_src/attention_sm90_bwd.cu"),
+    ],
+    extra_include_paths=[os.path.join(ROOT, "attention/kernel_src"), CUTLASS],
+    extra_cuda_cflags=["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr"],
+    verbose=False,
+)
+print(f"built in {time.time() - t0:.0f} s", flush=True)
+
+
+def formula(q, k, v, scale, causal):
+    """[B, S, H, D] -> out, lse ([B, H, S_q])."""
+    h, hk = q.shape[2], k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.repeat_interleave(h // hk, dim=2).transpose(1, 2)
+    vt = v.repeat_interleave(h // hk, dim=2).transpose(1, 2)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    mask = visible(q.shape[1], k.shape[1], causal, (-1, 0) if causal else (-1, -1)).to(s.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p @ vt).transpose(1, 2), lse
+
+
+CASES = [  # B, Sq, Sk, H, Hk, causal
+    (2, 64, 64, 2, 2, False),
+    (2, 128, 128, 4, 2, True),
+    (2, 130, 200, 4, 1, False),
+    (2, 200, 90, 2, 2, True),
+    (1, 300, 300, 4, 2, True),
+    (2, 1, 77, 2, 1, False),
+    (1, 517, 389, 8, 2, True),
+    (1, 389, 517, 8, 2, True),
+]
+dev, D = "cuda", 128
+results = []
+for dt in (torch.bfloat16, torch.float16):
+    for case in CASES:
+        B, sq, sk, h, hk, causal = case
+        g = torch.Generator(device="cpu").manual_seed(sq + sk)
+        q, k, v = (
+            torch.randn(s, generator=g).to(dev)
+            for s in [(B, sq, h, D), (B, sk, hk, D), (B, sk, hk, D)]
+        )
+        dout = torch.randn(B, sq, h, D, generator=g).to(dev)
+        leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+        out64, lse64 = formula(*leaves64, D**-0.5, causal)
+        out64.backward(dout.double())
+        leaves16 = [t.to(dt).requires_grad_() for t in (q, k, v)]
+        out16, _ = formula(*leaves16, D**-0.5, causal)
+        out16.backward(dout.to(dt))
+        qb, kb, vb = (t.to(dt).contiguous() for t in (q, k, v))
+        grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
+        ran = ext.bwd(
+            qb,
+            kb,
+            vb,
+            out64.detach().to(dt).contiguous(),
+            lse64.detach().float().contiguous(),
+            dout.to(dt).contiguous(),
+            *grads,
+            D**-0.5,
+            causal,
+        )
+        torch.cuda.synchronize()
+        row = {"dtype": str(dt), "case": str(case), "ran": ran}
+        ok = ran
+        for name, got, l64, l16 in zip(("dq", "dk", "dv"), grads, leaves64, leaves16):
+            want = l64.grad
+            err = float((got.double() - want).abs().max())
+            terr = float((l16.grad.double() - want).abs().max())
+            floor = 8 * 2**-8 * float(want.abs().max())
+            row[name] = (round(err, 5), round(terr, 5))
+            ok &= err <= 2 * terr + floor
+        row["ok"] = bool(ok)
+        results.append(row)
+        print(row, flush=True)
+
+
+def bench(fn, iters=10):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+timing = []
+dt = torch.bfloat16
+for S, causal in [(2048, True), (2048, False), (8192, True), (8192, False)]:
+    B, H, HK = 16384 // S, 32, 8
+    q = torch.randn(B, S, H, D, device=dev, dtype=dt)
+    k = torch.randn(B, S, HK, D, device=dev, dtype=dt)
+    v = torch.randn(B, S, HK, D, device=dev, dtype=dt)
+    dout = torch.randn_like(q)
+    qs, ks, vs = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)
+    out_b = out.detach().transpose(1, 2).contiguous()
+    lse = torch.zeros(B, H, S, device=dev)  # values do not matter for timing
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    ours = bench(lambda: ext.bwd(q, k, v, out_b, lse, dout, *grads, D**-0.5, causal))
+    ks_r, vs_r = (t.detach().repeat_interleave(H // HK, 1).requires_grad_() for t in (ks, vs))
+    res = {}
+    for name, backend in [
+        ("flash", torch.nn.attention.SDPBackend.FLASH_ATTENTION),
+        ("cudnn", torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
+    ]:
+        with torch.nn.attention.sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(qs, ks_r, vs_r, is_causal=causal)
+            go = dout.transpose(1, 2)
+            res[name] = bench(
+                lambda: torch.autograd.grad(o, (qs, ks_r, vs_r), go, retain_graph=True)
+            )
+    flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+    row = {"S": S, "causal": causal, **res, "ours_ms": ours, "ours_tflops": flops / ours / 1e9}
+    row["vs_cudnn"] = res["cudnn"] / ours
+    timing.append(row)
+    print(row, flush=True)
+json.dump(
+    {"correct": results, "timing": timing},
+    open(os.path.join(os.environ.get("OUT", "/tmp"), "sm90_bwd_probe.json"), "w"),
+    indent=1,
+)

@@ -1,0 +1,244 @@
+// attention_sm90_bwd.cu: the host side of the Hopper attention backward (attention_sm90.h): which
+// params it takes, the workspace, and the three launches of a call: the preprocess pass (lse in
+// the log2 domain and D = rowsum(dO * O), padded to whole query tiles), the main kernel
+// (attention_sm90_bwd.cuh) and the conversion of the fp32 dQ workspace into dq. Built for 9.0a
+// only, like attention_sm90.cu.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "attention_sm90.h"
+#include "attention_sm90_bwd.cuh"
+
+namespace attention {
+namespace cuda {
+namespace sm90 {
+namespace {
+
+using KernelArgs = attention::sm90::BwdArgs;
+template <class Element>
+using Kernel = attention::sm90::BwdKernelFor<Element, 128>;
+
+constexpr int64_t kBlockM = 64;  // the kernel's query tile: the padding of the workspace rows
+constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;
+constexpr int64_t kElementBytes = 2;  // fp16 / bf16
+
+int64_t padded_rows(int64_t seqlen_q) { return (seqlen_q + kBlockM - 1) / kBlockM * kBlockM; }
+
+// As attention_sm90.cu: TMA addresses a dimension of more than one index with a nonzero stride
+// below 2^40 bytes, and a dimension of one index with any (a placeholder replaces stride 0).
+bool tma_addressable(int64_t stride, int64_t extent) {
+  if (extent <= 1) return true;
+  return stride > 0 && stride < kMaxTmaStrideBytes / kElementBytes;
+}
+int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 16 / kElementBytes; }
+
+struct Workspace {
+  float* lse_log2;  // [batch][heads_q][padded rows]
+  float* dsum;      // same
+  float* dq_accum;  // [batch][heads_q][head_dim][padded rows]
+  int64_t rows;     // batch * heads_q * padded rows
+};
+
+Workspace workspace_of(const AttnBwdParams& p, float* base) {
+  const AttnFwdParams& f = p.fwd;
+  const int64_t rows = f.batch * f.heads_q * padded_rows(f.seqlen_q);
+  return {base, base + rows, base + 2 * rows, rows};
+}
+
+// One row of 16 lanes: D = rowsum(dO * O) in fp32, and lse * log2(e); past seqlen_q 0 and +inf
+// (queries the main kernel loads as zeros must get P = 0).
+template <class Element>
+__global__ void attn_bwd_sm90_preprocess_kernel(const AttnBwdParams p, Workspace w,
+                                                int64_t padded) {
+  constexpr int kLanes = 16;
+  const AttnFwdParams& f = p.fwd;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  if (row >= w.rows) return;  // whole groups of 16 leave together: the shuffles below stay full
+  const int64_t i = row % padded, bh = row / padded;
+  const int64_t h = bh % f.heads_q, b = bh / f.heads_q;
+  float sum = 0.0f;
+  if (i < f.seqlen_q) {
+    const Element* o = static_cast<const Element*>(f.out) + b * f.out_batch_stride +
+                       i * f.out_row_stride + h * f.out_head_stride;
+    const Element* d = static_cast<const Element*>(p.dout) + b * p.dout_batch_stride +
+                       i * p.dout_row_stride + h * p.dout_head_stride;
+    for (int64_t c = lane * 8; c < f.head_dim; c += kLanes * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+      const Element* oe = reinterpret_cast<const Element*>(&ov);
+      const Element* de = reinterpret_cast<const Element*>(&dv);
+      for (int j = 0; j < 8; ++j) sum += float(oe[j]) * float(de[j]);
+    }
+  }
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  if (lane == 0) {
+    w.dsum[row] = sum;
+    w.lse_log2[row] = i < f.seqlen_q ? f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i] *
+                                           1.44269504088896340736f
+                                     : INFINITY;
+  }
+}
+
+// dq[b, i, h, :] = dq_accum[b][h][:][i] * softmax_scale, rounded once: kRows queries of one
+// head per block, transposed through shared memory so that both sides move whole lines.
+template <class Element, int kHeadDim>
+__global__ void attn_bwd_sm90_dq_kernel(const AttnBwdParams p, Workspace w, int64_t padded) {
+  constexpr int kRows = 32;
+  __shared__ float tile[kRows][kHeadDim + 1];
+  const AttnFwdParams& f = p.fwd;
+  const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kRows;
+  const int64_t h = bh % f.heads_q, b = bh / f.heads_q;
+  const float* src = w.dq_accum + bh * kHeadDim * padded + row0;
+  for (int idx = threadIdx.x; idx < kHeadDim * kRows; idx += blockDim.x) {
+    const int d = idx / kRows, r = idx % kRows;
+    tile[r][d] = src[d * padded + r];
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  for (int idx = threadIdx.x; idx < kRows * kHeadDim / 2; idx += blockDim.x) {
+    const int r = idx / (kHeadDim / 2), d = idx % (kHeadDim / 2) * 2;
+    const int64_t i = row0 + r;
+    if (i >= f.seqlen_q) continue;
+    *reinterpret_cast<uint32_t*>(dq + i * p.dq_row_stride + d) =
+        attention::sm90::pack_pair<Element>(tile[r][d] * f.softmax_scale,
+                                            tile[r][d + 1] * f.softmax_scale);
+  }
+}
+
+KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
+  const AttnFwdParams& f = p.fwd;
+  KernelArgs a{};
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  a.dout = p.dout;
+  a.lse_log2 = w.lse_log2;
+  a.dsum = w.dsum;
+  a.dq_accum = w.dq_accum;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.batch = static_cast<int>(f.batch);
+  a.heads_q = static_cast<int>(f.heads_q);
+  a.heads_kv = static_cast<int>(f.heads_kv);
+  a.seqlen_q = static_cast<int>(f.seqlen_q);
+  a.seqlen_k = static_cast<int>(f.seqlen_k);
+  a.seqlen_q_padded = static_cast<int>(padded_rows(f.seqlen_q));
+  a.q_row = tma_stride(f.q_row_stride);
+  a.q_head = tma_stride(f.q_head_stride);
+  a.q_batch = tma_stride(f.q_batch_stride);
+  a.k_row = tma_stride(f.k_row_stride);
+  a.k_head = tma_stride(f.k_head_stride);
+  a.k_batch = tma_stride(f.k_batch_stride);
+  a.v_row = tma_stride(f.v_row_stride);
+  a.v_head = tma_stride(f.v_head_stride);
+  a.v_batch = tma_stride(f.v_batch_stride);
+  a.do_row = tma_stride(p.dout_row_stride);
+  a.do_head = tma_stride(p.dout_head_stride);
+  a.do_batch = tma_stride(p.dout_batch_stride);
+  a.dk_row = p.dk_row_stride;
+  a.dk_head = p.dk_head_stride;
+  a.dk_batch = p.dk_batch_stride;
+  a.dv_row = p.dv_row_stride;
+  a.dv_head = p.dv_head_stride;
+  a.dv_batch = p.dv_batch_stride;
+  a.softmax_scale = f.softmax_scale;
+  a.causal = f.causal;
+  return a;
+}
+
+template <class Element>
+cudaError_t run(const AttnBwdParams& p, const Workspace& w, cudaStream_t stream) {
+  const AttnFwdParams& f = p.fwd;
+  const int64_t padded = padded_rows(f.seqlen_q);
+  if (w.rows > 0) {
+    cudaError_t err = cudaMemsetAsync(w.dq_accum, 0, sizeof(float) * w.rows * f.head_dim, stream);
+    if (err != cudaSuccess) return err;
+    const int64_t blocks = (w.rows * 16 + 255) / 256;
+    attn_bwd_sm90_preprocess_kernel<Element>
+        <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, w, padded);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  cudaError_t err = attention::sm90::run_bwd<Kernel<Element>>(kernel_args(p, w), stream);
+  if (err != cudaSuccess || w.rows == 0) return err;
+  const dim3 grid(static_cast<unsigned>(padded / 32), static_cast<unsigned>(f.batch * f.heads_q));
+  attn_bwd_sm90_dq_kernel<Element, 128><<<grid, 256, 0, stream>>>(p, w, padded);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool bwd_supports(const AttnBwdParams& p) {
+  const AttnFwdParams& f = p.fwd;
+  if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
+  if (f.head_dim != 128) return false;
+  if (f.cu_seqlens_q != nullptr || f.cu_seqlens_k != nullptr || f.seqused_k != nullptr ||
+      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || f.block_table != nullptr) {
+    return false;
+  }
+  if (f.softcap != 0.0f || f.alibi_slopes != nullptr) return false;
+  if (f.window_left >= 0 || (f.window_right >= 0 && !f.causal)) return false;
+  if (f.lse == nullptr || f.heads_kv <= 0 || f.heads_q % f.heads_kv != 0) return false;
+  for (const int64_t n : {f.batch, f.heads_q, f.heads_kv, f.seqlen_q, f.seqlen_k}) {
+    if (n < 0 || n > kMax32) return false;
+  }
+  if (padded_rows(f.seqlen_q) > kMax32 || f.batch * f.heads_kv > kMax32 ||
+      f.batch * f.heads_q > 65535 || (f.seqlen_k + 127) / 128 > 65535) {
+    return false;
+  }
+  const struct {
+    int64_t stride, extent;
+  } loads[] = {{f.q_batch_stride, f.batch},     {f.q_row_stride, f.seqlen_q},
+               {f.q_head_stride, f.heads_q},    {f.k_batch_stride, f.batch},
+               {f.k_row_stride, f.seqlen_k},    {f.k_head_stride, f.heads_kv},
+               {f.v_batch_stride, f.batch},     {f.v_row_stride, f.seqlen_k},
+               {f.v_head_stride, f.heads_kv},   {p.dout_batch_stride, f.batch},
+               {p.dout_row_stride, f.seqlen_q}, {p.dout_head_stride, f.heads_q}};
+  for (const auto& l : loads) {
+    if (!tma_addressable(l.stride, l.extent)) return false;
+  }
+  // The preprocess pass reads out and dout, and the kernels write dq, dk and dv, in pairs or
+  // 16-byte chunks of the head dim.
+  for (const int64_t s : {f.out_batch_stride, f.out_row_stride, f.out_head_stride,
+                          p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride}) {
+    if (s % 8 != 0) return false;
+  }
+  for (const void* ptr : {static_cast<const void*>(f.out), p.dout}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  }
+  for (const void* ptr : {static_cast<const void*>(p.dq), static_cast<const void*>(p.dk),
+                          static_cast<const void*>(p.dv)}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return false;
+  }
+  for (const int64_t s :
+       {p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride,
+        p.dk_head_stride, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride}) {
+    if (s % 2 != 0) return false;
+  }
+  return true;
+}
+
+int64_t bwd_workspace_floats(const AttnBwdParams& p) {
+  const AttnFwdParams& f = p.fwd;
+  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + f.head_dim);
+}
+
+cudaError_t bwd(const AttnBwdParams& p, float* workspace, cudaStream_t stream) {
+  if (!bwd_supports(p) || (workspace == nullptr && bwd_workspace_floats(p) > 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.fwd.batch == 0 || p.fwd.heads_q == 0) return cudaSuccess;
+  const Workspace w = workspace_of(p, workspace);
+  return p.fwd.dtype == DType::kBFloat16 ? run<cutlass::bfloat16_t>(p, w, stream)
+                                         : run<cutlass::half_t>(p, w, stream);
+}
+
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace attention

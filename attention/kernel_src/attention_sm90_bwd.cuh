@@ -1,0 +1,461 @@
+// attention_sm90_bwd.cuh: the Hopper (sm_90a) attention backward. Design:
+//   - one CTA per (key block of kBlockN keys, kv head, batch), launched longest first (causal key
+//     blocks near the start see the most queries); it keeps the block's K and V in shared memory
+//     and its dK / dV in registers across every query block of every query head of its group, so
+//     GQA needs no reduction afterwards;
+//   - a producer warpgroup's first thread loads K / V once, then Q and dO tiles of kBlockM rows
+//     through a kStages-deep TMA pipeline, with their rows of lse (log2 domain) and D = rowsum(dO
+//     * O) by bulk copy, from buffers that the preprocess pass padded to whole tiles;
+//   - kBlockN / 64 consumer warpgroups, 64 keys each, compute per query block
+//       S^T = K Q^T, dP^T = V dO^T                 (SS wgmma, keys x queries)
+//       P^T = exp2(S^T scale log2(e) - lse_log2),  dS^T = P^T (dP^T - D)
+//       dV += P^T dO, dK += dS^T Q                 (RS wgmma: P^T and dS^T from registers)
+//       dQ^T = K^T dS^T                            (SS wgmma, head dim x queries, dS^T staged in
+//                                                   shared memory by both warpgroups)
+//     and add dQ^T into an fp32 workspace with vector atomics (not deterministic: the order of
+//     the adds varies; the mma.sync path serves deterministic calls);
+//   - the epilogue scales dK by the softmax scale and writes dK / dV in the input type.
+// Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
+// written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0.
+// Covered: fp16 / bf16, head dim 128, fixed-length batches with any 16-byte-aligned strides,
+// MQA / GQA, non-causal and causal (bottom-right).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "attention_sm90_fragments.cuh"
+
+namespace attention {
+namespace sm90 {
+
+using namespace cute;
+
+struct BwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dout;
+  // [batch][heads_q][seqlen_q_padded] fp32, from the preprocess pass: lse * log2(e) (+inf past
+  // seqlen_q) and D = rowsum(dO * O) (0 past seqlen_q).
+  const float* lse_log2;
+  const float* dsum;
+  // [batch][heads_q][head_dim][seqlen_q_padded] fp32, zeroed: dQ^T / softmax_scale, added to
+  // with atomics (queries contiguous, so each thread's pairs of adjacent queries add as one).
+  float* dq_accum;
+  void* dk;
+  void* dv;
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_padded;
+  int64_t q_row, q_head, q_batch;
+  int64_t k_row, k_head, k_batch;
+  int64_t v_row, v_head, v_batch;
+  int64_t do_row, do_head, do_batch;
+  int64_t dk_row, dk_head, dk_batch;
+  int64_t dv_row, dv_head, dv_batch;
+  float softmax_scale;
+  bool causal;
+};
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+struct BwdKernel {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static_assert(kHeadDim == 128, "dQ^T splits the head dim into one 64-row wgmma per warpgroup");
+  static_assert(kBlockM == 64 && kBlockN == 128);
+  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  // setmaxnreg within what the launch gives (65536 / 384 = 168 a thread): 24 + 2 x 240 = 3 x 168.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  // The consumer warpgroups split the M of every GEMM: keys for S^T, dP^T, dV and dK, the head
+  // dim for dQ^T.
+  using WarpgroupsAlongM = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  using MmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
+      WarpgroupsAlongM{}));
+  using MmaDkv = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      WarpgroupsAlongM{}));
+  using MmaDq = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      WarpgroupsAlongM{}));
+
+  // Tiles as they lie in memory (rows x head dim, head dim contiguous) in 128-byte swizzle atoms;
+  // the transposed views read them MN-major.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // Q and dO as the B operands of dK += dS^T Q and dV += P^T dO: (head dim, queries, stage).
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{},
+      make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // K as the A operand of dQ^T = K^T dS^T: (head dim, keys).
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // dS^T as the B operand of dQ^T: (queries, keys, buffer), queries contiguous, so each thread
+  // stores its pairs of adjacent queries as one word. Two buffers: a warpgroup may write the next
+  // block's while the other still reads this one.
+  using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename cutlass::PipelineState<kStages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
+    alignas(16) float lse_log2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
+    typename Pipeline::SharedStorage pipe_q;
+    typename Pipeline::SharedStorage pipe_do;
+    alignas(8) uint64_t kv_full;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+
+  // Global tensors as TMA sees them: (rows, head_dim, heads, batch), head_dim contiguous.
+  static auto gmem_tensor(const void* p, int rows, int heads, int batch, int64_t row, int64_t head,
+                          int64_t batch_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(p)),
+                       make_shape(rows, Int<kHeadDim>{}, heads, batch),
+                       make_stride(row, _1{}, head, batch_stride));
+  }
+  using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, SmemLayoutK{}));
+
+  struct Params {
+    BwdArgs args;
+    TmaQ tma_q;
+    TmaQ tma_do;
+    TmaK tma_k;
+    TmaK tma_v;
+    float scale_log2;  // softmax_scale * log2(e)
+  };
+
+  static Params make_params(const BwdArgs& a) {
+    // A TMA descriptor needs a row even where a dimension is empty (nothing is loaded then).
+    const int rows_q = a.seqlen_q > 0 ? a.seqlen_q : 1, rows_k = a.seqlen_k > 0 ? a.seqlen_k : 1;
+    auto gq = gmem_tensor(a.q, rows_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
+    auto gdo = gmem_tensor(a.dout, rows_q, a.heads_q, a.batch, a.do_row, a.do_head, a.do_batch);
+    auto gk = gmem_tensor(a.k, rows_k, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
+    auto gv = gmem_tensor(a.v, rows_k, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
+    return {a,
+            make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
+            make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(SmemLayoutQ{})),
+            make_tma_copy(SM90_TMA_LOAD{}, gk, SmemLayoutK{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gv, SmemLayoutK{}),
+            a.softmax_scale * 1.44269504088896340736f};
+  }
+
+  // The query blocks key block n_block meets, per query head: [first, m_blocks). Causal (bottom-
+  // right: query i sees key j iff j <= i + seqlen_k - seqlen_q) skips the blocks whose last row
+  // sees none of its keys.
+  CUTE_HOST_DEVICE static int first_query_block(const BwdArgs& a, int n_block) {
+    if (!a.causal) return 0;
+    const int first_row = n_block * kBlockN - (a.seqlen_k - a.seqlen_q);
+    return first_row <= 0 ? 0 : first_row / kBlockM;
+  }
+  CUTE_HOST_DEVICE static int query_blocks(const BwdArgs& a) {
+    return (a.seqlen_q + kBlockM - 1) / kBlockM;
+  }
+};
+
+// Adds a pair of floats to two adjacent fp32 words of global memory (8-byte aligned) in one
+// reduction.
+CUTE_DEVICE void red_add_pair(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    attn_bwd_sm90_kernel(const __grid_constant__ typename Kernel::Params params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Element = typename Kernel::Element;
+  constexpr int kBlockM = Kernel::kBlockM, kBlockN = Kernel::kBlockN;
+  constexpr int kHeadDim = Kernel::kHeadDim;
+  constexpr int kConsumerThreads = Kernel::kConsumerThreads;
+  using SharedStorage = typename Kernel::SharedStorage;
+  using Pipeline = typename Kernel::Pipeline;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ __align__(1024) char smem_raw[];  // the 128-byte swizzle needs 1024
+  SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_raw);
+  const BwdArgs& a = params.args;
+
+  // Longest first: blockIdx.y is the key block, blockIdx.x the (kv head, batch) pair.
+  const int n_block = blockIdx.y;
+  const int head_kv = blockIdx.x % a.heads_kv, batch = blockIdx.x / a.heads_kv;
+  const int group = a.heads_q / a.heads_kv;
+  const int m_first = Kernel::first_query_block(a, n_block);
+  const int m_count = max(0, Kernel::query_blocks(a) - m_first);
+  const int iterations = group * m_count;  // (query head, query block) pairs, head outer
+
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Kernel::SmemLayoutQ{});
+  Tensor sDo = make_tensor(make_smem_ptr(shared.dout.data()), typename Kernel::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename Kernel::SmemLayoutQt{});
+  Tensor sDot = make_tensor(make_smem_ptr(shared.dout.data()), typename Kernel::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Kernel::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Kernel::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Kernel::SmemLayoutKt{});
+  Tensor sDs = make_tensor(make_smem_ptr(shared.ds.data()), typename Kernel::SmemLayoutDs{});
+
+  // Q / dO pipelines: the producer's one thread arrives with the transaction bytes (the tile and
+  // its lse / D row); every consumer thread releases.
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
+  pipe_params.role =
+      threadIdx.x < 128 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_q(shared.pipe_q, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_do(shared.pipe_do, pipe_params, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) TxBarrier::init(&shared.kv_full, 1);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
+    if (threadIdx.x != 0 || iterations == 0) return;
+    Tensor mQ = params.tma_q.get_tma_tensor(
+        make_shape(max(a.seqlen_q, 1), Int<kHeadDim>{}, a.heads_q, a.batch));
+    Tensor mDo = params.tma_do.get_tma_tensor(
+        make_shape(max(a.seqlen_q, 1), Int<kHeadDim>{}, a.heads_q, a.batch));
+    Tensor mK = params.tma_k.get_tma_tensor(
+        make_shape(max(a.seqlen_k, 1), Int<kHeadDim>{}, a.heads_kv, a.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(
+        make_shape(max(a.seqlen_k, 1), Int<kHeadDim>{}, a.heads_kv, a.batch));
+    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(n_block, 0));
+    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(n_block, 0));
+    auto [tKg, tKs] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                    group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                    group_modes<0, 2>(gV));
+    TxBarrier::arrive_and_expect_tx(&shared.kv_full, 2 * kBlockN * kHeadDim * sizeof(Element));
+    copy(params.tma_k.with(shared.kv_full), tKg, tKs);
+    copy(params.tma_v.with(shared.kv_full), tVg, tVs);
+
+    auto state = cutlass::make_producer_start_state<Pipeline>();
+    for (int it = 0; it < iterations; ++it) {
+      const int head = head_kv * group + it / m_count, m_block = m_first + it % m_count;
+      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(m_block, 0));
+      Tensor gDo = local_tile(mDo(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                              make_coord(m_block, 0));
+      auto [tQg, tQs] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));
+      auto [tDog, tDos] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
+                                        group_modes<0, 2>(sDo), group_modes<0, 2>(gDo));
+      const int64_t row0 =
+          (int64_t(batch) * a.heads_q + head) * a.seqlen_q_padded + int64_t(m_block) * kBlockM;
+      const int stage = state.index();
+      pipe_q.producer_acquire(state);
+      copy(params.tma_q.with(*pipe_q.producer_get_barrier(state)), tQg, tQs(_, stage));
+      SM90_BULK_COPY_G2S::copy(a.lse_log2 + row0, pipe_q.producer_get_barrier(state),
+                               shared.lse_log2[stage], kBlockM * sizeof(float));
+      pipe_do.producer_acquire(state);
+      copy(params.tma_do.with(*pipe_do.producer_get_barrier(state)), tDog, tDos(_, stage));
+      SM90_BULK_COPY_G2S::copy(a.dsum + row0, pipe_do.producer_get_barrier(state),
+                               shared.dsum[stage], kBlockM * sizeof(float));
+      ++state;
+    }
+    return;
+  }
+
+  // consumers
+  cutlass::arch::warpgroup_reg_alloc<Kernel::kConsumerRegisters>();
+  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
+  typename Kernel::MmaSdP mma_sdp;
+  typename Kernel::MmaDkv mma_dkv;
+  typename Kernel::MmaDq mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, M, K)
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA, M, K)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, N, K, stage)
+  Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);   // (MMA, N, K, stage)
+  Tensor tDkrQt = thr_dkv.partition_fragment_B(sQt);  // (MMA, N, K, stage)
+  Tensor tDvrDot = thr_dkv.partition_fragment_B(sDot);
+  Tensor tDqrKt = thr_dq.partition_fragment_A(sKt);  // (MMA, M, K)
+  Tensor tDqrDs = thr_dq.partition_fragment_B(sDs);  // (MMA, N, K, buffer)
+
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+  Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+  Tensor tDvrDv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor tDkrDk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor tDqrDq = partition_fragment_C(mma_dq, Shape<Int<kHeadDim>, Int<kBlockM>>{});
+
+  // (key, query) of every element of S^T / dP^T; (head dim, query) of dQ^T; (key, head dim) of
+  // dK / dV.
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  Tensor tDqcDq = thr_dq.partition_C(make_identity_tensor(Shape<Int<kHeadDim>, Int<kBlockM>>{}));
+  Tensor tDkcDk = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+  // P^T and dS^T in the input type: the A operands of dV += P^T dO and dK += dS^T Q.
+  Tensor p = make_tensor_like<Element>(tSrS);
+  Tensor ds = make_tensor_like<Element>(tSrS);
+  Tensor tDvrP = make_tensor(p.data(), acc_as_a_operand(p.layout()));
+  Tensor tDkrDs = make_tensor(ds.data(), acc_as_a_operand(ds.layout()));
+  Tensor p_pairs = recast<uint32_t>(p);
+  Tensor ds_pairs = recast<uint32_t>(ds);
+
+  clear(tDvrDv);
+  clear(tDkrDk);
+  const int diag = a.seqlen_k - a.seqlen_q;  // causal: key j visible to query i iff j <= i + diag
+  const int key0 = n_block * kBlockN;
+  typename Kernel::PipelineState state;
+  using cutlass::arch::NamedBarrier;
+  constexpr int kDsWritten = 1;  // named barrier: both warpgroups' dS^T is in shared memory
+
+  if (iterations > 0) TxBarrier::wait(&shared.kv_full, 0);
+  for (int it = 0; it < iterations; ++it) {
+    const int head = head_kv * (a.heads_q / a.heads_kv) + it / m_count;
+    const int m_block = m_first + it % m_count;
+    const int stage = state.index(), buf = it & 1;
+
+    // S^T = K Q^T and dP^T = V dO^T, issued together.
+    pipe_q.consumer_wait(state);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    mma_sdp.accumulate_ = GMMA::ScaleOut::Zero;
+    for (int k = 0; k < size<2>(tSrK); ++k) {
+      gemm(mma_sdp, tSrK(_, _, k), tSrQ(_, _, k, stage), tSrS);
+      mma_sdp.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    pipe_do.consumer_wait(state);
+    warpgroup_fence_operand(tSrDp);
+    warpgroup_arrive();
+    mma_sdp.accumulate_ = GMMA::ScaleOut::Zero;
+    for (int k = 0; k < size<2>(tSrV); ++k) {
+      gemm(mma_sdp, tSrV(_, _, k), tSrDo(_, _, k, stage), tSrDp);
+      mma_sdp.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+
+    // P^T while dP^T runs. Only blocks that cross the diagonal need the causal mask.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    const bool masked = a.causal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
+    for (int i = 0; i < size(tSrS); ++i) {
+      const int key = key0 + get<0>(tScS(i)), col = get<1>(tScS(i));
+      const float e = exp2_ftz(tSrS(i) * params.scale_log2 - shared.lse_log2[stage][col]);
+      tSrS(i) = masked && key > m_block * kBlockM + col + diag ? 0.0f : e;
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrDp);
+    for (int i = 0; i < size(tSrS); ++i) {
+      tSrDp(i) = tSrS(i) * (tSrDp(i) - shared.dsum[stage][get<1>(tScS(i))]);
+    }
+    for (int i = 0; i < size(p_pairs); ++i) {
+      p_pairs(i) = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+      ds_pairs(i) = pack_pair<Element>(tSrDp(2 * i), tSrDp(2 * i + 1));
+    }
+
+    // dV += P^T dO and dK += dS^T Q; meanwhile dS^T goes to shared memory for dQ^T.
+    warpgroup_fence_operand(tDvrDv);
+    warpgroup_fence_operand(tDkrDk);
+    warpgroup_fence_operand(tDvrP);
+    warpgroup_fence_operand(tDkrDs);
+    warpgroup_arrive();
+    for (int k = 0; k < size<2>(tDvrP); ++k) {
+      gemm(mma_dkv, tDvrP(_, _, k), tDvrDot(_, _, k, stage), tDvrDv);
+    }
+    for (int k = 0; k < size<2>(tDkrDs); ++k) {
+      gemm(mma_dkv, tDkrDs(_, _, k), tDkrQt(_, _, k, stage), tDkrDk);
+    }
+    warpgroup_commit_batch();
+    for (int i = 0; i < size(ds_pairs); ++i) {
+      // Elements 2i and 2i + 1: one key, adjacent queries, adjacent in sDs.
+      const int key = get<0>(tScS(2 * i)), col = get<1>(tScS(2 * i));
+      *reinterpret_cast<uint32_t*>(&sDs(col, key, buf)) = ds_pairs(i);
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by wgmma
+    NamedBarrier::sync(kConsumerThreads, kDsWritten);
+
+    // dQ^T = K^T dS^T over the block's keys, each warpgroup 64 rows of the head dim.
+    warpgroup_fence_operand(tDqrDq);
+    warpgroup_arrive();
+    mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+    for (int k = 0; k < size<2>(tDqrKt); ++k) {
+      gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
+      mma_dq.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tDvrDv);
+    warpgroup_fence_operand(tDkrDk);
+    warpgroup_fence_operand(tDvrP);
+    warpgroup_fence_operand(tDkrDs);
+    warpgroup_fence_operand(tDqrDq);
+    pipe_q.consumer_release(state);
+    pipe_do.consumer_release(state);
+    ++state;
+
+    float* dq = a.dq_accum + (int64_t(batch) * a.heads_q + head) * kHeadDim * a.seqlen_q_padded +
+                int64_t(m_block) * kBlockM;
+    for (int i = 0; i < size(tDqrDq); i += 2) {
+      const int d = get<0>(tDqcDq(i)), col = get<1>(tDqcDq(i));
+      red_add_pair(dq + int64_t(d) * a.seqlen_q_padded + col, tDqrDq(i), tDqrDq(i + 1));
+    }
+  }
+
+  // Epilogue: dK * softmax_scale and dV, rounded, for the block's keys below seqlen_k (zeros
+  // where no query saw them).
+  Element* dk = static_cast<Element*>(a.dk) + batch * a.dk_batch + head_kv * a.dk_head;
+  Element* dv = static_cast<Element*>(a.dv) + batch * a.dv_batch + head_kv * a.dv_head;
+  for (int i = 0; i < size(tDkrDk); i += 2) {
+    const int key = key0 + get<0>(tDkcDk(i)), col = get<1>(tDkcDk(i));
+    if (key < a.seqlen_k) {
+      *reinterpret_cast<uint32_t*>(dk + key * a.dk_row + col) =
+          pack_pair<Element>(tDkrDk(i) * a.softmax_scale, tDkrDk(i + 1) * a.softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv + key * a.dv_row + col) =
+          pack_pair<Element>(tDvrDv(i), tDvrDv(i + 1));
+    }
+  }
+#endif
+}
+
+// The configuration each (element type, head dim) runs.
+template <class Element, int kHeadDim>
+using BwdKernelFor = BwdKernel<Element, kHeadDim, 64, 128, 2>;
+
+// Launches the kernel for `args` on `stream`: grid (kv heads x batch, key blocks).
+template <class Kernel>
+cudaError_t run_bwd(const BwdArgs& args, cudaStream_t stream) {
+  if (args.batch == 0 || args.heads_kv == 0 || args.seqlen_k == 0) return cudaSuccess;
+  const int64_t pairs = int64_t(args.heads_kv) * args.batch;
+  const int64_t n_blocks = (args.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN;
+  if (pairs > INT32_MAX || n_blocks > 65535) return cudaErrorInvalidValue;
+  const auto params = Kernel::make_params(args);
+  auto* kernel = attn_bwd_sm90_kernel<Kernel>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(pairs), static_cast<unsigned>(n_blocks));
+  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace attention
