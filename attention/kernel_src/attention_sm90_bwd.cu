@@ -1,7 +1,8 @@
 // attention_sm90_bwd.cu: the host side of the Hopper attention backward (attention_sm90.h): which
 // params it takes, the workspace, and the three launches of a call: the preprocess pass (lse in
 // the log2 domain and D = rowsum(dO * O), padded to whole query tiles), the main kernel
-// (attention_sm90_bwd.cuh) and the conversion of the fp32 dQ workspace into dq. Built for 9.0a
+// (attention_sm90_bwd.cuh) and the conversion of the fp32 dQ workspace into dq (launched by the
+// kernel's run_bwd). Built for 9.0a
 // only, like attention_sm90.cu.
 #include <cuda_runtime.h>
 
@@ -39,7 +40,7 @@ int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 16 / kElement
 struct Workspace {
   float* lse_log2;  // [batch][heads_q][padded rows]
   float* dsum;      // same
-  float* dq_accum;  // [batch][heads_q][head_dim][padded rows]
+  float* dq_accum;  // [batch][heads_q][padded rows / 64][head_dim x 64] (BwdArgs::dq_accum)
   int64_t rows;     // batch * heads_q * padded rows
 };
 
@@ -86,32 +87,6 @@ __global__ void attn_bwd_sm90_preprocess_kernel(const AttnBwdParams p, Workspace
   }
 }
 
-// dq[b, i, h, :] = dq_accum[b][h][:][i] * softmax_scale, rounded once: kRows queries of one
-// head per block, transposed through shared memory so that both sides move whole lines.
-template <class Element, int kHeadDim>
-__global__ void attn_bwd_sm90_dq_kernel(const AttnBwdParams p, Workspace w, int64_t padded) {
-  constexpr int kRows = 32;
-  __shared__ float tile[kRows][kHeadDim + 1];
-  const AttnFwdParams& f = p.fwd;
-  const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kRows;
-  const int64_t h = bh % f.heads_q, b = bh / f.heads_q;
-  const float* src = w.dq_accum + bh * kHeadDim * padded + row0;
-  for (int idx = threadIdx.x; idx < kHeadDim * kRows; idx += blockDim.x) {
-    const int d = idx / kRows, r = idx % kRows;
-    tile[r][d] = src[d * padded + r];
-  }
-  __syncthreads();
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
-  for (int idx = threadIdx.x; idx < kRows * kHeadDim / 2; idx += blockDim.x) {
-    const int r = idx / (kHeadDim / 2), d = idx % (kHeadDim / 2) * 2;
-    const int64_t i = row0 + r;
-    if (i >= f.seqlen_q) continue;
-    *reinterpret_cast<uint32_t*>(dq + i * p.dq_row_stride + d) =
-        attention::sm90::pack_pair<Element>(tile[r][d] * f.softmax_scale,
-                                            tile[r][d + 1] * f.softmax_scale);
-  }
-}
-
 KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
   const AttnFwdParams& f = p.fwd;
   KernelArgs a{};
@@ -122,6 +97,7 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
   a.lse_log2 = w.lse_log2;
   a.dsum = w.dsum;
   a.dq_accum = w.dq_accum;
+  a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
   a.batch = static_cast<int>(f.batch);
@@ -142,6 +118,9 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
   a.do_row = tma_stride(p.dout_row_stride);
   a.do_head = tma_stride(p.dout_head_stride);
   a.do_batch = tma_stride(p.dout_batch_stride);
+  a.dq_row = p.dq_row_stride;
+  a.dq_head = p.dq_head_stride;
+  a.dq_batch = p.dq_batch_stride;
   a.dk_row = p.dk_row_stride;
   a.dk_head = p.dk_head_stride;
   a.dk_batch = p.dk_batch_stride;
@@ -165,11 +144,7 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, cudaStream_t stream)
         <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, w, padded);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  cudaError_t err = attention::sm90::run_bwd<Kernel<Element>>(kernel_args(p, w), stream);
-  if (err != cudaSuccess || w.rows == 0) return err;
-  const dim3 grid(static_cast<unsigned>(padded / 32), static_cast<unsigned>(f.batch * f.heads_q));
-  attn_bwd_sm90_dq_kernel<Element, 128><<<grid, 256, 0, stream>>>(p, w, padded);
-  return cudaGetLastError();
+  return attention::sm90::run_bwd<Kernel<Element>>(kernel_args(p, w), stream);
 }
 
 }  // namespace

@@ -13,7 +13,8 @@
 //       dQ^T = K^T dS^T                            (SS wgmma, head dim x queries, dS^T staged in
 //                                                   shared memory by both warpgroups)
 //     and add dQ^T into an fp32 workspace with vector atomics (not deterministic: the order of
-//     the adds varies; the mma.sync path serves deterministic calls);
+//     the adds varies; the mma.sync path serves deterministic calls), which a last pass scales
+//     and rounds into dq;
 //   - the epilogue scales dK by the softmax scale and writes dK / dV in the input type.
 // Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
 // written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0.
@@ -49,9 +50,13 @@ struct BwdArgs {
   // seqlen_q) and D = rowsum(dO * O) (0 past seqlen_q).
   const float* lse_log2;
   const float* dsum;
-  // [batch][heads_q][head_dim][seqlen_q_padded] fp32, zeroed: dQ^T / softmax_scale, added to
-  // with atomics (queries contiguous, so each thread's pairs of adjacent queries add as one).
+  // fp32, zeroed: dQ / softmax_scale, added to with atomics, one tile of kHeadDim x kBlockM
+  // floats per (batch, query head, query block), each tile in the order of the dQ^T fragments:
+  // float j * 4 + e of consumer thread t at ((j * consumer threads) + t) * 4 + e. Each thread
+  // adds four values with one vector atomic from one base address, and a warp's atomics cover
+  // 512 contiguous bytes; the dq pass (attn_bwd_sm90_dq_kernel) reorders.
   float* dq_accum;
+  void* dq;
   void* dk;
   void* dv;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_padded;
@@ -59,6 +64,7 @@ struct BwdArgs {
   int64_t k_row, k_head, k_batch;
   int64_t v_row, v_head, v_batch;
   int64_t do_row, do_head, do_batch;
+  int64_t dq_row, dq_head, dq_batch;
   int64_t dk_row, dk_head, dk_batch;
   int64_t dv_row, dv_head, dv_batch;
   float softmax_scale;
@@ -89,6 +95,12 @@ struct BwdKernel {
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsAlongM{}));
+  // dK += dS^T Q with dS^T from shared memory, where dQ^T reads it too: no dS registers live
+  // across the GEMMs.
+  using MmaDk = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      WarpgroupsAlongM{}));
   using MmaDq = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
@@ -112,6 +124,10 @@ struct BwdKernel {
   // block's while the other still reads this one.
   using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
                                               Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  // The same as the A operand of dK += dS^T Q: (keys, queries, buffer), queries contiguous.
+  using SmemLayoutDsT = decltype(composition(
+      SmemLayoutDs{},
+      make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename cutlass::PipelineState<kStages>;
@@ -178,10 +194,12 @@ struct BwdKernel {
   }
 };
 
-// Adds a pair of floats to two adjacent fp32 words of global memory (8-byte aligned) in one
+// Adds four floats to four adjacent fp32 words of global memory (16-byte aligned) in one
 // reduction.
-CUTE_DEVICE void red_add_pair(float* p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+CUTE_DEVICE void red_add_quad(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
 }
 
 template <class Kernel>
@@ -215,6 +233,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Kernel::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Kernel::SmemLayoutKt{});
   Tensor sDs = make_tensor(make_smem_ptr(shared.ds.data()), typename Kernel::SmemLayoutDs{});
+  Tensor sDsT = make_tensor(make_smem_ptr(shared.ds.data()), typename Kernel::SmemLayoutDsT{});
 
   // Q / dO pipelines: the producer's one thread arrives with the transaction bytes (the tile and
   // its lse / D row); every consumer thread releases.
@@ -285,16 +304,19 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
   typename Kernel::MmaSdP mma_sdp;
   typename Kernel::MmaDkv mma_dkv;
+  typename Kernel::MmaDk mma_dk;
   typename Kernel::MmaDq mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dk = mma_dk.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
 
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, M, K)
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA, M, K)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, N, K, stage)
-  Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);   // (MMA, N, K, stage)
-  Tensor tDkrQt = thr_dkv.partition_fragment_B(sQt);  // (MMA, N, K, stage)
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, M, K)
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, M, K)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, N, K, stage)
+  Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);    // (MMA, N, K, stage)
+  Tensor tDkrDsT = thr_dk.partition_fragment_A(sDsT);  // (MMA, M, K, buffer)
+  Tensor tDkrQt = thr_dk.partition_fragment_B(sQt);    // (MMA, N, K, stage)
   Tensor tDvrDot = thr_dkv.partition_fragment_B(sDot);
   Tensor tDqrKt = thr_dq.partition_fragment_A(sKt);  // (MMA, M, K)
   Tensor tDqrDs = thr_dq.partition_fragment_B(sDs);  // (MMA, N, K, buffer)
@@ -302,22 +324,17 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
   Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
   Tensor tDvrDv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-  Tensor tDkrDk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor tDkrDk = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tDqrDq = partition_fragment_C(mma_dq, Shape<Int<kHeadDim>, Int<kBlockM>>{});
 
-  // (key, query) of every element of S^T / dP^T; (head dim, query) of dQ^T; (key, head dim) of
-  // dK / dV.
+  // (key, query) of every element of S^T / dP^T; (key, head dim) of dK / dV.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-  Tensor tDqcDq = thr_dq.partition_C(make_identity_tensor(Shape<Int<kHeadDim>, Int<kBlockM>>{}));
   Tensor tDkcDk = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
 
-  // P^T and dS^T in the input type: the A operands of dV += P^T dO and dK += dS^T Q.
+  // P^T in the input type: the A operand of dV += P^T dO.
   Tensor p = make_tensor_like<Element>(tSrS);
-  Tensor ds = make_tensor_like<Element>(tSrS);
   Tensor tDvrP = make_tensor(p.data(), acc_as_a_operand(p.layout()));
-  Tensor tDkrDs = make_tensor(ds.data(), acc_as_a_operand(ds.layout()));
   Tensor p_pairs = recast<uint32_t>(p);
-  Tensor ds_pairs = recast<uint32_t>(ds);
 
   clear(tDvrDv);
   clear(tDkrDk);
@@ -362,38 +379,35 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       const float e = exp2_ftz(tSrS(i) * params.scale_log2 - shared.lse_log2[stage][col]);
       tSrS(i) = masked && key > m_block * kBlockM + col + diag ? 0.0f : e;
     }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrDp);
-    for (int i = 0; i < size(tSrS); ++i) {
-      tSrDp(i) = tSrS(i) * (tSrDp(i) - shared.dsum[stage][get<1>(tScS(i))]);
-    }
     for (int i = 0; i < size(p_pairs); ++i) {
       p_pairs(i) = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
-      ds_pairs(i) = pack_pair<Element>(tSrDp(2 * i), tSrDp(2 * i + 1));
     }
 
-    // dV += P^T dO and dK += dS^T Q; meanwhile dS^T goes to shared memory for dQ^T.
+    // dV += P^T dO now, so that it runs while dS^T is computed.
     warpgroup_fence_operand(tDvrDv);
-    warpgroup_fence_operand(tDkrDk);
     warpgroup_fence_operand(tDvrP);
-    warpgroup_fence_operand(tDkrDs);
     warpgroup_arrive();
     for (int k = 0; k < size<2>(tDvrP); ++k) {
       gemm(mma_dkv, tDvrP(_, _, k), tDvrDot(_, _, k, stage), tDvrDv);
     }
-    for (int k = 0; k < size<2>(tDkrDs); ++k) {
-      gemm(mma_dkv, tDkrDs(_, _, k), tDkrQt(_, _, k, stage), tDkrDk);
-    }
     warpgroup_commit_batch();
-    for (int i = 0; i < size(ds_pairs); ++i) {
-      // Elements 2i and 2i + 1: one key, adjacent queries, adjacent in sDs.
-      const int key = get<0>(tScS(2 * i)), col = get<1>(tScS(2 * i));
-      *reinterpret_cast<uint32_t*>(&sDs(col, key, buf)) = ds_pairs(i);
+    warpgroup_fence_operand(tDvrP);
+    warpgroup_wait<1>();  // dP^T; dV may still run
+    warpgroup_fence_operand(tSrDp);
+    for (int i = 0; i < size(tSrS); ++i) {
+      tSrDp(i) = tSrS(i) * (tSrDp(i) - shared.dsum[stage][get<1>(tScS(i))]);
+    }
+    for (int i = 0; i < size(tSrDp); i += 2) {
+      // Elements i and i + 1: one key, adjacent queries, adjacent in sDs.
+      const int key = get<0>(tScS(i)), col = get<1>(tScS(i));
+      *reinterpret_cast<uint32_t*>(&sDs(col, key, buf)) =
+          pack_pair<Element>(tSrDp(i), tSrDp(i + 1));
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by wgmma
     NamedBarrier::sync(kConsumerThreads, kDsWritten);
 
-    // dQ^T = K^T dS^T over the block's keys, each warpgroup 64 rows of the head dim.
+    // dQ^T = K^T dS^T over the block's keys (each warpgroup 64 rows of the head dim), then
+    // dK += dS^T Q, which runs while dQ^T is added to the workspace.
     warpgroup_fence_operand(tDqrDq);
     warpgroup_arrive();
     mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
@@ -402,22 +416,30 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       mma_dq.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tDvrDv);
     warpgroup_fence_operand(tDkrDk);
-    warpgroup_fence_operand(tDvrP);
-    warpgroup_fence_operand(tDkrDs);
-    warpgroup_fence_operand(tDqrDq);
-    pipe_q.consumer_release(state);
-    pipe_do.consumer_release(state);
-    ++state;
-
-    float* dq = a.dq_accum + (int64_t(batch) * a.heads_q + head) * kHeadDim * a.seqlen_q_padded +
-                int64_t(m_block) * kBlockM;
-    for (int i = 0; i < size(tDqrDq); i += 2) {
-      const int d = get<0>(tDqcDq(i)), col = get<1>(tDqcDq(i));
-      red_add_pair(dq + int64_t(d) * a.seqlen_q_padded + col, tDqrDq(i), tDqrDq(i + 1));
+    warpgroup_arrive();
+    for (int k = 0; k < size<2>(tDkrDsT); ++k) {
+      gemm(mma_dk, tDkrDsT(_, _, k, buf), tDkrQt(_, _, k, stage), tDkrDk);
     }
+    warpgroup_commit_batch();
+    warpgroup_wait<1>();  // dV and dQ^T; dK may still run
+    warpgroup_fence_operand(tDvrDv);
+    warpgroup_fence_operand(tDvrP);
+    warpgroup_fence_operand(tDqrDq);
+    pipe_do.consumer_release(state);
+
+    float* dq = a.dq_accum +
+                ((int64_t(batch) * a.heads_q + head) * Kernel::query_blocks(a) + m_block) *
+                    (kHeadDim * kBlockM) +
+                tid * 4;
+    for (int j = 0; j < size(tDqrDq) / 4; ++j) {
+      red_add_quad(dq + j * kConsumerThreads * 4, tDqrDq(4 * j), tDqrDq(4 * j + 1),
+                   tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tDkrDk);
+    pipe_q.consumer_release(state);
+    ++state;
   }
 
   // Epilogue: dK * softmax_scale and dV, rounded, for the block's keys below seqlen_k (zeros
@@ -436,24 +458,71 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 #endif
 }
 
+// dq = dq_accum * softmax_scale, rounded once: one block per (query block, batch x query head),
+// a thread per consumer thread of the main kernel reading its fragments back (coalesced), placed
+// by their (head dim, query) coordinates into a shared tile that leaves in rows.
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kConsumerThreads)
+    attn_bwd_sm90_dq_kernel(const __grid_constant__ BwdArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Element = typename Kernel::Element;
+  constexpr int kBlockM = Kernel::kBlockM, kHeadDim = Kernel::kHeadDim;
+  __shared__ float tile[kBlockM][kHeadDim + 1];  // + 1: the column writes spread over the banks
+  const int tid = threadIdx.x, m_block = blockIdx.x;
+  const int head = blockIdx.y % a.heads_q, batch = blockIdx.y / a.heads_q;
+  typename Kernel::MmaDq mma_dq;
+  Tensor coord = mma_dq.get_thread_slice(tid).partition_C(
+      make_identity_tensor(Shape<Int<kHeadDim>, Int<kBlockM>>{}));
+  const float* src =
+      a.dq_accum + (int64_t(blockIdx.y) * Kernel::query_blocks(a) + m_block) * (kHeadDim * kBlockM);
+  for (int j = 0; j < size(coord) / 4; ++j) {
+    const float4 v =
+        *reinterpret_cast<const float4*>(src + (j * Kernel::kConsumerThreads + tid) * 4);
+    const float e[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 4; ++i) {
+      tile[get<1>(coord(4 * j + i))][get<0>(coord(4 * j + i))] = e[i];
+    }
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(a.dq) + batch * a.dq_batch + head * a.dq_head;
+  for (int idx = tid; idx < kBlockM * kHeadDim / 2; idx += Kernel::kConsumerThreads) {
+    const int r = idx / (kHeadDim / 2), d = idx % (kHeadDim / 2) * 2;
+    const int row = m_block * kBlockM + r;
+    if (row < a.seqlen_q) {
+      *reinterpret_cast<uint32_t*>(dq + int64_t(row) * a.dq_row + d) =
+          pack_pair<Element>(tile[r][d] * a.softmax_scale, tile[r][d + 1] * a.softmax_scale);
+    }
+  }
+#endif
+}
+
 // The configuration each (element type, head dim) runs.
 template <class Element, int kHeadDim>
 using BwdKernelFor = BwdKernel<Element, kHeadDim, 64, 128, 2>;
 
-// Launches the kernel for `args` on `stream`: grid (kv heads x batch, key blocks).
+// Launches the kernel for `args` on `stream` (grid: kv heads x batch, key blocks), then the dq
+// pass (also without keys: dq is then the zeroed workspace, rounded).
 template <class Kernel>
 cudaError_t run_bwd(const BwdArgs& args, cudaStream_t stream) {
-  if (args.batch == 0 || args.heads_kv == 0 || args.seqlen_k == 0) return cudaSuccess;
+  if (args.batch == 0 || args.heads_kv == 0) return cudaSuccess;
   const int64_t pairs = int64_t(args.heads_kv) * args.batch;
   const int64_t n_blocks = (args.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN;
   if (pairs > INT32_MAX || n_blocks > 65535) return cudaErrorInvalidValue;
-  const auto params = Kernel::make_params(args);
-  auto* kernel = attn_bwd_sm90_kernel<Kernel>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(pairs), static_cast<unsigned>(n_blocks));
-  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  cudaError_t err = cudaSuccess;
+  if (n_blocks > 0) {
+    const auto params = Kernel::make_params(args);
+    auto* kernel = attn_bwd_sm90_kernel<Kernel>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Kernel::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(static_cast<unsigned>(pairs), static_cast<unsigned>(n_blocks));
+    kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  if (args.seqlen_q == 0) return cudaSuccess;
+  const dim3 dq_grid(static_cast<unsigned>(Kernel::query_blocks(args)),
+                     static_cast<unsigned>(int64_t(args.batch) * args.heads_q));
+  attn_bwd_sm90_dq_kernel<Kernel><<<dq_grid, Kernel::kConsumerThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,11 @@ of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens, H 
 next to SDPA flash and cuDNN. Writes $OUT/sm90_bwd_probe.json (or /tmp).
 
     python attention/benchmarks/probe/sm90_bwd_probe.py      (on an sm_90 GPU with CUDA torch)
+
+Experiments: PROBE_KERNEL_SRC=<dir> builds a variant from a copy of kernel_src (the extension is
+named after the folder), PROBE_BUILD_ONLY=1 stops after the build (so that variants build in
+parallel and time one after the other from torch's extension cache), PROBE_TIMING_ONLY=1 skips
+the gradient checks.
 """
 
 import importlib.util
@@ -26,19 +31,25 @@ CUTLASS = os.path.join(
     "source",
     "include",
 )
+SRC = os.path.abspath(
+    os.environ.get("PROBE_KERNEL_SRC", os.path.join(ROOT, "attention/kernel_src"))
+)
+VARIANT = "" if "PROBE_KERNEL_SRC" not in os.environ else "_" + os.path.basename(SRC)
 os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
 t0 = time.time()
 ext = load(
-    "attn_sm90_bwd_probe",
+    "attn_sm90_bwd_probe" + VARIANT,
     [
         os.path.join(os.path.dirname(__file__), "sm90_bwd_probe_binding.cpp"),
-        os.path.join(ROOT, "attention/kernel_src/attention_sm90_bwd.cu"),
+        os.path.join(SRC, "attention_sm90_bwd.cu"),
     ],
-    extra_include_paths=[os.path.join(ROOT, "attention/kernel_src"), CUTLASS],
+    extra_include_paths=[SRC, CUTLASS],
     extra_cuda_cflags=["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr"],
     verbose=False,
 )
-print(f"built in {time.time() - t0:.0f} s", flush=True)
+print(f"built{VARIANT} in {time.time() - t0:.0f} s", flush=True)
+if os.environ.get("PROBE_BUILD_ONLY"):
+    sys.exit(0)
 
 
 def formula(q, k, v, scale, causal):
@@ -67,7 +78,7 @@ CASES = [  # B, Sq, Sk, H, Hk, causal
 ]
 dev, D = "cuda", 128
 results = []
-for dt in (torch.bfloat16, torch.float16):
+for dt in () if os.environ.get("PROBE_TIMING_ONLY") else (torch.bfloat16, torch.float16):
     for case in CASES:
         B, sq, sk, h, hk, causal = case
         g = torch.Generator(device="cpu").manual_seed(sq + sk)
@@ -151,11 +162,12 @@ for S, causal in [(2048, True), (2048, False), (8192, True), (8192, False)]:
             )
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     row = {"S": S, "causal": causal, **res, "ours_ms": ours, "ours_tflops": flops / ours / 1e9}
+    row["variant"] = VARIANT
     row["vs_cudnn"] = res["cudnn"] / ours
     timing.append(row)
     print(row, flush=True)
 json.dump(
     {"correct": results, "timing": timing},
-    open(os.path.join(os.environ.get("OUT", "/tmp"), "sm90_bwd_probe.json"), "w"),
+    open(os.path.join(os.environ.get("OUT", "/tmp"), f"sm90_bwd_probe{VARIANT}.json"), "w"),
     indent=1,
 )
