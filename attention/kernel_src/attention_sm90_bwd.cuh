@@ -12,9 +12,10 @@
 //       dV += P^T dO, dK += dS^T Q                 (RS wgmma: P^T and dS^T from registers)
 //       dQ^T = K^T dS^T                            (SS wgmma, head dim x queries, dS^T staged in
 //                                                   shared memory by both warpgroups)
-//     and add dQ^T into an fp32 workspace with vector atomics (not deterministic: the order of
-//     the adds varies; the mma.sync path serves deterministic calls), which a last pass scales
-//     and rounds into dq;
+//     and stage dQ^T in shared memory, from where the producer warpgroup's second warp adds it
+//     into an fp32 workspace by a bulk reduction (not deterministic: the order of the adds
+//     varies; the mma.sync path serves deterministic calls), which a last pass scales and
+//     rounds into dq;
 //   - the epilogue scales dK by the softmax scale and writes dK / dV in the input type.
 // Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
 // written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0.
@@ -50,11 +51,11 @@ struct BwdArgs {
   // seqlen_q) and D = rowsum(dO * O) (0 past seqlen_q).
   const float* lse_log2;
   const float* dsum;
-  // fp32, zeroed: dQ / softmax_scale, added to with atomics, one tile of kHeadDim x kBlockM
-  // floats per (batch, query head, query block), each tile in the order of the dQ^T fragments:
-  // float j * 4 + e of consumer thread t at ((j * consumer threads) + t) * 4 + e. Each thread
-  // adds four values with one vector atomic from one base address, and a warp's atomics cover
-  // 512 contiguous bytes; the dq pass (attn_bwd_sm90_dq_kernel) reorders.
+  // fp32, zeroed: dQ / softmax_scale, one tile of kHeadDim x kBlockM floats per (batch, query
+  // head, query block), each tile in the order of the dQ^T fragments: float j * 4 + e of
+  // consumer thread t at ((j * consumer threads) + t) * 4 + e. So the consumers stage a tile in
+  // shared memory with conflict-free 16-byte stores, it is added by one bulk reduction, and the
+  // dq pass (attn_bwd_sm90_dq_kernel) reorders.
   float* dq_accum;
   void* dq;
   void* dk;
@@ -138,6 +139,9 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
+    // This block's dQ^T fragments (BwdArgs::dq_accum's tile order), added to the workspace by
+    // one bulk reduction.
+    alignas(128) float dq[kHeadDim * kBlockM];
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     typename Pipeline::SharedStorage pipe_q;
@@ -194,12 +198,13 @@ struct BwdKernel {
   }
 };
 
-// Adds four floats to four adjacent fp32 words of global memory (16-byte aligned) in one
-// reduction.
-CUTE_DEVICE void red_add_quad(float* p, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c),
-               "f"(d)
-               : "memory");
+// Adds `bytes` (a multiple of 16) of fp32 values from shared to global memory (both 16-byte
+// aligned) by one asynchronous bulk reduction of the TMA unit, in the thread's bulk group.
+CUTE_DEVICE void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))), "r"(bytes)
+      : "memory");
 }
 
 template <class Kernel>
@@ -249,9 +254,38 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
+  // The dQ tile in shared memory: consumers wait until it is empty (the last reduction has read
+  // it), fill it, and mark it full; the producer warpgroup's second warp reduces it into the
+  // workspace.
+  using cutlass::arch::NamedBarrier;
+  constexpr int kDsWritten = 1;  // both warpgroups' dS^T is in shared memory
+  constexpr int kDqEmpty = 2, kDqFull = 3;
+  constexpr int kDqThreads = kConsumerThreads + 32;
+
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
-    if (threadIdx.x != 0 || iterations == 0) return;
+    if (iterations == 0) return;
+    if (threadIdx.x / 32 == 1) {  // the dQ reducer
+      NamedBarrier::arrive(kDqThreads, kDqEmpty);
+      for (int it = 0; it < iterations; ++it) {
+        const int head = head_kv * group + it / m_count, m_block = m_first + it % m_count;
+        NamedBarrier::sync(kDqThreads, kDqFull);
+        if (threadIdx.x == 32) {
+          bulk_reduce_add(
+              a.dq_accum +
+                  ((int64_t(batch) * a.heads_q + head) * Kernel::query_blocks(a) + m_block) *
+                      (kHeadDim * kBlockM),
+              shared.dq, kHeadDim * kBlockM * sizeof(float));
+          tma_store_arrive();
+          tma_store_wait<0>();  // the reduction has read the tile
+        }
+        __syncwarp();
+        if (it + 1 < iterations) NamedBarrier::arrive(kDqThreads, kDqEmpty);
+      }
+      if (threadIdx.x == 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      return;
+    }
+    if (threadIdx.x != 0) return;
     Tensor mQ = params.tma_q.get_tma_tensor(
         make_shape(max(a.seqlen_q, 1), Int<kHeadDim>{}, a.heads_q, a.batch));
     Tensor mDo = params.tma_do.get_tma_tensor(
@@ -341,12 +375,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int diag = a.seqlen_k - a.seqlen_q;  // causal: key j visible to query i iff j <= i + diag
   const int key0 = n_block * kBlockN;
   typename Kernel::PipelineState state;
-  using cutlass::arch::NamedBarrier;
-  constexpr int kDsWritten = 1;  // named barrier: both warpgroups' dS^T is in shared memory
 
   if (iterations > 0) TxBarrier::wait(&shared.kv_full, 0);
   for (int it = 0; it < iterations; ++it) {
-    const int head = head_kv * (a.heads_q / a.heads_kv) + it / m_count;
     const int m_block = m_first + it % m_count;
     const int stage = state.index(), buf = it & 1;
 
@@ -428,14 +459,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDqrDq);
     pipe_do.consumer_release(state);
 
-    float* dq = a.dq_accum +
-                ((int64_t(batch) * a.heads_q + head) * Kernel::query_blocks(a) + m_block) *
-                    (kHeadDim * kBlockM) +
-                tid * 4;
+    NamedBarrier::sync(kDqThreads, kDqEmpty);
+    float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
     for (int j = 0; j < size(tDqrDq) / 4; ++j) {
-      red_add_quad(dq + j * kConsumerThreads * 4, tDqrDq(4 * j), tDqrDq(4 * j + 1),
-                   tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
+      dq[j * kConsumerThreads] =
+          make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
     }
+    cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
+    NamedBarrier::arrive(kDqThreads, kDqFull);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDkrDk);
     pipe_q.consumer_release(state);
