@@ -357,18 +357,29 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
   Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+  Tensor s_rc = make_tensor(tSrS.data(), acc_rows_cols(tSrS.layout()));  // (key, query)
+  Tensor dp_rc = make_tensor(tSrDp.data(), acc_rows_cols(tSrDp.layout()));
   Tensor tDvrDv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tDkrDk = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tDqrDq = partition_fragment_C(mma_dq, Shape<Int<kHeadDim>, Int<kBlockM>>{});
 
   // (key, query) of every element of S^T / dP^T; (key, head dim) of dK / dV.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rows_cols(tScS.layout()));
   Tensor tDkcDk = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
 
   // P^T in the input type: the A operand of dV += P^T dO.
   Tensor p = make_tensor_like<Element>(tSrS);
   Tensor tDvrP = make_tensor(p.data(), acc_as_a_operand(p.layout()));
   Tensor p_pairs = recast<uint32_t>(p);
+  // dS^T into its shared tile by stmatrix: each 8 x 8 piece of the accumulator (8 keys, 8
+  // adjacent queries, 16 contiguous bytes a key in sDs) in one instruction.
+  Tensor ds = make_tensor_like<Element>(tSrS);
+  Tensor ds_pairs = recast<uint32_t>(ds);
+  auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto thr_ds_store = ds_store.get_thread_slice(tid);
+  Tensor tDsR = thr_ds_store.retile_S(ds);       // (CPY, CPY_M, CPY_N)
+  Tensor tDsS = thr_ds_store.partition_D(sDsT);  // (CPY, CPY_M, CPY_N, buffer)
 
   clear(tDvrDv);
   clear(tDkrDk);
@@ -404,11 +415,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     // P^T while dP^T runs. Only blocks that cross the diagonal need the causal mask.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
+    // Key key0 + r is visible from query m_block * kBlockM + c iff c >= r + shift.
     const bool masked = a.causal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
-    for (int i = 0; i < size(tSrS); ++i) {
-      const int key = key0 + get<0>(tScS(i)), col = get<1>(tScS(i));
-      const float e = exp2_ftz(tSrS(i) * params.scale_log2 - shared.lse_log2[stage][col]);
-      tSrS(i) = masked && key > m_block * kBlockM + col + diag ? 0.0f : e;
+    const int shift = key0 - m_block * kBlockM - diag;
+    for (int c = 0; c < size<1>(s_rc); ++c) {
+      const int col = get<1>(tScS_rc(0, c));
+      const float lse = shared.lse_log2[stage][col];
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        const float e = exp2_ftz(s_rc(r, c) * params.scale_log2 - lse);
+        s_rc(r, c) = masked && col < get<0>(tScS_rc(r, 0)) + shift ? 0.0f : e;
+      }
     }
     for (int i = 0; i < size(p_pairs); ++i) {
       p_pairs(i) = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
@@ -425,15 +441,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDvrP);
     warpgroup_wait<1>();  // dP^T; dV may still run
     warpgroup_fence_operand(tSrDp);
-    for (int i = 0; i < size(tSrS); ++i) {
-      tSrDp(i) = tSrS(i) * (tSrDp(i) - shared.dsum[stage][get<1>(tScS(i))]);
+    for (int c = 0; c < size<1>(s_rc); ++c) {
+      const float dsum = shared.dsum[stage][get<1>(tScS_rc(0, c))];
+      for (int r = 0; r < size<0>(s_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dsum);
     }
-    for (int i = 0; i < size(tSrDp); i += 2) {
-      // Elements i and i + 1: one key, adjacent queries, adjacent in sDs.
-      const int key = get<0>(tScS(i)), col = get<1>(tScS(i));
-      *reinterpret_cast<uint32_t*>(&sDs(col, key, buf)) =
-          pack_pair<Element>(tSrDp(i), tSrDp(i + 1));
+    for (int i = 0; i < size(ds_pairs); ++i) {
+      ds_pairs(i) = pack_pair<Element>(tSrDp(2 * i), tSrDp(2 * i + 1));
     }
+    copy(ds_store, tDsR, tDsS(_, _, _, buf));
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by wgmma
     NamedBarrier::sync(kConsumerThreads, kDsWritten);
 
