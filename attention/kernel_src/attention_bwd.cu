@@ -1,11 +1,11 @@
 // attention_bwd.cu: the host launcher of the CUDA attention backward (attention_bwd_kernel.cuh)
 // and its instances: fp16 / bf16 x head dims 32, 64, 96, 128 (a caller's head dim runs on the
-// smallest instance that holds it, its extra columns zero), single-stage or pipelined
-// (attention_bwd_pipelined_kernel.cuh, AttnBwdParams::stages = 2).
+// smallest instance that holds it, its extra columns zero), each in two schedules: dQ in a pass
+// of its own (deterministic), or added with atomics into AttnBwdParams::dq_accum during the dK/dV
+// pass and converted after it (where dq_accum is set).
 #include <cuda_runtime.h>
 
 #include "attention_bwd_kernel.cuh"
-#include "attention_bwd_pipelined_kernel.cuh"
 #include "attention_cuda.h"
 
 namespace attention {
@@ -35,19 +35,18 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
   const auto blocks_of = [](int64_t rows) {
     return static_cast<unsigned>((rows + bwd::kBlockRows - 1) / bwd::kBlockRows);
   };
-  const bool pipelined = p.stages == 2, atomic_dq = p.dq_accum != nullptr;
+  const bool atomic_dq = p.dq_accum != nullptr;
   if (f.seqlen_k > 0) {
     const dim3 grid(blocks_of(f.seqlen_k), static_cast<unsigned>(f.heads_kv),
                     static_cast<unsigned>(f.batch));
-    const cudaError_t err =
-        atomic_dq   ? launch(bwd::attn_bwd_dkdv_pipelined_kernel<T, D, true>,
-                             bwd::DkDvPipelinedSmem<T, D, true>::kBytes, grid, p, dsum, stream)
-        : pipelined ? launch(bwd::attn_bwd_dkdv_pipelined_kernel<T, D, false>,
-                             bwd::DkDvPipelinedSmem<T, D, false>::kBytes, grid, p, dsum, stream)
-                    : launch(bwd::attn_bwd_dkdv_kernel<T, D>, bwd::DkDvSmem<T, D>::kBytes, grid, p,
-                             dsum, stream);
+    const cudaError_t err = atomic_dq
+                                ? launch(bwd::attn_bwd_dkdv_kernel<T, D, true>,
+                                         bwd::DkDvSmem<T, D, true>::kBytes, grid, p, dsum, stream)
+                                : launch(bwd::attn_bwd_dkdv_kernel<T, D, false>,
+                                         bwd::DkDvSmem<T, D, false>::kBytes, grid, p, dsum, stream);
     if (err != cudaSuccess) return err;
   }
+  // Without keys the workspace stays at its zeros, which the conversion writes into dq.
   if (atomic_dq) {
     const int64_t pairs = q_rows * f.heads_q * (f.head_dim / 2);
     if (pairs == 0) return cudaSuccess;
@@ -60,11 +59,8 @@ cudaError_t launch_bwd(const AttnBwdParams& p, float* dsum, int64_t q_rows, cuda
   if (f.seqlen_q > 0) {
     const dim3 grid(blocks_of(f.seqlen_q), static_cast<unsigned>(f.heads_q),
                     static_cast<unsigned>(f.batch));
-    const cudaError_t err = pipelined
-                                ? launch(bwd::attn_bwd_dq_pipelined_kernel<T, D>,
-                                         bwd::DqPipelinedSmem<T, D>::kBytes, grid, p, dsum, stream)
-                                : launch(bwd::attn_bwd_dq_kernel<T, D>, bwd::DqSmem<T, D>::kBytes,
-                                         grid, p, dsum, stream);
+    const cudaError_t err =
+        launch(bwd::attn_bwd_dq_kernel<T, D>, bwd::DqSmem<T, D>::kBytes, grid, p, dsum, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -88,8 +84,7 @@ cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows,
   if (f.head_dim <= 0 || f.head_dim > kBwdMaxHeadDim || f.head_dim % 8 != 0 || f.heads_kv <= 0 ||
       f.heads_q % f.heads_kv != 0 || f.lse == nullptr || dsum == nullptr || f.batch > 65535 ||
       f.heads_q > 65535 || f.block_table != nullptr || f.seqused_k != nullptr ||
-      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || params.stages < 0 ||
-      params.stages > 2 || (params.dq_accum != nullptr && params.stages != 2)) {
+      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr) {
     return cudaErrorInvalidValue;
   }
   if (f.batch == 0 || f.heads_q == 0) return cudaSuccess;

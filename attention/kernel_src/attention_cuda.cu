@@ -592,6 +592,17 @@ bool attn_fwd_tile_counter_needed(const AttnFwdParams& p) {
   return use_hopper(p, dev) && p.causal;
 }
 
+int64_t attn_bwd_hopper_workspace(const AttnBwdParams& p) {
+  DeviceInfo dev;
+  if (device_info(&dev) != cudaSuccess) return 0;
+  if (dev.cc_major != 9 || !p.fwd.allow_hopper || !sm90::bwd_supports(p)) return 0;
+  return sm90::bwd_workspace_floats(p);
+}
+
+cudaError_t attn_bwd_hopper(const AttnBwdParams& p, float* workspace, cudaStream_t stream) {
+  return sm90::bwd(p, workspace, stream);
+}
+
 cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   bool empty = false;
   if (!params_ok(p, &empty)) return cudaErrorInvalidValue;

@@ -47,16 +47,27 @@ bool attn_fwd_tile_counter_needed(const AttnFwdParams& params);
 cudaError_t attn_fwd(const AttnFwdParams& params, cudaStream_t stream);
 
 // The backward (attention_bwd.cu, sm_80+ mma.sync): params.dq / dk / dv of params.fwd's attention
-// for params.dout, deterministic (no atomics). Dense or varlen (cu_seqlens_q / cu_seqlens_k),
-// MQA/GQA, causal, windows, softcap and ALiBi; no paged K/V, seqused_k, kv_batch_idx or
-// leftpad_k. The forward's preconditions above hold for q/k/v/out/dout/dq/dk/dv alike, plus
-// head_dim at most kBwdMaxHeadDim, lse given (the forward's, fp32) and `dsum` a workspace of
-// fp32 laid out as lse ([batch, heads_q, seqlen_q] or [heads_q, total_q], lse's strides), which
-// receives rowsum(dout * out). q_rows: rows of q (batch * seqlen_q, or total_q when varlen).
-// Every row of dq, dk and dv inside a sequence is written; packed rows outside every sequence
-// are not. Returns cudaErrorInvalidValue for params outside these rules, before any launch.
+// for params.dout; deterministic (no atomics) unless params.dq_accum is set (AttnBwdParams in
+// attention_params.h). Dense or varlen (cu_seqlens_q / cu_seqlens_k), MQA/GQA, causal, windows,
+// softcap and ALiBi; no paged K/V, seqused_k, kv_batch_idx or leftpad_k. The forward's
+// preconditions above hold for q/k/v/out/dout/dq/dk/dv alike, plus head_dim at most
+// kBwdMaxHeadDim, lse given (the forward's, fp32) and `dsum` a workspace of fp32 laid out as lse
+// ([batch, heads_q, seqlen_q] or [heads_q, total_q], lse's strides), which receives
+// rowsum(dout * out). q_rows: rows of q (batch * seqlen_q, or total_q when varlen). Every row of
+// dq, dk and dv inside a sequence is written; packed rows outside every sequence are not (with
+// dq_accum, dq's get the workspace's zeros). Returns cudaErrorInvalidValue for params outside
+// these rules, before any launch.
 inline constexpr int64_t kBwdMaxHeadDim = 128;
 cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows, cudaStream_t stream);
+
+// The Hopper backward (attention_sm90.h: wgmma, TMA; fixed-length fp16 / bf16 at head dim 128,
+// causal or not, GQA; dQ added by bulk reductions, so not deterministic). Returns the floats of
+// fp32 workspace it needs for `params` on the current device: nonzero exactly when it takes them
+// (capability 9.0, params.fwd.allow_hopper, sm90::bwd_supports). Callers that do not need the same
+// bits on every run call attn_bwd_hopper with that workspace (any contents, 16-byte aligned)
+// where this is nonzero, and attn_bwd otherwise.
+int64_t attn_bwd_hopper_workspace(const AttnBwdParams& params);
+cudaError_t attn_bwd_hopper(const AttnBwdParams& params, float* workspace, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace attention

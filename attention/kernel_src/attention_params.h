@@ -141,14 +141,13 @@ struct AttnBwdParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   void* dv = nullptr;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
-  // CUDA: shared-memory stages of the tiles each backward kernel streams (Q / dO of the dK/dV
-  // pass, K / V of the dQ pass): 2 runs the pipelined kernels (the next step's loads overlap this
-  // step's math; attention_bwd_pipelined_kernel.cuh), 0 or 1 the single-stage ones.
-  int stages = 0;
-  // CUDA, with stages = 2: where set, dQ is added into this fp32 workspace of [q_rows][heads_q]
+  // CUDA: null runs dQ in a pass of its own, without atomics (flash-attn's deterministic = true:
+  // the same bits on every run). Set, dQ is added into this fp32 workspace of [q_rows][heads_q]
   // [head_dim] (zeroed by the caller; q_rows = batch * seqlen_q, or total_q for varlen) with
-  // atomics during the dK/dV pass and then converted into dq, instead of a pass of its own:
-  // fewer FLOPs, not deterministic (the order of the adds varies).
+  // atomics during the dK/dV pass and then converted into dq (deterministic = false): 5 GEMMs
+  // instead of 7, but dq may differ in its last bits from run to run, since the order of the
+  // adds varies. dk and dv are the same bits either way. The CPU ignores it (always
+  // deterministic).
   float* dq_accum = nullptr;
 };
 

@@ -55,7 +55,7 @@ bool bwd_supports(const AttnBwdParams& p);
 int64_t bwd_workspace_floats(const AttnBwdParams& p);
 
 // Enqueues the backward of `p` (bwd_supports(p) true) on `stream`, using `workspace`
-// (bwd_workspace_floats(p) floats, any contents, 8-byte aligned), and returns the launch status.
+// (bwd_workspace_floats(p) floats, any contents, 16-byte aligned), and returns the launch status.
 cudaError_t bwd(const AttnBwdParams& p, float* workspace, cudaStream_t stream);
 
 }  // namespace sm90

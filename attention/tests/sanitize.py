@@ -12,8 +12,8 @@ tensor is an exact-size allocation (PyTorch's caching allocator is switched off,
 is an allocation of its own): a read or write past a block-table row, a cache or a slot range
 leaves its allocation, which memcheck reports. A few plain prefill calls follow (on an H100 / H200
 the Hopper kernel's, for memcheck and racecheck), then backward calls on exact-size tensors,
-through the single-stage, the pipelined and the atomic-dQ CUDA kernels (ATTENTION_BWD_STAGES,
-ATTENTION_BWD_ATOMIC_DQ). Not collected by pytest (no test_ prefix).
+with deterministic=True (the dQ pass) and False (dQ added with atomics into a workspace, then
+converted). Not collected by pytest (no test_ prefix).
 `--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
 """
 
@@ -176,7 +176,7 @@ def prefill_calls(k, dtype, device):
             k.flash_attn_func(q, *kv, causal=causal)
 
 
-def backward_calls(k, dtype, device):
+def backward_calls(k, dtype, device, deterministic):
     """Exact-size backward calls (dQ, dK, dV through autograd), causal, windowed or not, with
     GQA, every head-dim instance and lengths off the 64-row tiles, plus a varlen batch whose
     middle sequence has no keys: a row or key tile past a tensor's end leaves its allocation."""
@@ -184,7 +184,8 @@ def backward_calls(k, dtype, device):
         (77, 77, 32, (-1, -1)),
         (130, 200, 64, (-1, -1)),
         (200, 130, 96, (40, 0)),
-        (150, 201, 128, (-1, -1)),
+        (150, 201, 128, (-1, -1)),  # the Hopper backward's, on capability 9.0 with atomics
+        (200, 130, 128, (-1, -1)),
     ):
         q = torch.randn(2, sq, 4, d, dtype=dtype, device=device, requires_grad=True)
         kv = [
@@ -192,7 +193,9 @@ def backward_calls(k, dtype, device):
             for _ in range(2)
         ]
         for causal in (False, True):
-            out = k.flash_attn_func(q, *kv, causal=causal, window_size=window)
+            out = k.flash_attn_func(
+                q, *kv, causal=causal, window_size=window, deterministic=deterministic
+            )
             out.backward(torch.randn_like(out))
     lens_q, lens_k = (70, 3, 129), (65, 0, 140)
     cu_q = torch.tensor([0, 70, 73, 202], dtype=torch.int32, device=device)
@@ -202,7 +205,9 @@ def backward_calls(k, dtype, device):
         torch.randn(sum(lens_k), 2, 64, dtype=dtype, device=device, requires_grad=True)
         for _ in range(2)
     ]
-    out = k.flash_attn_varlen_func(q, *kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    out = k.flash_attn_varlen_func(
+        q, *kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, deterministic=deterministic
+    )
     out.backward(torch.randn_like(out))
 
 
@@ -216,11 +221,9 @@ def main():
     for dtype in (torch.bfloat16, torch.float16):
         for run in (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls):
             run(k, dtype, args.device)
-        # the single-stage, the pipelined and the atomic-dQ CUDA backward
-        for stages, atomic in (("1", "0"), ("2", "0"), ("2", "1")):
-            os.environ["ATTENTION_BWD_STAGES"] = stages
-            os.environ["ATTENTION_BWD_ATOMIC_DQ"] = atomic
-            backward_calls(k, dtype, args.device)
+        # both schedules of the CUDA backward
+        for deterministic in (True, False):
+            backward_calls(k, dtype, args.device, deterministic)
     if args.device == "cuda":
         torch.cuda.synchronize()
         k.check_kvcache_errors()

@@ -1,8 +1,10 @@
 """The attention backward (attn_bwd; the CPU kernel, and on a CUDA build the mma.sync kernels): dq, dk, dv against float64 autograd of the reference
 formula, for every mode the forward has (causal, sliding window, softcap, ALiBi, MQA / GQA,
-S_q != S_k, rows that see no key, varlen). The error bound is twice that of PyTorch's own
-autograd of the same formula in the input dtype against float64 (the issue's "2x SDPA's own
-gradient error"), plus a floor of 8 units of roundoff of the largest gradient."""
+S_q != S_k, rows that see no key, varlen), with deterministic=True (on CUDA a dQ pass of its own)
+and False (on CUDA dQ added with atomics; the CPU is deterministic either way). The error bound
+is twice that of PyTorch's own autograd of the same formula in the input dtype against float64
+(the issue's "2x SDPA's own gradient error"), plus a floor of 8 units of roundoff of the largest
+gradient."""
 
 import pytest
 import torch
@@ -71,9 +73,24 @@ def forward(kernel, q, k, v, opts, cu_q=None, cu_k=None, max_q=0, max_k=0):
     )
 
 
-def backward(kernel, dout, q, k, v, out, lse, opts, cu_q=None, cu_k=None, max_q=0, max_k=0):
+def backward(
+    kernel,
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    opts,
+    cu_q=None,
+    cu_k=None,
+    max_q=0,
+    max_k=0,
+    deterministic=True,
+):
     """(dq, dk, dv) of attn_bwd, each written into a NaN-filled tensor (an element it leaves
-    unwritten fails the comparison)."""
+    unwritten fails the comparison). deterministic=True by default: the tests that compare bits
+    between two calls need it on CUDA."""
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     kernel.ops.attn_bwd(
         dq,
@@ -91,6 +108,7 @@ def backward(kernel, dout, q, k, v, out, lse, opts, cu_q=None, cu_k=None, max_q=
         max_q,
         max_k,
         *scalars(opts),
+        deterministic,
     )
     return dq, dk, dv
 
@@ -129,6 +147,12 @@ CASES = [
     (200, 90, 2, 2, 96, True, (-1, -1), 0.0, False),
     (129, 129, 4, 2, 128, True, (-1, -1), 20.0, True),
 ]
+# What the Hopper backward takes on capability 9.0 (deterministic=False): head dim 128, no window
+# or score modifier; MQA with more keys than queries, causal with rows that see no key.
+HOPPER_CASES = [
+    (130, 200, 4, 1, 128, False, (-1, -1), 0.0, False),
+    (200, 130, 4, 2, 128, True, (-1, -1), 0.0, False),
+]
 
 
 def _id(c):
@@ -142,10 +166,30 @@ def _id(c):
     )
 
 
+# Both backward schedules (CUDA; the CPU computes the same either way).
+MODES = pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+
+
+@MODES
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_bwd_against_float64_autograd(kernel, device, dtype, case):
+def test_bwd_against_float64_autograd(kernel, device, dtype, case, deterministic):
     cpu_only_dtype(device, dtype)
+    check_against_float64_autograd(kernel, device, dtype, case, deterministic)
+
+
+@MODES
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("case", HOPPER_CASES, ids=_id)
+def test_bwd_hopper_cases_against_float64_autograd(kernel, device, dtype, case, deterministic):
+    """CUDA: the Hopper backward's shapes (deterministic=False runs it on capability 9.0, True the
+    mma.sync kernels), under test_bwd_against_float64_autograd's bound."""
+    if device != "cuda":
+        pytest.skip("the shapes of a CUDA kernel")
+    check_against_float64_autograd(kernel, device, dtype, case, deterministic)
+
+
+def check_against_float64_autograd(kernel, device, dtype, case, deterministic):
     sq, sk, h, hk, d, causal, window, cap, alibi = case
     batch = 2
     q = randn((batch, sq, h, d), dtype, device, seed=sq + h)
@@ -155,13 +199,14 @@ def test_bwd_against_float64_autograd(kernel, device, dtype, case):
     slopes = alibi_slopes(h, device) if alibi else None
     opts = dict(scale=d**-0.5, causal=causal, window=window, softcap=cap, slopes=slopes)
     out, lse = forward(kernel, q, k, v, opts)
-    dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts)
+    dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts, deterministic=deterministic)
     for b in range(batch):
         assert_grads((dq[b], dk[b], dv[b]), q[b], k[b], v[b], dout[b], dtype, f"batch {b}", **opts)
 
 
+@MODES
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_bwd_varlen(kernel, device, dtype):
+def test_bwd_varlen(kernel, device, dtype, deterministic):
     """Packed sequences of different lengths (one with no key rows visible to its first queries,
     one longer than a 64-row block), GQA, causal: each sequence's gradients as if computed alone;
     the packed rows past the last sequence get zeros."""
@@ -176,7 +221,9 @@ def test_bwd_varlen(kernel, device, dtype):
     opts = dict(scale=d**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
     sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
     out, lse = forward(kernel, q, k, v, opts, *sizes)
-    dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts, *sizes)
+    dq, dk, dv = backward(
+        kernel, dout, q, k, v, out, lse, opts, *sizes, deterministic=deterministic
+    )
     for i in range(len(lens_q)):
         rq = slice(int(cu_q[i]), int(cu_q[i + 1]))
         rk = slice(int(cu_k[i]), int(cu_k[i + 1]))
@@ -188,8 +235,9 @@ def test_bwd_varlen(kernel, device, dtype):
 
 
 def test_bwd_is_deterministic(kernel, device):
-    """Tasks (CPU) and CTAs (CUDA) own disjoint rows, with no atomics: the same bits on every
-    run, whatever the thread count."""
+    """deterministic=True: tasks (CPU) and CTAs (CUDA) own disjoint rows, with no atomics, so the
+    same bits on every run, whatever the thread count (test_bwd_atomic_dq_matches_deterministic
+    covers more shapes on CUDA)."""
     q = randn((2, 160, 4, 32), torch.bfloat16, device, seed=8)
     k = randn((2, 160, 2, 32), torch.bfloat16, device, seed=9)
     dout = randn((2, 160, 4, 32), torch.bfloat16, device, seed=10)
@@ -211,14 +259,16 @@ def test_bwd_is_deterministic(kernel, device):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_pipelined_bwd_matches_single_stage(kernel, device, case, monkeypatch):
-    """CUDA: the pipelined kernels (ATTENTION_BWD_STAGES=2, off by default until this passes on a
-    GPU) do the single-stage kernels' math in the same order, so every gradient is equal bit for
-    bit, for each mode, head dim and length off the 64-row tiles; varlen too. With dQ added by
-    atomics (ATTENTION_BWD_ATOMIC_DQ=1), dK and dV are still those bits and dQ, whose sums run
-    in a varying order, is within the float64 bound of the other tests."""
+def test_bwd_atomic_dq_matches_deterministic(kernel, device, case, monkeypatch):
+    """CUDA, mma.sync kernels (the Hopper backward off): deterministic=True (dQ in a pass of its
+    own) gives the same bits on every run, and deterministic=False (dQ added with fp32 atomics
+    during the dK/dV pass) gives dK and dV equal to those bits and dQ, whose sums run in a
+    varying order, within the float64 bound of the other tests; for each mode, head dim and
+    length off the 64-row tiles, dense and varlen (with a sequence without queries and one
+    without keys)."""
     if device != "cuda":
-        pytest.skip("the stages are the CUDA kernels'")
+        pytest.skip("the CPU backward is deterministic either way")
+    monkeypatch.setenv("ATTENTION_HOPPER", "0")
     sq, sk, h, hk, d, causal, window, cap, alibi = case
     q = randn((2, sq, h, d), torch.bfloat16, device, seed=sq + h)
     k = randn((2, sk, hk, d), torch.bfloat16, device, seed=sk + hk + 1)
@@ -235,24 +285,22 @@ def test_pipelined_bwd_matches_single_stage(kernel, device, case, monkeypatch):
     pdout = randn((sum(lens_q), h, d), torch.bfloat16, device, seed=7)
     sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
     pout, plse = forward(kernel, pq, pk, pv, opts, *sizes)
-    runs = {}
-    for variant, stages, atomic in (
-        ("single", "1", "0"),
-        ("pipelined", "2", "0"),
-        ("atomic", "2", "1"),
-    ):
-        monkeypatch.setenv("ATTENTION_BWD_STAGES", stages)
-        monkeypatch.setenv("ATTENTION_BWD_ATOMIC_DQ", atomic)
-        dense = backward(kernel, dout, q, k, v, out, lse, opts)
-        packed = backward(kernel, pdout, pq, pk, pv, pout, plse, opts, *sizes)
-        runs[variant] = (*dense, *packed)
+
+    def run(deterministic):
+        dense = backward(kernel, dout, q, k, v, out, lse, opts, deterministic=deterministic)
+        packed = backward(
+            kernel, pdout, pq, pk, pv, pout, plse, opts, *sizes, deterministic=deterministic
+        )
+        return (*dense, *packed)
+
+    first, again, atomic = run(True), run(True), run(False)
     names = ("dq", "dk", "dv", "varlen dq", "varlen dk", "varlen dv")
-    for name, one, two, three in zip(names, runs["single"], runs["pipelined"], runs["atomic"]):
-        assert not two.isnan().any() and not three.isnan().any(), f"{name}: left unwritten"
-        assert torch.equal(one, two), f"{name}: pipelined differs"
+    for name, one, two, three in zip(names, first, again, atomic):
+        assert not one.isnan().any() and not three.isnan().any(), f"{name}: left unwritten"
+        assert torch.equal(one, two), f"{name}: deterministic=True differs between runs"
         if "dq" not in name:
-            assert torch.equal(one, three), f"{name}: atomic-dQ variant differs"
-    dq, dk, dv, pdq, pdk, pdv = runs["atomic"]
+            assert torch.equal(one, three), f"{name}: deterministic=False differs"
+    dq, dk, dv, pdq, pdk, pdv = atomic
     for b in range(2):
         assert_grads(
             (dq[b], dk[b], dv[b]), q[b], k[b], v[b], dout[b], torch.bfloat16, "atomic", **opts
@@ -274,6 +322,29 @@ def test_pipelined_bwd_matches_single_stage(kernel, device, case, monkeypatch):
             what,
             **opts,
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_bwd_hopper_kernel_runs(kernel, device, dtype, monkeypatch):
+    """Capability 9.0: a deterministic=False backward at head dim 128 runs the Hopper kernel
+    (its gradients are checked by test_bwd_against_float64_autograd's head-dim-128 cases), and
+    neither deterministic=True nor ATTENTION_HOPPER=0 does."""
+    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper backward runs on capability 9.0")
+    q = randn((2, 200, 4, 128), dtype, device, seed=11).requires_grad_()
+    k = randn((2, 130, 2, 128), dtype, device, seed=12).requires_grad_()
+
+    def kernels_of(**kw):
+        out = kernel.flash_attn_func(q, k, k, causal=True, **kw)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out.backward(torch.ones_like(out))
+            torch.cuda.synchronize()
+        return " ".join(e.name for e in prof.events())
+
+    assert "attn_bwd_sm90" in kernels_of()
+    assert "attn_bwd_sm90" not in kernels_of(deterministic=True)
+    monkeypatch.setenv("ATTENTION_HOPPER", "0")
+    assert "attn_bwd_sm90" not in kernels_of()
 
 
 def test_bwd_errors_name_the_argument(kernel, device):
@@ -306,6 +377,7 @@ def test_bwd_errors_name_the_argument(kernel, device):
             False,
             -1,
             -1,
+            True,
         )
 
     with pytest.raises(RuntimeError, match=r"attn_bwd: dq must have the shape of q"):
@@ -320,25 +392,28 @@ def test_bwd_errors_name_the_argument(kernel, device):
 
 def test_opcheck_attn_bwd(kernel, device):
     """Schema (dq, dk, dv the only tensors written), fake kernel and AOT dispatch: dense with
-    softcap and ALiBi, and varlen without."""
+    softcap and ALiBi (deterministic), and varlen without (dQ by atomics on CUDA; opcheck compares
+    within tolerances)."""
     slopes = alibi_slopes(4, device)
     cu = cu_seqlens([4, 9], device)
     dtype = kernel_dtype(device)
-    cases = [  # (q, k, options, (cu_q, cu_k, max_q, max_k))
+    cases = [  # (q, k, options, (cu_q, cu_k, max_q, max_k), deterministic)
         (
             randn((2, 9, 4, 16), dtype, device, seed=11),
             randn((2, 12, 2, 16), dtype, device, seed=12),
             dict(scale=0.25, causal=True, window=(-1, -1), softcap=2.0, slopes=slopes),
             (None, None, 0, 0),
+            True,
         ),
         (
             randn((13, 4, 16), dtype, device, seed=13),
             randn((13, 2, 16), dtype, device, seed=14),
             dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None),
             (cu, cu, 9, 9),
+            False,
         ),
     ]
-    for q, k, opts, sizes in cases:
+    for q, k, opts, sizes, deterministic in cases:
         out, lse = forward(kernel, q, k, k, opts, *sizes)
         cu_q, cu_k, max_q, max_k = sizes
         args = (
@@ -348,7 +423,7 @@ def test_opcheck_attn_bwd(kernel, device):
             torch.randn_like(out),
         )
         args += (q, k, k, out, lse, cu_q, cu_k, opts["slopes"], max_q, max_k, *scalars(opts))
-        torch.library.opcheck(kernel.ops.attn_bwd.default, args)
+        torch.library.opcheck(kernel.ops.attn_bwd.default, args + (deterministic,))
 
 
 # ---- through autograd: the public functions ----
@@ -356,14 +431,17 @@ def test_opcheck_attn_bwd(kernel, device):
 
 def test_flash_attn_func_backward_is_attn_bwd(kernel, device):
     """loss.backward() through flash_attn_func (softcap, window, ALiBi, GQA) gives attn_bwd's
-    gradients bit for bit, and through the qkv-packed form the sum of its three slices."""
+    gradients bit for bit, and through the qkv-packed form the sum of its three slices
+    (deterministic=True, so that two calls agree on CUDA too)."""
     dtype = torch.bfloat16
     q = randn((2, 21, 4, 16), dtype, device, seed=15).requires_grad_()
     k = randn((2, 30, 2, 16), dtype, device, seed=16).requires_grad_()
     v = randn((2, 30, 2, 16), dtype, device, seed=17).requires_grad_()
     dout = randn((2, 21, 4, 16), dtype, device, seed=18)
     slopes = alibi_slopes(4, device)
-    kw = dict(causal=True, window_size=(6, -1), softcap=4.0, alibi_slopes=slopes)
+    kw = dict(
+        causal=True, window_size=(6, -1), softcap=4.0, alibi_slopes=slopes, deterministic=True
+    )
     kernel.flash_attn_func(q, k, v, **kw).backward(dout)
     opts = dict(scale=16**-0.5, causal=True, window=(6, -1), softcap=4.0, slopes=slopes)
     qd, kd, vd = (t.detach() for t in (q, k, v))
@@ -373,7 +451,7 @@ def test_flash_attn_func_backward_is_attn_bwd(kernel, device):
         assert torch.equal(got, w)
 
     qkv = randn((1, 12, 3, 2, 16), dtype, device, seed=19).requires_grad_()
-    kernel.flash_attn_qkvpacked_func(qkv, causal=True).sum().backward()
+    kernel.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=True).sum().backward()
     parts = [t.detach() for t in qkv.unbind(2)]
     plain = dict(scale=16**-0.5, causal=True, window=(-1, -1), softcap=0.0, slopes=None)
     out, lse = forward(kernel, *parts, plain)
@@ -398,6 +476,83 @@ def test_varlen_backward_and_paged_raises(kernel, device):
     )
     with pytest.raises(NotImplementedError, match="inference-only"):
         out.sum().backward()
+
+
+class _BackwardRecorder:
+    """An ops namespace that records the `deterministic` argument of each backward op called
+    through it (attn_bwd's last; bwd / varlen_bwd's before gen and rng_state) and runs the op."""
+
+    def __init__(self, ops):
+        self._ops, self.calls = ops, []
+
+    def __getattr__(self, name):
+        op = getattr(self._ops, name)
+        if name not in ("attn_bwd", "bwd", "varlen_bwd"):
+            return op
+
+        def record(*args):
+            self.calls.append((name, args[-1] if name == "attn_bwd" else args[-3]))
+            return op(*args)
+
+        return record
+
+
+def test_deterministic_reaches_the_backward(kernel, device, monkeypatch):
+    """`deterministic` of the public functions (default False, flash-attn's) reaches attn_bwd
+    through autograd, for the dense, varlen and packed forms and transformers' entry point (where
+    FLASH_ATTENTION_DETERMINISTIC=1 stands in for an absent keyword, as in transformers), and
+    that of the low-level varlen backward reaches varlen_bwd. Checked at the op call, since the
+    CPU computes the same either way."""
+    recorder = _BackwardRecorder(kernel._custom_ops.ops)
+    monkeypatch.setattr(kernel._custom_ops, "ops", recorder)
+    monkeypatch.setattr(kernel.flash_attn_interface, "ops", recorder)
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
+    dtype = kernel_dtype(device)
+    q = randn((1, 9, 4, 16), dtype, device, seed=23).requires_grad_()
+    k = randn((1, 9, 2, 16), dtype, device, seed=24).requires_grad_()
+    qp = randn((9, 4, 16), dtype, device, seed=25).requires_grad_()
+    kp = randn((9, 2, 16), dtype, device, seed=26).requires_grad_()
+    qkv = randn((1, 9, 3, 2, 16), dtype, device, seed=27).requires_grad_()
+    cu = cu_seqlens([4, 5], device)
+    opts = dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None)
+    out, lse = forward(kernel, qp.detach(), kp.detach(), kp.detach(), opts, cu, cu, 5, 5)
+    low = (qp.detach(), kp.detach(), kp.detach(), out, lse, None, None, None, cu, cu, 5, 5)
+
+    def recorded(run):
+        """The (op, deterministic) of the one backward op that `run` calls."""
+        recorder.calls.clear()
+        run()
+        assert len(recorder.calls) == 1, recorder.calls
+        return recorder.calls[0]
+
+    for det in (None, False, True):
+        kw = {} if det is None else dict(deterministic=det)
+        for fn, args in (
+            (kernel.flash_attn_func, (q, k, k)),
+            (kernel.flash_attn_varlen_func, (qp, kp, kp, cu, cu, 5, 5)),
+            (kernel.flash_attn_qkvpacked_func, (qkv,)),
+        ):
+            got = recorded(lambda: fn(*args, **kw).sum().backward())
+            assert got == ("attn_bwd", bool(det)), (fn.__name__, kw)
+        varlen_bwd = kernel.flash_attn_interface._flash_attn_varlen_backward
+        got = recorded(lambda: varlen_bwd(torch.ones_like(out), *low, 0.0, None, False, **kw))
+        assert got == ("varlen_bwd", bool(det)), kw
+
+    # transformers' layout [B, H, S, D]; `deterministic` among the keyword arguments, else the
+    # environment variable transformers reads
+    tq, tk = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k))
+
+    def transformers_call(**kw):
+        fwd = kernel.transformers_attention_forward
+        return recorded(
+            lambda: fwd(None, tq, tk, tk, None, is_causal=True, **kw)[0].sum().backward()
+        )
+
+    assert transformers_call() == ("attn_bwd", False)
+    assert transformers_call(deterministic=True) == ("attn_bwd", True)
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    assert transformers_call() == ("attn_bwd", True)
+    assert transformers_call(deterministic=False) == ("attn_bwd", False)
 
 
 # ---- flash-attn's low-level backward ----
@@ -443,7 +598,7 @@ def test_low_level_backward_is_attn_bwd(kernel, device):
         5,
         -1,
         3.0,
-        False,
+        True,
         None,
         None,
     )
@@ -460,7 +615,7 @@ def test_low_level_backward_is_attn_bwd(kernel, device):
     want = backward(kernel, dp, qp, kp, kp, out, lse, plain, *sizes)
     given = [torch.full_like(t, float("nan")) for t in (qp, kp, kp)]
     softmax_d = iface._flash_attn_varlen_backward(
-        dp, qp, kp, kp, out, lse, *given, cu, cu, 11, 11, 0.0, None, False
+        dp, qp, kp, kp, out, lse, *given, cu, cu, 11, 11, 0.0, None, False, deterministic=True
     )
     for got, w in zip(given, want):
         assert torch.equal(got, w)
@@ -567,7 +722,9 @@ def test_bwd_strided_views(kernel, device):
     )
     buffers = [torch.full((*t.shape[:-1], 28), 7.0, dtype=dtype, device=device) for t in (q, k, v)]
     grads_ = [b[..., :24] for b in buffers]
-    kernel.ops.attn_bwd(*grads_, dout, q, k, v, out, lse, None, None, None, 0, 0, *scalars(opts))
+    kernel.ops.attn_bwd(
+        *grads_, dout, q, k, v, out, lse, None, None, None, 0, 0, *scalars(opts), True
+    )
     for got, w, b in zip(grads_, want, buffers):
         assert torch.equal(got, w)
         assert bool((b[..., 24:] == 7.0).all())

@@ -118,26 +118,15 @@ bool cluster_merge_allowed() {
   return allowed;
 }
 
-// ATTENTION_HOPPER=0 runs every CUDA call on the stage-1 kernels, also on capability 9.0 where the
-// Hopper kernel would take it (AttnFwdParams::allow_hopper, kernel_src/attention_sm90.h): a switch
+// ATTENTION_HOPPER=0 runs every CUDA call on the stage-1 kernels (and every backward on the
+// mma.sync ones), also on capability 9.0 where the Hopper kernels would take it
+// (AttnFwdParams::allow_hopper, kernel_src/attention_sm90.h): a switch
 // for benchmarks and for the tests that compare the two paths, read at every call (a benchmark
 // times both paths in one process; the lookup is far below a launch's cost).
 bool hopper_allowed() {
   const char* value = std::getenv("ATTENTION_HOPPER");
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
-
-// ATTENTION_BWD_STAGES=2 runs the CUDA backward on its pipelined kernels (AttnBwdParams::stages,
-// kernel_src/attention_bwd_pipelined_kernel.cuh), and ATTENTION_BWD_ATOMIC_DQ=1 with it adds dQ
-// with atomics in the dK/dV pass (AttnBwdParams::dq_accum; not deterministic). Both are off by
-// default until their GPU tests pass: switches for those tests and for benchmarks, read at every
-// call like ATTENTION_HOPPER. Anything else runs the single-stage kernels.
-bool env_is(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::strcmp(set, value) == 0;
-}
-int backward_stages() { return env_is("ATTENTION_BWD_STAGES", "2") ? 2 : 1; }
-bool backward_atomic_dq() { return env_is("ATTENTION_BWD_ATOMIC_DQ", "1"); }
 
 using Named = std::pair<const char*, const at::Tensor*>;
 
@@ -1117,8 +1106,13 @@ attention::AttnBwdParams backward_params(const AttentionCall& c, const Geometry&
 // The CUDA backward (attention_cuda.h, attn_bwd). Inputs that are not 16-byte aligned are read
 // through contiguous copies and such gradients written through temporaries, as in the forward;
 // lse is made contiguous, since the rowsum(dout * out) workspace takes its layout.
+// deterministic = false (flash-attn's default) runs the Hopper backward where it takes the call
+// (attn_bwd_hopper_workspace; ATTENTION_HOPPER=0 turns it off as for the forward), else adds dQ
+// with atomics into a zeroed fp32 workspace of [q_rows, heads_q, head_dim] during the dK/dV pass
+// (AttnBwdParams::dq_accum), which spares a dQ pass that recomputes S and dP; true runs that pass,
+// without a workspace, for the same bits on every run.
 void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tensor& dout,
-                       at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                       at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool deterministic) {
   const at::Device device = c.q.device();
   const c10::cuda::CUDAGuard device_guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
@@ -1138,16 +1132,22 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   at::Tensor dq_w = writable(dq, g.varlen_q), dk_w = writable(dk, g.varlen_k),
              dv_w = writable(dv, g.varlen_k);
   attention::AttnBwdParams p = backward_params(a, g, d_out, dq_w, dk_w, dv_w);
-  p.stages = backward_stages();
-  at::Tensor dsum = at::empty_like(*a.lse);
-  const int64_t q_rows = g.varlen_q ? g.total_q : g.batch * g.seqlen_q;
-  at::Tensor dq_accum;
-  if (p.stages == 2 && backward_atomic_dq()) {
-    dq_accum = at::zeros({q_rows, g.heads_q, g.head_dim}, c.q.options().dtype(at::kFloat));
-    p.dq_accum = dq_accum.mutable_data_ptr<float>();
+  const at::TensorOptions fp32 = c.q.options().dtype(at::kFloat);
+  const int64_t hopper_floats = deterministic ? 0 : attention::cuda::attn_bwd_hopper_workspace(p);
+  cudaError_t err = cudaSuccess;
+  if (hopper_floats > 0) {
+    at::Tensor workspace = at::empty({hopper_floats}, fp32);
+    err = attention::cuda::attn_bwd_hopper(p, workspace.mutable_data_ptr<float>(), stream);
+  } else {
+    at::Tensor dsum = at::empty_like(*a.lse);
+    const int64_t q_rows = g.varlen_q ? g.total_q : g.batch * g.seqlen_q;
+    at::Tensor dq_accum;
+    if (!deterministic) {
+      dq_accum = at::zeros({q_rows, g.heads_q, g.head_dim}, fp32);
+      p.dq_accum = dq_accum.mutable_data_ptr<float>();
+    }
+    err = attention::cuda::attn_bwd(p, dsum.mutable_data_ptr<float>(), q_rows, stream);
   }
-  const cudaError_t err =
-      attention::cuda::attn_bwd(p, dsum.mutable_data_ptr<float>(), q_rows, stream);
   TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));
   for (auto [given, written] :
        {std::pair<at::Tensor*, at::Tensor*>{&dq, &dq_w}, {&dk, &dk_w}, {&dv, &dv_w}}) {
@@ -1156,14 +1156,15 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
 }
 #endif
 
-// attn_bwd under the name of the op that runs it (attn_bwd, bwd, varlen_bwd).
+// attn_bwd under the name of the op that runs it (attn_bwd, bwd, varlen_bwd). `deterministic`
+// picks the CUDA schedule (run_backward_cuda); the CPU backward is deterministic either way.
 void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
                   const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                   const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
                   const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
                   double softmax_scale, double softcap, bool causal, int64_t window_left,
-                  int64_t window_right) {
+                  int64_t window_right, bool deterministic) {
   // The forward's call, checked as attn_fwd checks it (lse required here), then each gradient
   // against the tensor it is the gradient of.
   AttentionCall c;
@@ -1219,12 +1220,13 @@ void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
   if (nothing) return;
 #if defined(CUDA_KERNEL)
   if (q.is_cuda()) {
-    run_backward_cuda(c, g, dout, dq, dk, dv);
+    run_backward_cuda(c, g, dout, dq, dk, dv, deterministic);
     return;
   }
 #endif
 #if defined(CPU_KERNEL)
   if (q.is_cpu()) {
+    (void)deterministic;  // no atomics on the CPU: the same bits either way
     const attention::AttnBwdParams p = backward_params(c, g, dout, dq, dk, dv);
     on_cpu(c.op, [&] { attention::cpu::attn_bwd(p); });
     return;
@@ -1257,10 +1259,10 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
               const at::Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
               const OptTensor& alibi_slopes, int64_t max_seqlen_q, int64_t max_seqlen_k,
               double softmax_scale, double softcap, bool causal, int64_t window_left,
-              int64_t window_right) {
+              int64_t window_right, bool deterministic) {
   run_backward("attn_bwd", dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal,
-               window_left, window_right);
+               window_left, window_right, deterministic);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
@@ -1270,7 +1272,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     double softmax_scale, bool is_causal, int64_t window_size_left, int64_t window_size_right,
     double softcap, bool deterministic, const std::optional<at::Generator>& gen,
     const OptTensor& rng_state) {
-  (void)deterministic;  // the CPU backward is deterministic; no atomics to avoid
   (void)gen;
   (void)rng_state;
   constexpr const char* op = "bwd";
@@ -1281,7 +1282,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
              dv = given_or_new_grad(dv_, v);
   run_backward(op, dq, dk, dv, dout, q, k, v, out, softmax_lse, std::nullopt, std::nullopt,
                alibi_slopes, 0, 0, softmax_scale, softcap, is_causal, window_size_left,
-               window_size_right);
+               window_size_right, deterministic);
   return std::make_tuple(dq, dk, dv, softmax_d_of(dout, out));
 }
 
@@ -1293,7 +1294,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd(
     int64_t max_seqlen_k, double p_dropout, double softmax_scale, bool zero_tensors, bool is_causal,
     int64_t window_size_left, int64_t window_size_right, double softcap, bool deterministic,
     const std::optional<at::Generator>& gen, const OptTensor& rng_state) {
-  (void)deterministic;
   (void)gen;
   (void)rng_state;
   (void)zero_tensors;  // rows outside every sequence get zero gradients regardless
@@ -1305,7 +1305,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd(
              dv = given_or_new_grad(dv_, v);
   run_backward(op, dq, dk, dv, dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, is_causal,
-               window_size_left, window_size_right);
+               window_size_left, window_size_right, deterministic);
   return std::make_tuple(dq, dk, dv, softmax_d_of(dout, out));
 }
 

@@ -36,7 +36,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "attn_bwd(Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor dout, Tensor q, Tensor k, "
       "Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
       "Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-      "float softcap, bool causal, int window_left, int window_right) -> ()");
+      "float softcap, bool causal, int window_left, int window_right, bool deterministic) -> ()");
   ATTN_IMPL(attn_bwd);
 
   // flash-attn 2 C++ API (flash_api.cpp).

@@ -42,7 +42,10 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 // The backward of attn_fwd (kernel_src/attention_params.h, AttnBwdParams): dq, dk, dv (shapes of
 // q, k, v, written in full) from dout (out's shape), the forward's out and lse, and the forward's
 // options; dense or varlen (cu_seqlens_q / _k), no paged cache. On CUDA head_dim is a multiple of 8
-// up to 128 (NotImplementedError past it).
+// up to 128 (NotImplementedError past it), and deterministic = false adds dQ with fp32 atomics
+// into a workspace of [q_rows, heads_q, head_dim] (fewer FLOPs; dq may differ in its last bits
+// from run to run, dk and dv do not), true computes it in a pass of its own (the same bits on
+// every run). The CPU backward is deterministic either way.
 void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& dout,
               const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse,
@@ -50,13 +53,12 @@ void attn_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const at::Tensor& 
               const std::optional<at::Tensor>& cu_seqlens_k,  // [B + 1] int32
               const std::optional<at::Tensor>& alibi_slopes,  // [Hq] or [B, Hq] float32
               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, double softcap,
-              bool causal, int64_t window_left, int64_t window_right);
+              bool causal, int64_t window_left, int64_t window_right, bool deterministic);
 
 // flash-attn's mha_bwd / mha_varlen_bwd over attn_bwd: dq, dk, dv (into the given tensors, else
 // new ones) and softmax_d = rowsum(dout * out) (float32, laid out as softmax_lse); returns
-// (dq, dk, dv, softmax_d) (a tuple, as for the forwards). p_dropout > 0 raises NotImplementedError;
-// the backward is deterministic on every device, so deterministic, gen and rng_state have nothing
-// to act on.
+// (dq, dk, dv, softmax_d) (a tuple, as for the forwards). deterministic as for attn_bwd;
+// p_dropout > 0 raises NotImplementedError, so gen and rng_state have nothing to act on.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& softmax_lse, const std::optional<at::Tensor>& dq,

@@ -1,9 +1,10 @@
 """The CUDA attention backward kernels alone, built in seconds with torch's extension loader
 instead of the whole kit (a GPU session's first look at a kernel change): gradients against
 float64 autograd of the formula, each error against twice torch's own bf16 autograd error plus a
-floor (the bound of tests/test_attention_bwd_ops.py), for the single-stage kernels and the
-atomic-dQ variant, and the pipelined kernels against the single-stage ones bit for bit; then
-backward times of the three at B*S = 16K tokens, H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /tmp).
+floor (the bound of tests/test_attention_bwd_ops.py), for both schedules (deterministic: the dQ
+pass; not: dQ added with atomics), deterministic reruns against each other and the atomic dK / dV
+against the deterministic ones bit for bit; then backward times of both at B*S = 16K tokens,
+H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /tmp).
 
     python attention/benchmarks/probe/bwd_probe.py      (on a GPU machine with CUDA torch)
 """
@@ -66,8 +67,8 @@ CASES = [  # B, Sq, Sk, H, Hk, D, causal, window, softcap, alibi
     (2, 64, 64, 2, 2, 128, False, (-1, -1), 0.0, False),
 ]
 dev, dt = "cuda", torch.bfloat16
-# AttnBwdParams (stages, dq_accum set): the single-stage, the pipelined and the atomic-dQ kernels
-VARIANTS = {"single": (1, False), "pipelined": (2, False), "atomic": (2, True)}
+# The binding's `deterministic`: the dQ pass, or dQ added with atomics (AttnBwdParams::dq_accum)
+VARIANTS = {"deterministic": True, "atomic": False}
 results = []
 for case in CASES:
     B, sq, sk, h, hk, d, causal, window, cap, al = case
@@ -88,7 +89,7 @@ for case in CASES:
     out_b = out64.detach().to(dt).contiguous()
     lse = lse64.detach().float().contiguous()
     by_variant = {}
-    for variant, (stages, atomic) in VARIANTS.items():
+    for variant, deterministic in [*VARIANTS.items(), ("rerun", True)]:
         grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
         ext.bwd(
             qb,
@@ -104,19 +105,17 @@ for case in CASES:
             window[1],
             cap,
             slopes,
-            stages,
-            atomic,
+            deterministic,
         )
         by_variant[variant] = grads
     torch.cuda.synchronize()
     row = {"case": str(case)}
-    # The pipelined kernels do the single-stage ones' math in the same order: equal bit for bit;
-    # the atomic-dQ variant too for dK and dV.
-    single = by_variant["single"]
-    ok = all(torch.equal(a, b) for a, b in zip(single, by_variant["pipelined"]))
-    ok &= all(torch.equal(a, b) for a, b in zip(single[1:], by_variant["atomic"][1:]))
+    # Deterministic reruns are equal bit for bit, and so are the atomic schedule's dK and dV.
+    det = by_variant["deterministic"]
+    ok = all(torch.equal(a, b) for a, b in zip(det, by_variant["rerun"]))
+    ok &= all(torch.equal(a, b) for a, b in zip(det[1:], by_variant["atomic"][1:]))
     row["bits_equal"] = ok
-    for variant in ("single", "atomic"):
+    for variant in VARIANTS:
         for name, got, l64, l16 in zip(("dq", "dk", "dv"), by_variant[variant], leaves64, leaves16):
             want = l64.grad
             err = float((got.double() - want).abs().max())
@@ -156,7 +155,7 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
     grads = [torch.empty_like(t) for t in (q, k, v)]
     ours = {
         variant: bench(
-            lambda stages=stages, atomic=atomic: ext.bwd(
+            lambda deterministic=deterministic: ext.bwd(
                 q,
                 k,
                 v,
@@ -170,11 +169,10 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
                 -1,
                 0.0,
                 None,
-                stages,
-                atomic,
+                deterministic,
             )
         )
-        for variant, (stages, atomic) in VARIANTS.items()
+        for variant, deterministic in VARIANTS.items()
     }
     ks_r, vs_r = (t.detach().repeat_interleave(H // HK, 1).requires_grad_() for t in (ks, vs))
     res = {}

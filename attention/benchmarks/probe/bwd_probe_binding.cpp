@@ -6,8 +6,7 @@
 
 void bwd(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor lse, at::Tensor dout,
          at::Tensor dq, at::Tensor dk, at::Tensor dv, double scale, bool causal, int64_t wl,
-         int64_t wr, double softcap, std::optional<at::Tensor> alibi, int64_t stages,
-         bool atomic_dq) {
+         int64_t wr, double softcap, std::optional<at::Tensor> alibi, bool deterministic) {
   attention::AttnBwdParams p;
   auto& f = p.fwd;
   f.dtype = q.scalar_type() == at::kHalf ? attention::DType::kFloat16 : attention::DType::kBFloat16;
@@ -58,9 +57,8 @@ void bwd(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor ls
   p.dv_batch_stride = dv.stride(0);
   p.dv_row_stride = dv.stride(1);
   p.dv_head_stride = dv.stride(2);
-  p.stages = static_cast<int>(stages);
-  at::Tensor dq_accum;
-  if (atomic_dq) {
+  at::Tensor dq_accum;  // deterministic = false: dQ added with atomics into it
+  if (!deterministic) {
     dq_accum = at::zeros({q.size(0) * q.size(1), q.size(2), q.size(3)}, lse.options());
     p.dq_accum = dq_accum.data_ptr<float>();
   }

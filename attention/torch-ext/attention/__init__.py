@@ -26,11 +26,14 @@ no key gives out = 0 and lse = +inf.
   ``kernels-community/flash-attn2`` version 3).
 
 dtypes: float16 and bfloat16 on CUDA (head_dim up to 256), float32 too on the CPU (any
-head_dim). Forward only: ``dropout_p > 0`` raises NotImplementedError, and so does a
-backward through any of these functions (inference works; training fails loudly). Every function
-traces with ``torch.compile(fullgraph=True)``.
+head_dim). ``dropout_p > 0`` raises NotImplementedError. A backward runs through the dense and
+varlen functions (on CUDA for head dims that are multiples of 8 up to 128); their
+``deterministic`` (default False, as in flash-attn) picks the CUDA backward's dQ: fp32 atomics
+(faster) or a pass of its own (the same bits on every run). The KV-cache and paged forms are
+inference-only. Every function traces with ``torch.compile(fullgraph=True)``.
 """
 
+import os
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -219,7 +222,9 @@ def transformers_attention_forward(
     (left or right padding; for a chunk of several new tokens after a cache, left padding as
     transformers assumes), packed sequences from ``cu_seq_lens_q/k`` + ``max_length_q/k``
     keyword arguments. float32 activations on CUDA run in bfloat16 (or the autocast dtype) and
-    are cast back. Attention sinks (``s_aux``) and dropout > 0 raise NotImplementedError.
+    are cast back. ``deterministic`` (keyword; None or absent: the environment variable
+    ``FLASH_ATTENTION_DETERMINISTIC=1``, as transformers reads it) picks the backward's dQ as in
+    ``flash_attn_func``. Attention sinks (``s_aux``) and dropout > 0 raise NotImplementedError.
     """
     op = "transformers_attention_forward"
     if s_aux is not None:
@@ -243,7 +248,16 @@ def transformers_attention_forward(
     window = (-1, -1)
     if sliding_window is not None and kv_len > sliding_window:
         window = (sliding_window - 1, sliding_window - 1)
-    options = dict(softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0)
+    deterministic = kwargs.get("deterministic")
+    if deterministic is None:
+        deterministic = os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+    options = dict(
+        softmax_scale=scaling,
+        causal=causal,
+        window_size=window,
+        softcap=softcap or 0.0,
+        deterministic=bool(deterministic),
+    )
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")

@@ -378,6 +378,7 @@ def _attn_bwd_fake(
     causal,
     window_left,
     window_right,
+    deterministic,
 ):
     check_backward(
         "attn_bwd", dq, dk, dv, dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, alibi_slopes
@@ -590,7 +591,9 @@ def _attn_func_body(
     window_right,
     num_splits,
     enable_pdl=None,
+    deterministic=False,
 ):
+    # deterministic is the backward's (_backward below); the forward is deterministic anyway.
     out = output_like(q)
     lse = lse_like(q, cu_seqlens_q is not None)
     ops.attn_fwd(
@@ -628,7 +631,7 @@ _attn_func = torch.library.custom_op(
     schema="(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
     "Tensor? block_table, Tensor? kv_batch_idx, Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, "
     "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
-    "int num_splits, bool? enable_pdl=None) -> (Tensor, Tensor)",
+    "int num_splits, bool? enable_pdl=None, bool deterministic=False) -> (Tensor, Tensor)",
 )
 
 
@@ -653,6 +656,7 @@ def _attn_func_fake(
     window_right,
     num_splits,
     enable_pdl=None,
+    deterministic=False,
 ):
     check_attention(
         "attn_func",
@@ -685,8 +689,8 @@ def _attn_backward_unsupported(
     it runs. An op rather than a bare raise, so that torch.compile (whose AOT autograd traces the
     backward while compiling the forward) still compiles a forward whose inputs require grad; the
     compiled backward raises when it runs. It takes grad_out so that the partitioner cannot move
-    it into the forward graph. (Where the C++ backward cannot run, as on CUDA while its kernels
-    are off, attn_bwd itself raises NotImplementedError, saying why.)"""
+    it into the forward graph. (Where the C++ backward cannot run, as for a CUDA head dim past
+    128, attn_bwd itself raises NotImplementedError, saying why.)"""
     raise NotImplementedError(INFERENCE_ONLY_MESSAGE)
 
 
@@ -700,11 +704,12 @@ def _attn_backward_unsupported_fake(grad_out, q, k, v):
     mutates_args=(),
     schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
     "Tensor? cu_seqlens_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-    "float softcap, bool causal, int window_left, int window_right) -> (Tensor, Tensor, Tensor)",
+    "float softcap, bool causal, int window_left, int window_right, bool deterministic) -> "
+    "(Tensor, Tensor, Tensor)",
 )
 def _attn_func_backward(grad_out, q, k, v, out, *lse_and_options):
     """(dq, dk, dv) of attn_func through the C++ attn_bwd, whose arguments after out are this
-    op's."""
+    op's (deterministic last: on CUDA, False adds dQ with atomics, True runs a dQ pass)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ops.attn_bwd(dq, dk, dv, grad_out.contiguous(), q, k, v, out, *lse_and_options)
     return dq, dk, dv
@@ -718,6 +723,7 @@ def _attn_func_backward_fake(grad_out, q, k, v, *rest):
 # attn_func's inputs, by position (its schema above).
 _CU_Q, _CU_K, _SEQUSED, _TABLE, _KV_IDX, _LEFTPAD, _ALIBI = range(3, 10)
 _MAX_Q, _MAX_K, _SCALE, _SOFTCAP, _CAUSAL, _LEFT, _RIGHT = range(10, 17)
+_DETERMINISTIC = 19  # after num_splits and enable_pdl, which only the forward takes
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -729,7 +735,7 @@ def _backward(ctx, grad_out, grad_lse):
         dq, dk, dv = _attn_func_backward(
             grad_out, q, k, v, out, lse, *ctx.optional(cu_q, cu_k, alibi), *ctx.scalars
         )
-    return (dq, dk, dv) + (None,) * 16
+    return (dq, dk, dv) + (None,) * 17
 
 
 def _setup_context(ctx, inputs, output):
@@ -739,7 +745,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:3], *output, *saved)
     ctx.optional = lambda *ts: [t if p else None for t, p in zip(ts, present)]
     ctx.paged = any(inputs[i] is not None for i in (_SEQUSED, _TABLE, _KV_IDX, _LEFTPAD))
-    ctx.scalars = [inputs[i] for i in range(_MAX_Q, _RIGHT + 1)]
+    ctx.scalars = [inputs[i] for i in (*range(_MAX_Q, _RIGHT + 1), _DETERMINISTIC)]
 
 
 torch.library.register_autograd(
@@ -769,9 +775,12 @@ def attention(
     num_splits: int = 0,
     dropout_p: float = 0.0,
     enable_pdl: Optional[bool] = None,
+    deterministic: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, softmax_lse) of the general forward, differentiable through attn_bwd (the paged and
-    KV-cache forms raise NotImplementedError in the backward: inference-only)."""
+    KV-cache forms raise NotImplementedError in the backward: inference-only). ``deterministic``
+    is the backward's: on CUDA False (flash-attn's default) adds dQ with atomics, True computes it
+    in a pass of its own, the same bits on every run; the CPU is deterministic either way."""
     if dropout_p is not None and float(dropout_p) > 0.0:
         raise NotImplementedError(
             f"{op}: dropout_p = {dropout_p} is not implemented: this kernel is forward-only without dropout "
@@ -802,6 +811,7 @@ def attention(
         right,
         int(num_splits),
         enable_pdl,
+        bool(deterministic),
     )
 
 

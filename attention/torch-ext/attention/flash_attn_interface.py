@@ -8,15 +8,19 @@ Conventions (flash-attn's):
   D]`` rows packed by ``cu_seqlens`` (int32 ``[B + 1]``) with ``max_seqlen`` the longest one.
 - ``softmax_scale`` defaults to ``D ** -0.5``; ``causal`` is bottom-right aligned; ``window_size
   = (left, right)``, -1 = unbounded (None accepted as in FA3 / FA4); ``softcap`` 0 = off;
-  ``alibi_slopes`` float32 ``[H]`` or ``[B, H]``; ``deterministic`` is accepted (the forward is
-  deterministic anyway).
+  ``alibi_slopes`` float32 ``[H]`` or ``[B, H]``; ``deterministic`` (default False, as in
+  flash-attn) is the backward's: on CUDA False adds dQ with fp32 atomics during the dK/dV pass
+  (faster; a workspace of ``total_q x H x D`` floats, and dQ may differ in its last bits from run
+  to run, dK and dV do not), True computes dQ in a pass of its own (the same bits on every run).
+  The forward, and the CPU backward, are deterministic either way.
 - ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: the log-sum-exp ``[B, H, S_q]``
   (varlen ``[H, total_q]``) in float32, as flash-attn returns it; the probabilities themselves
   (flash-attn's ``S_dmask``, which needs dropout) are not available (None).
 - ``dropout_p > 0`` raises NotImplementedError. A backward through the dense and varlen functions
-  runs on the CPU (all of their options); on CUDA it raises NotImplementedError for now, as it
-  does for ``flash_attn_with_kvcache`` and the paged varlen form everywhere (the forward works
-  with gradients enabled, so ``torch.no_grad`` is not required for inference).
+  runs on the CPU (all of their options) and on CUDA (head dims that are multiples of 8 up to
+  128; others raise NotImplementedError); it raises NotImplementedError for
+  ``flash_attn_with_kvcache`` and the paged varlen form everywhere (the forward works with
+  gradients enabled, so ``torch.no_grad`` is not required for inference).
 - Beyond flash-attn: the public functions take ``enable_pdl: Optional[bool] = None``
   (programmatic dependent launch on CUDA sm_90+; None: the kernels' default, on; False: off;
   ignored on CPU).
@@ -72,6 +76,7 @@ def flash_attn_func(
         window_size=window_size,
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
+        deterministic=deterministic,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -129,6 +134,7 @@ def flash_attn_varlen_func(
         window_size=window_size,
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
+        deterministic=deterministic,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -172,6 +178,7 @@ def flash_attn_qkvpacked_func(
         window_size=window_size,
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
+        deterministic=deterministic,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -204,6 +211,7 @@ def flash_attn_kvpacked_func(
         window_size=window_size,
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
+        deterministic=deterministic,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -241,6 +249,7 @@ def flash_attn_varlen_qkvpacked_func(
         window_size=window_size,
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
+        deterministic=deterministic,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -282,6 +291,7 @@ def flash_attn_varlen_kvpacked_func(
         window_size=window_size,
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
+        deterministic=deterministic,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -477,8 +487,10 @@ def _flash_attn_backward(
     """flash-attn ``_flash_attn_backward``: writes the gradients of q, k and v into ``dq``, ``dk``
     and ``dv`` (new tensors where None) and returns ``softmax_d`` = rowsum(dout * out), float32
     [B, H, S_q] (flash-attn pads S_q on CUDA; this does not). ``dropout_p > 0`` raises
-    NotImplementedError, and so does a CUDA head dim past 128 or not a multiple of 8. The backward
-    is deterministic on every call (no atomics), so ``deterministic`` changes nothing."""
+    NotImplementedError, and so does a CUDA head dim past 128 or not a multiple of 8.
+    ``deterministic``: on CUDA False adds dQ with fp32 atomics (dq may differ in its last bits
+    from run to run), True runs a dQ pass of its own (the same bits on every run); dk and dv are
+    the same either way, and the CPU backward is deterministic regardless."""
     left, right = _custom_ops.window("_flash_attn_backward", (window_size_left, window_size_right))
     return ops.bwd(
         *(x.contiguous() for x in (dout, q, k, v, out)),
