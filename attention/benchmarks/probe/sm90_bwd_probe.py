@@ -9,7 +9,7 @@ next to SDPA flash and cuDNN. Writes $OUT/sm90_bwd_probe.json (or /tmp).
 Experiments: PROBE_KERNEL_SRC=<dir> builds a variant from a copy of kernel_src (the extension is
 named after the folder), PROBE_BUILD_ONLY=1 stops after the build (so that variants build in
 parallel and time one after the other from torch's extension cache), PROBE_TIMING_ONLY=1 skips
-the gradient checks.
+the gradient checks, PROBE_PROFILE=1 prints each kernel's time (torch profiler).
 """
 
 import importlib.util
@@ -160,6 +160,12 @@ for S, causal in [(2048, True), (2048, False), (8192, True), (8192, False)]:
             res[name] = bench(
                 lambda: torch.autograd.grad(o, (qs, ks_r, vs_r), go, retain_graph=True)
             )
+    if os.environ.get("PROBE_PROFILE"):  # each kernel's share of one call
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                ext.bwd(q, k, v, out_b, lse, dout, *grads, D**-0.5, causal)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6), flush=True)
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     row = {"S": S, "causal": causal, **res, "ours_ms": ours, "ours_tflops": flops / ours / 1e9}
     row["variant"] = VARIANT
