@@ -60,7 +60,7 @@ cudaError_t attn_fwd(const AttnFwdParams& params, cudaStream_t stream);
 inline constexpr int64_t kBwdMaxHeadDim = 128;
 cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows, cudaStream_t stream);
 
-// The Hopper backward (attention_sm90.h: wgmma, TMA; fixed-length fp16 / bf16 at head dim 128,
+// The Hopper backward (attention_sm90.h: wgmma, TMA; fixed-length fp16 / bf16 at head dim 64 or 128,
 // causal or not, GQA; dQ added by bulk reductions, so not deterministic). Returns the floats of
 // fp32 workspace it needs for `params` on the current device: nonzero exactly when it takes them
 // (capability 9.0, params.fwd.allow_hopper, sm90::bwd_supports). Callers that do not need the same

@@ -39,7 +39,7 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, cudaStream_t stream);
 
 // Whether the Hopper backward (attention_sm90_bwd.cuh) computes `p` (attention_params.h
 // semantics). True exactly when all of these hold:
-//   - dtype float16 or bfloat16; head_dim exactly 128;
+//   - dtype float16 or bfloat16; head_dim exactly 64 or 128;
 //   - fixed-length batches, no score modifier, no sliding window (as supports() above);
 //   - fwd.lse set; heads_q a multiple of heads_kv;
 //   - batch, heads and lengths fit in int32, batch * heads_q <= 65535, ceil(seqlen_k / 128) <=

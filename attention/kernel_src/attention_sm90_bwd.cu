@@ -19,8 +19,8 @@ namespace sm90 {
 namespace {
 
 using KernelArgs = attention::sm90::BwdArgs;
-template <class Element>
-using Kernel = attention::sm90::BwdKernelFor<Element, 128>;
+template <class Element, int kHeadDim>
+using Kernel = attention::sm90::BwdKernelFor<Element, kHeadDim>;
 
 constexpr int64_t kBlockM = 64;  // the kernel's query tile: the padding of the workspace rows
 constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
@@ -144,7 +144,9 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, cudaStream_t stream)
         <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, w, padded);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  return attention::sm90::run_bwd<Kernel<Element>>(kernel_args(p, w), stream);
+  const KernelArgs a = kernel_args(p, w);
+  return f.head_dim == 64 ? attention::sm90::run_bwd<Kernel<Element, 64>>(a, stream)
+                          : attention::sm90::run_bwd<Kernel<Element, 128>>(a, stream);
 }
 
 }  // namespace
@@ -152,7 +154,7 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, cudaStream_t stream)
 bool bwd_supports(const AttnBwdParams& p) {
   const AttnFwdParams& f = p.fwd;
   if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
-  if (f.head_dim != 128) return false;
+  if (f.head_dim != 64 && f.head_dim != 128) return false;
   if (f.cu_seqlens_q != nullptr || f.cu_seqlens_k != nullptr || f.seqused_k != nullptr ||
       f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || f.block_table != nullptr) {
     return false;

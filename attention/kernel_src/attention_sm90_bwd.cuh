@@ -19,7 +19,7 @@
 //   - the epilogue scales dK by the softmax scale and writes dK / dV in the input type.
 // Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
 // written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0.
-// Covered: fp16 / bf16, head dim 128, fixed-length batches with any 16-byte-aligned strides,
+// Covered: fp16 / bf16, head dims 64 and 128, fixed-length batches with any 16-byte-aligned strides,
 // MQA / GQA, non-causal and causal (bottom-right).
 #pragma once
 
@@ -52,8 +52,8 @@ struct BwdArgs {
   const float* lse_log2;
   const float* dsum;
   // fp32, zeroed: dQ / softmax_scale, one tile of kHeadDim x kBlockM floats per (batch, query
-  // head, query block), each tile in the order of the dQ^T fragments: float j * 4 + e of
-  // consumer thread t at ((j * consumer threads) + t) * 4 + e. So the consumers stage a tile in
+  // head, query block), each tile in the order of the dQ^T fragments: float j * 4 + e of dQ
+  // thread t at ((j * BwdKernel::kDqThreads) + t) * 4 + e. So the consumers stage a tile in
   // shared memory with conflict-free 16-byte stores, it is added by one bulk reduction, and the
   // dq pass (attn_bwd_sm90_dq_kernel) reorders.
   float* dq_accum;
@@ -77,14 +77,20 @@ struct BwdKernel {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static_assert(kHeadDim == 128, "dQ^T splits the head dim into one 64-row wgmma per warpgroup");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "dQ^T: 64 rows of the head dim a warpgroup");
   static_assert(kBlockM == 64 && kBlockN == 128);
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // setmaxnreg within what the launch gives (65536 / 384 = 168 a thread): 24 + 2 x 240 = 3 x 168.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // dQ^T = K^T dS^T has kHeadDim rows: the first kHeadDim / 64 consumer warpgroups compute it
+  // (at head dim 64 the second one skips it; the tensor cores stay busy with the first's).
+  static constexpr int kDqWarpgroups = kHeadDim / 64;
+  static constexpr int kDqThreads = 128 * kDqWarpgroups;
+  // setmaxnreg within what the launch gives (65536 / 384 = 168 a thread): 24 + 2 x 240 = 3 x 168
+  // at head dim 128, whose consumers hold 128 fp32 of dK / dV a thread; at head dim 64 the
+  // producer warpgroup keeps 56 (ptxas spilled its loops' state at 24), 56 + 2 x 224.
+  static constexpr int kProducerRegisters = kHeadDim == 64 ? 56 : 24;
+  static constexpr int kConsumerRegisters = kHeadDim == 64 ? 224 : 240;
 
   // The consumer warpgroups split the M of every GEMM: keys for S^T, dP^T, dV and dK, the head
   // dim for dQ^T.
@@ -105,7 +111,7 @@ struct BwdKernel {
   using MmaDq = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      WarpgroupsAlongM{}));
+      Layout<Shape<Int<kDqWarpgroups>, _1, _1>>{}));
 
   // Tiles as they lie in memory (rows x head dim, head dim contiguous) in 128-byte swizzle atoms;
   // the transposed views read them MN-major.
@@ -260,16 +266,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   using cutlass::arch::NamedBarrier;
   constexpr int kDsWritten = 1;  // both warpgroups' dS^T is in shared memory
   constexpr int kDqEmpty = 2, kDqFull = 3;
-  constexpr int kDqThreads = kConsumerThreads + 32;
+  constexpr int kDqBarrierThreads = Kernel::kDqThreads + 32;
 
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     if (iterations == 0) return;
     if (threadIdx.x / 32 == 1) {  // the dQ reducer
-      NamedBarrier::arrive(kDqThreads, kDqEmpty);
+      NamedBarrier::arrive(kDqBarrierThreads, kDqEmpty);
       for (int it = 0; it < iterations; ++it) {
         const int head = head_kv * group + it / m_count, m_block = m_first + it % m_count;
-        NamedBarrier::sync(kDqThreads, kDqFull);
+        NamedBarrier::sync(kDqBarrierThreads, kDqFull);
         if (threadIdx.x == 32) {
           bulk_reduce_add(
               a.dq_accum +
@@ -280,7 +286,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
           tma_store_wait<0>();  // the reduction has read the tile
         }
         __syncwarp();
-        if (it + 1 < iterations) NamedBarrier::arrive(kDqThreads, kDqEmpty);
+        if (it + 1 < iterations) NamedBarrier::arrive(kDqBarrierThreads, kDqEmpty);
       }
       if (threadIdx.x == 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       return;
@@ -336,6 +342,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   // consumers
   cutlass::arch::warpgroup_reg_alloc<Kernel::kConsumerRegisters>();
   const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
+  const bool dq_warpgroup =
+      Kernel::kDqWarpgroups == Kernel::kConsumerWarpgroups || tid < Kernel::kDqThreads;
   typename Kernel::MmaSdP mma_sdp;
   typename Kernel::MmaDkv mma_dkv;
   typename Kernel::MmaDk mma_dk;
@@ -343,7 +351,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   auto thr_dk = mma_dk.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid % Kernel::kDqThreads);  // used where dq_warpgroup
 
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, M, K)
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, M, K)
@@ -455,13 +463,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     // dQ^T = K^T dS^T over the block's keys (each warpgroup 64 rows of the head dim), then
     // dK += dS^T Q, which runs while dQ^T is added to the workspace.
     warpgroup_fence_operand(tDqrDq);
-    warpgroup_arrive();
-    mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-    for (int k = 0; k < size<2>(tDqrKt); ++k) {
-      gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
-      mma_dq.accumulate_ = GMMA::ScaleOut::One;
+    if (dq_warpgroup) {
+      warpgroup_arrive();
+      mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+      for (int k = 0; k < size<2>(tDqrKt); ++k) {
+        gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
+        mma_dq.accumulate_ = GMMA::ScaleOut::One;
+      }
     }
-    warpgroup_commit_batch();
+    warpgroup_commit_batch();  // empty without dQ^T, so that the waits below count alike
     warpgroup_fence_operand(tDkrDk);
     warpgroup_arrive();
     for (int k = 0; k < size<2>(tDkrDsT); ++k) {
@@ -474,14 +484,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDqrDq);
     pipe_do.consumer_release(state);
 
-    NamedBarrier::sync(kDqThreads, kDqEmpty);
-    float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
-    for (int j = 0; j < size(tDqrDq) / 4; ++j) {
-      dq[j * kConsumerThreads] =
-          make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
+    if (dq_warpgroup) {
+      NamedBarrier::sync(kDqBarrierThreads, kDqEmpty);
+      float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
+      for (int j = 0; j < size(tDqrDq) / 4; ++j) {
+        dq[j * Kernel::kDqThreads] =
+            make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
+      }
+      cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
+      NamedBarrier::arrive(kDqBarrierThreads, kDqFull);
     }
-    cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
-    NamedBarrier::arrive(kDqThreads, kDqFull);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDkrDk);
     pipe_q.consumer_release(state);
@@ -508,7 +520,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 // a thread per consumer thread of the main kernel reading its fragments back (coalesced), placed
 // by their (head dim, query) coordinates into a shared tile that leaves in rows.
 template <class Kernel>
-__global__ void __launch_bounds__(Kernel::kConsumerThreads)
+__global__ void __launch_bounds__(Kernel::kDqThreads)
     attn_bwd_sm90_dq_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Element = typename Kernel::Element;
@@ -522,8 +534,7 @@ __global__ void __launch_bounds__(Kernel::kConsumerThreads)
   const float* src =
       a.dq_accum + (int64_t(blockIdx.y) * Kernel::query_blocks(a) + m_block) * (kHeadDim * kBlockM);
   for (int j = 0; j < size(coord) / 4; ++j) {
-    const float4 v =
-        *reinterpret_cast<const float4*>(src + (j * Kernel::kConsumerThreads + tid) * 4);
+    const float4 v = *reinterpret_cast<const float4*>(src + (j * Kernel::kDqThreads + tid) * 4);
     const float e[4] = {v.x, v.y, v.z, v.w};
     for (int i = 0; i < 4; ++i) {
       tile[get<1>(coord(4 * j + i))][get<0>(coord(4 * j + i))] = e[i];
@@ -531,7 +542,7 @@ __global__ void __launch_bounds__(Kernel::kConsumerThreads)
   }
   __syncthreads();
   Element* dq = static_cast<Element*>(a.dq) + batch * a.dq_batch + head * a.dq_head;
-  for (int idx = tid; idx < kBlockM * kHeadDim / 2; idx += Kernel::kConsumerThreads) {
+  for (int idx = tid; idx < kBlockM * kHeadDim / 2; idx += Kernel::kDqThreads) {
     const int r = idx / (kHeadDim / 2), d = idx % (kHeadDim / 2) * 2;
     const int row = m_block * kBlockM + r;
     if (row < a.seqlen_q) {
@@ -568,7 +579,7 @@ cudaError_t run_bwd(const BwdArgs& args, cudaStream_t stream) {
   if (args.seqlen_q == 0) return cudaSuccess;
   const dim3 dq_grid(static_cast<unsigned>(Kernel::query_blocks(args)),
                      static_cast<unsigned>(int64_t(args.batch) * args.heads_q));
-  attn_bwd_sm90_dq_kernel<Kernel><<<dq_grid, Kernel::kConsumerThreads, 0, stream>>>(args);
+  attn_bwd_sm90_dq_kernel<Kernel><<<dq_grid, Kernel::kDqThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -182,7 +182,7 @@ def backward_calls(k, dtype, device, deterministic):
     middle sequence has no keys: a row or key tile past a tensor's end leaves its allocation."""
     for sq, sk, d, window in (
         (77, 77, 32, (-1, -1)),
-        (130, 200, 64, (-1, -1)),
+        (130, 200, 64, (-1, -1)),  # the Hopper backward's too
         (200, 130, 96, (40, 0)),
         (150, 201, 128, (-1, -1)),  # the Hopper backward's, on capability 9.0 with atomics
         (200, 130, 128, (-1, -1)),

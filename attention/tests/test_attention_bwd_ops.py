@@ -147,11 +147,13 @@ CASES = [
     (200, 90, 2, 2, 96, True, (-1, -1), 0.0, False),
     (129, 129, 4, 2, 128, True, (-1, -1), 20.0, True),
 ]
-# What the Hopper backward takes on capability 9.0 (deterministic=False): head dim 128, no window
-# or score modifier; MQA with more keys than queries, causal with rows that see no key.
+# What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128, no
+# window or score modifier; MQA with more keys than queries, causal with rows that see no key.
 HOPPER_CASES = [
     (130, 200, 4, 1, 128, False, (-1, -1), 0.0, False),
     (200, 130, 4, 2, 128, True, (-1, -1), 0.0, False),
+    (150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
+    (77, 300, 2, 1, 64, False, (-1, -1), 0.0, False),
 ]
 
 
@@ -324,15 +326,16 @@ def test_bwd_atomic_dq_matches_deterministic(kernel, device, case, monkeypatch):
         )
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
-def test_bwd_hopper_kernel_runs(kernel, device, dtype, monkeypatch):
-    """Capability 9.0: a deterministic=False backward at head dim 128 runs the Hopper kernel
-    (its gradients are checked by test_bwd_against_float64_autograd's head-dim-128 cases), and
+def test_bwd_hopper_kernel_runs(kernel, device, dtype, head_dim, monkeypatch):
+    """Capability 9.0: a deterministic=False backward at head dim 64 or 128 runs the Hopper
+    kernel (its gradients are checked by test_bwd_hopper_cases_against_float64_autograd), and
     neither deterministic=True nor ATTENTION_HOPPER=0 does."""
     if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper backward runs on capability 9.0")
-    q = randn((2, 200, 4, 128), dtype, device, seed=11).requires_grad_()
-    k = randn((2, 130, 2, 128), dtype, device, seed=12).requires_grad_()
+    q = randn((2, 200, 4, head_dim), dtype, device, seed=11).requires_grad_()
+    k = randn((2, 130, 2, head_dim), dtype, device, seed=12).requires_grad_()
 
     def kernels_of(**kw):
         out = kernel.flash_attn_func(q, k, k, causal=True, **kw)

@@ -1,7 +1,7 @@
 """The Hopper attention backward alone (kernel_src/attention_sm90_bwd.cuh), built in under a
 minute with torch's extension loader instead of the whole kit: gradients against float64 autograd
 of the formula, each error against twice torch's own bf16 autograd error plus a floor (the bound
-of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens, H = 32/8, D = 128
+of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens, H = 32/8, D = 64, 128
 next to SDPA flash and cuDNN. Writes $OUT/sm90_bwd_probe.json (or /tmp).
 
     python attention/benchmarks/probe/sm90_bwd_probe.py      (on an sm_90 GPU with CUDA torch)
@@ -76,49 +76,50 @@ CASES = [  # B, Sq, Sk, H, Hk, causal
     (1, 517, 389, 8, 2, True),
     (1, 389, 517, 8, 2, True),
 ]
-dev, D = "cuda", 128
+dev = "cuda"
 results = []
-for dt in () if os.environ.get("PROBE_TIMING_ONLY") else (torch.bfloat16, torch.float16):
-    for case in CASES:
-        B, sq, sk, h, hk, causal = case
-        g = torch.Generator(device="cpu").manual_seed(sq + sk)
-        q, k, v = (
-            torch.randn(s, generator=g).to(dev)
-            for s in [(B, sq, h, D), (B, sk, hk, D), (B, sk, hk, D)]
-        )
-        dout = torch.randn(B, sq, h, D, generator=g).to(dev)
-        leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
-        out64, lse64 = formula(*leaves64, D**-0.5, causal)
-        out64.backward(dout.double())
-        leaves16 = [t.to(dt).requires_grad_() for t in (q, k, v)]
-        out16, _ = formula(*leaves16, D**-0.5, causal)
-        out16.backward(dout.to(dt))
-        qb, kb, vb = (t.to(dt).contiguous() for t in (q, k, v))
-        grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
-        ran = ext.bwd(
-            qb,
-            kb,
-            vb,
-            out64.detach().to(dt).contiguous(),
-            lse64.detach().float().contiguous(),
-            dout.to(dt).contiguous(),
-            *grads,
-            D**-0.5,
-            causal,
-        )
-        torch.cuda.synchronize()
-        row = {"dtype": str(dt), "case": str(case), "ran": ran}
-        ok = ran
-        for name, got, l64, l16 in zip(("dq", "dk", "dv"), grads, leaves64, leaves16):
-            want = l64.grad
-            err = float((got.double() - want).abs().max())
-            terr = float((l16.grad.double() - want).abs().max())
-            floor = 8 * 2**-8 * float(want.abs().max())
-            row[name] = (round(err, 5), round(terr, 5))
-            ok &= err <= 2 * terr + floor
-        row["ok"] = bool(ok)
-        results.append(row)
-        print(row, flush=True)
+CHECKS = [
+    (dt, D, case) for dt in (torch.bfloat16, torch.float16) for D in (64, 128) for case in CASES
+]
+for dt, D, case in [] if os.environ.get("PROBE_TIMING_ONLY") else CHECKS:
+    B, sq, sk, h, hk, causal = case
+    g = torch.Generator(device="cpu").manual_seed(sq + sk)
+    q, k, v = (
+        torch.randn(s, generator=g).to(dev) for s in [(B, sq, h, D), (B, sk, hk, D), (B, sk, hk, D)]
+    )
+    dout = torch.randn(B, sq, h, D, generator=g).to(dev)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    out64, lse64 = formula(*leaves64, D**-0.5, causal)
+    out64.backward(dout.double())
+    leaves16 = [t.to(dt).requires_grad_() for t in (q, k, v)]
+    out16, _ = formula(*leaves16, D**-0.5, causal)
+    out16.backward(dout.to(dt))
+    qb, kb, vb = (t.to(dt).contiguous() for t in (q, k, v))
+    grads = [torch.full_like(t, float("nan")) for t in (qb, kb, vb)]
+    ran = ext.bwd(
+        qb,
+        kb,
+        vb,
+        out64.detach().to(dt).contiguous(),
+        lse64.detach().float().contiguous(),
+        dout.to(dt).contiguous(),
+        *grads,
+        D**-0.5,
+        causal,
+    )
+    torch.cuda.synchronize()
+    row = {"dtype": str(dt), "D": D, "case": str(case), "ran": ran}
+    ok = ran
+    for name, got, l64, l16 in zip(("dq", "dk", "dv"), grads, leaves64, leaves16):
+        want = l64.grad
+        err = float((got.double() - want).abs().max())
+        terr = float((l16.grad.double() - want).abs().max())
+        floor = 8 * 2**-8 * float(want.abs().max())
+        row[name] = (round(err, 5), round(terr, 5))
+        ok &= err <= 2 * terr + floor
+    row["ok"] = bool(ok)
+    results.append(row)
+    print(row, flush=True)
 
 
 def bench(fn, iters=10):
@@ -136,7 +137,7 @@ def bench(fn, iters=10):
 
 timing = []
 dt = torch.bfloat16
-for S, causal in [(2048, True), (2048, False), (8192, True), (8192, False)]:
+for D, S, causal in [(d, s, c) for d in (128, 64) for s in (2048, 8192) for c in (True, False)]:
     B, H, HK = 16384 // S, 32, 8
     q = torch.randn(B, S, H, D, device=dev, dtype=dt)
     k = torch.randn(B, S, HK, D, device=dev, dtype=dt)
@@ -167,7 +168,8 @@ for S, causal in [(2048, True), (2048, False), (8192, True), (8192, False)]:
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6), flush=True)
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-    row = {"S": S, "causal": causal, **res, "ours_ms": ours, "ours_tflops": flops / ours / 1e9}
+    row = {"D": D, "S": S, "causal": causal, **res, "ours_ms": ours}
+    row["ours_tflops"] = flops / ours / 1e9
     row["variant"] = VARIANT
     row["vs_cudnn"] = res["cudnn"] / ours
     timing.append(row)
