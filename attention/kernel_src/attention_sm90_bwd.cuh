@@ -9,9 +9,9 @@
 //   - kBlockN / 64 consumer warpgroups, 64 keys each, compute per query block
 //       S^T = K Q^T, dP^T = V dO^T                 (SS wgmma, keys x queries)
 //       P^T = exp2(S^T scale log2(e) - lse_log2),  dS^T = P^T (dP^T - D)
-//       dV += P^T dO, dK += dS^T Q                 (RS wgmma: P^T and dS^T from registers)
-//       dQ^T = K^T dS^T                            (SS wgmma, head dim x queries, dS^T staged in
-//                                                   shared memory by both warpgroups)
+//       dV += P^T dO                               (RS wgmma: P^T from registers)
+//       dQ^T = K^T dS^T, dK += dS^T Q              (SS wgmma: dS^T staged in shared memory by
+//                                                   both warpgroups, read by both GEMMs)
 //     and stage dQ^T in shared memory, from where the producer warpgroup's second warp adds it
 //     into an fp32 workspace by a bulk reduction (not deterministic: the order of the adds
 //     varies; the mma.sync path serves deterministic calls), which a last pass scales and

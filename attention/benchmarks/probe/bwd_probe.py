@@ -11,16 +11,12 @@ H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /
 
 import json
 import os
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from probe_common import ROOT, alibi_slopes, bench, formula, sdpa_backward_ms, within_bound
 from torch.utils.cpp_extension import load
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "attention", "tests"))
-from attention_cases import alibi_slopes, bias, visible  # noqa: E402
 
 os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
 t0 = time.time()
@@ -35,26 +31,6 @@ ext = load(
     verbose=False,
 )
 print(f"built in {time.time() - t0:.0f} s", flush=True)
-
-
-def formula(q, k, v, scale, causal, window, softcap, slopes):
-    """[B, S, H, D] -> out, lse ([B, H, S_q]) in q's dtype (lse float32 of it)."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    qt = q.transpose(1, 2)
-    kt = k.repeat_interleave(h // hk, dim=2).transpose(1, 2)
-    vt = v.repeat_interleave(h // hk, dim=2).transpose(1, 2)
-    s = (qt @ kt.transpose(-1, -2)) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    bb = bias(sq, sk, slopes)
-    if bb is not None:
-        s = s + bb.to(s.device, s.dtype)
-    mask = visible(sq, sk, causal, window).to(s.device)
-    s = s.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return (p @ vt).transpose(1, 2), lse
 
 
 CASES = [  # B, Sq, Sk, H, Hk, D, causal, window, softcap, alibi
@@ -117,31 +93,15 @@ for case in CASES:
     row["bits_equal"] = ok
     for variant in VARIANTS:
         for name, got, l64, l16 in zip(("dq", "dk", "dv"), by_variant[variant], leaves64, leaves16):
-            want = l64.grad
-            err = float((got.double() - want).abs().max())
-            terr = float((l16.grad.double() - want).abs().max())
-            floor = 8 * 2**-8 * float(want.abs().max())
-            row[f"{variant} {name}"] = (round(err, 5), round(terr, 5))
-            ok &= err <= 2 * terr + floor
+            err, terr, within = within_bound(got, l64.grad, l16.grad)
+            row[f"{variant} {name}"] = (err, terr)
+            ok &= within
     row["ok"] = ok
     results.append(row)
     print(row, flush=True)
 
 
 # timing: B*S = 16K, H 32/8, D 128, causal and not, S = 2048 and 8192
-def bench(fn, iters=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / iters
-
-
 timing = []
 for S, causal in [(2048, True), (2048, False), (8192, True)]:
     B, H, HK, D = 16384 // S, 32, 8, 128
@@ -151,6 +111,7 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
     dout = torch.randn_like(q)
     qs, ks, vs = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
     out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)
+    out_b = out.detach().transpose(1, 2).contiguous()
     lse = torch.zeros(B, H, S, device=dev)  # values do not matter for timing
     grads = [torch.empty_like(t) for t in (q, k, v)]
     ours = {
@@ -159,7 +120,7 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
                 q,
                 k,
                 v,
-                out.detach().transpose(1, 2).contiguous(),
+                out_b,
                 lse,
                 dout,
                 *grads,
@@ -174,21 +135,7 @@ for S, causal in [(2048, True), (2048, False), (8192, True)]:
         )
         for variant, deterministic in VARIANTS.items()
     }
-    ks_r, vs_r = (t.detach().repeat_interleave(H // HK, 1).requires_grad_() for t in (ks, vs))
-    res = {}
-    for name, backend in [
-        ("flash", torch.nn.attention.SDPBackend.FLASH_ATTENTION),
-        ("cudnn", torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
-    ]:
-        try:
-            with torch.nn.attention.sdpa_kernel(backend):
-                o = F.scaled_dot_product_attention(qs, ks_r, vs_r, is_causal=causal)
-                go = dout.transpose(1, 2)
-                res[name] = bench(
-                    lambda: torch.autograd.grad(o, (qs, ks_r, vs_r), go, retain_graph=True)
-                )
-        except Exception as e:  # noqa: BLE001
-            res[name] = repr(e)[:80]
+    res = sdpa_backward_ms(qs, ks, vs, dout, causal)
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     row = {"S": S, "causal": causal, **res}
     for variant, ms in ours.items():
