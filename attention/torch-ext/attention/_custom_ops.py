@@ -709,7 +709,8 @@ def _attn_backward_unsupported_fake(grad_out, q, k, v):
 )
 def _attn_func_backward(grad_out, q, k, v, out, *lse_and_options):
     """(dq, dk, dv) of attn_func through the C++ attn_bwd, whose arguments after out are this
-    op's (deterministic last: on CUDA, False adds dQ with atomics, True runs a dQ pass)."""
+    op's (deterministic last: on CUDA, False adds dQ into a workspace in a varying order, True
+    runs a dQ pass)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ops.attn_bwd(dq, dk, dv, grad_out.contiguous(), q, k, v, out, *lse_and_options)
     return dq, dk, dv
@@ -779,8 +780,9 @@ def attention(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, softmax_lse) of the general forward, differentiable through attn_bwd (the paged and
     KV-cache forms raise NotImplementedError in the backward: inference-only). ``deterministic``
-    is the backward's: on CUDA False (flash-attn's default) adds dQ with atomics, True computes it
-    in a pass of its own, the same bits on every run; the CPU is deterministic either way."""
+    is the backward's: on CUDA False (flash-attn's default) adds dQ into a workspace in a varying
+    order, True computes it in a pass of its own, the same bits on every run; the CPU is
+    deterministic either way."""
     if dropout_p is not None and float(dropout_p) > 0.0:
         raise NotImplementedError(
             f"{op}: dropout_p = {dropout_p} is not implemented: this kernel is forward-only without dropout "

@@ -9,9 +9,10 @@ Conventions (flash-attn's):
 - ``softmax_scale`` defaults to ``D ** -0.5``; ``causal`` is bottom-right aligned; ``window_size
   = (left, right)``, -1 = unbounded (None accepted as in FA3 / FA4); ``softcap`` 0 = off;
   ``alibi_slopes`` float32 ``[H]`` or ``[B, H]``; ``deterministic`` (default False, as in
-  flash-attn) is the backward's: on CUDA False adds dQ with fp32 atomics during the dK/dV pass
-  (faster; a workspace of ``total_q x H x D`` floats, and dQ may differ in its last bits from run
-  to run, dK and dV do not), True computes dQ in a pass of its own (the same bits on every run).
+  flash-attn) is the backward's: on CUDA False adds dQ into an fp32 workspace in a varying order
+  (faster; dQ may differ in its last bits from run to run; on H100 / H200 the Hopper kernel takes
+  head dims 64 and 128, with dK and dV of other bits than True's), True computes dQ in a pass of
+  its own (the same bits on every run).
   The forward, and the CPU backward, are deterministic either way.
 - ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: the log-sum-exp ``[B, H, S_q]``
   (varlen ``[H, total_q]``) in float32, as flash-attn returns it; the probabilities themselves
@@ -488,9 +489,10 @@ def _flash_attn_backward(
     and ``dv`` (new tensors where None) and returns ``softmax_d`` = rowsum(dout * out), float32
     [B, H, S_q] (flash-attn pads S_q on CUDA; this does not). ``dropout_p > 0`` raises
     NotImplementedError, and so does a CUDA head dim past 128 or not a multiple of 8.
-    ``deterministic``: on CUDA False adds dQ with fp32 atomics (dq may differ in its last bits
-    from run to run), True runs a dQ pass of its own (the same bits on every run); dk and dv are
-    the same either way, and the CPU backward is deterministic regardless."""
+    ``deterministic``: on CUDA False adds dQ into an fp32 workspace in a varying order (dq may
+    differ in its last bits from run to run; on H100 / H200 the Hopper kernel takes head dims 64
+    and 128), True runs a dQ pass of its own (the same bits on every run); the CPU backward is
+    deterministic regardless."""
     left, right = _custom_ops.window("_flash_attn_backward", (window_size_left, window_size_right))
     return ops.bwd(
         *(x.contiguous() for x in (dout, q, k, v, out)),
