@@ -6,6 +6,7 @@
 // The kernels (building blocks: attention_bwd_tile.cuh), launched by attention_bwd.cu:
 //   attn_bwd_dsum:  D = rowsum(dO * O) in fp32, one warp per (row, head);
 //   attn_bwd_dkdv:  one CTA per (64-key block, kv head, sequence); each of its 4 warps owns 16 keys
+//                   (past head dim 128, 8 warps: two a slab, half the columns each; DkDvWarps)
 //                   and accumulates their dK and dV in registers over every query block of
 //                   every query head of the group (GQA reduced in place). S^T = K Q^T and
 //                   dP^T = V dO^T are its C fragments, which become the A fragments of
@@ -20,10 +21,11 @@
 //   not (workspace set):   dsum, dkdv<kAtomicDq>, dq_convert: 5 GEMMs and an fp32 workspace; dq's
 //                          sums run in a varying order.
 // dK and dV are the same bits in both.
-// The dK/dV and dQ passes keep two shared-memory stages of the tiles they stream (Q / dO and the
-// lse, D rows in the dK/dV pass, K / V in the dQ pass): the next step's cp.async loads are issued
-// before this step's math, so a step waits for a load issued a whole step earlier instead of its
-// own. 96-107 KB of shared memory at head dim 128 (2 CTAs per SM on sm_90, 1 on sm_86 / sm_89).
+// The dK/dV and dQ passes keep kStages shared-memory stages of the tiles they stream (Q / dO and
+// the lse, D rows in the dK/dV pass, K / V in the dQ pass). With two, the next step's cp.async
+// loads are issued before this step's math, so a step waits for a load issued a whole step
+// earlier instead of its own. One stage (the next step's loads issued after this step's math) is
+// the fallback where two do not fit a block's shared memory: attention_bwd.cu picks per device.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -86,9 +88,9 @@ struct StepCursor {
 // shared memory, whose transposed reads give the A operand with the queries as rows. dK and dV
 // are the same bits either way: the extra work only reads what their math reads.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int D, bool kAtomicDq>
+template <typename T, int D, bool kAtomicDq, int kStages_>
 struct DkDvSmem {
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kStages_;
   static constexpr int kTileBytes = kBlockRows * D * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;     // Q, dO
   static constexpr int kRowsBytes = 2 * kBlockRows * 4;  // lse, D
@@ -96,16 +98,24 @@ struct DkDvSmem {
   static constexpr int kBytes = 2 * kTileBytes + kStages * (kStageBytes + kRowsBytes) + kDsBytes;
 };
 
-template <typename T, int D, bool kAtomicDq>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int D, bool kAtomicDq, int kStages_>
+__global__ void __launch_bounds__(DkDvWarps<D>::kThreads)
     attn_bwd_dkdv_kernel(AttnBwdParams p, const float* dsum) {
-  using Smem = DkDvSmem<T, D, kAtomicDq>;
+  using Smem = DkDvSmem<T, D, kAtomicDq, kStages_>;
+  using Warps = DkDvWarps<D>;
   constexpr int kStages = Smem::kStages;
   constexpr int kQTiles = kBlockRows / 8;  // n-tiles of S^T (queries)
-  constexpr int kDTiles = D / 8;           // n-tiles of dK / dV
+  constexpr int kCols = Warps::kCols;      // dK / dV columns of a warp
+  constexpr int kDTiles = kCols / 8;       // its n-tiles of dK / dV
+  constexpr int kLoaders = Warps::kThreads;
   using Rows = SwizzledRows<D>;
   const AttnFwdParams& f = p.fwd;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // This warp's 16 keys (slab) and dK / dV columns [col0, col0 + kCols).
+  // (Unsplit, a compile-time 0 part.)
+  const int warp = tid / 32;
+  const int slab = Warps::kParts == 1 ? warp : warp % kWarps;
+  const int part = Warps::kParts == 1 ? 0 : warp / kWarps, col0 = part * kCols;
   const int b = blockIdx.z, hk = blockIdx.y;
   const SeqRows s = seq_rows(f, b);
   const int64_t key0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
@@ -126,22 +136,24 @@ __global__ void __launch_bounds__(kThreads)
   const T* vbase = static_cast<const T*>(f.v) + kb * f.v_batch_stride + s.k0 * f.v_row_stride +
                    hk * f.v_head_stride;
   const int head_dim = static_cast<int>(f.head_dim);
-  load_tile<D>(sk, kbase, f.k_row_stride, key0, s.len_k, head_dim, tid);
-  load_tile<D>(sv, vbase, f.v_row_stride, key0, s.len_k, head_dim, tid);
+  load_tile<D, kLoaders>(sk, kbase, f.k_row_stride, key0, s.len_k, head_dim, tid);
+  load_tile<D, kLoaders>(sv, vbase, f.v_row_stride, key0, s.len_k, head_dim, tid);
   cp_async_commit();
 
   // Lane addresses: A operands (K, V rows of this warp) and transposed B operands (Q, dO rows
   // as the k dimension) use (lane % 16, lane / 16); plain B operands (Q, dO rows as n) use
   // ((lane % 8) + 8 (lane / 16), (lane / 8) % 2) (attention_cuda_mma.cuh). Q / dO addresses are
-  // those of stage 0; a stage adds a multiple of the tile size, clear of the swizzle's bits.
+  // those of stage 0; a stage adds a multiple of the tile size, clear of the swizzle's bits. The
+  // transposed B operands of the dK / dV / dQ products start at this warp's first column.
   const int lr_a = lane % 16, lc_a = lane / 16;
   const int lr_b = (lane % 8) + (lane / 16) * 8, lc_b = (lane / 8) % 2;
-  const uint32_t k_a = sk + Rows(lr_a, lc_a, static_cast<uint32_t>(warp * 16 * D * 2)).base;
-  const uint32_t v_a = sv + Rows(lr_a, lc_a, static_cast<uint32_t>(warp * 16 * D * 2)).base;
+  const uint32_t k_a = sk + Rows(lr_a, lc_a, static_cast<uint32_t>(slab * 16 * D * 2)).base;
+  const uint32_t v_a = sv + Rows(lr_a, lc_a, static_cast<uint32_t>(slab * 16 * D * 2)).base;
   const uint32_t q_b = sq0 + Rows(lr_b, lc_b, 0).base;
   const uint32_t do_b = q_b + Smem::kTileBytes;
-  const uint32_t q_t = sq0 + Rows(lr_a, lc_a, 0).base;
-  const uint32_t k_t = sk + Rows(lr_a, lc_a, 0).base;  // K rows as the k dimension (dQ = dS K)
+  const uint32_t q_t = Warps::column_part(sq0 + Rows(lr_a, lc_a, 0).base, part);
+  // K rows as the k dimension (dQ = dS K)
+  const uint32_t k_t = Warps::column_part(sk + Rows(lr_a, lc_a, 0).base, part);
   const uint32_t do_t = q_t + Smem::kTileBytes;
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -180,20 +192,23 @@ __global__ void __launch_bounds__(kThreads)
       const int stage = loading.step % kStages;
       const int64_t h = hk * group + loading.head, i0 = (qb_lo + loading.block) * kBlockRows;
       const uint32_t sq = sq0 + stage * Smem::kStageBytes;
-      load_tile<D>(sq,
-                   static_cast<const T*>(f.q) + qb * f.q_batch_stride + s.q0 * f.q_row_stride +
-                       h * f.q_head_stride,
-                   f.q_row_stride, i0, s.len_q, head_dim, tid);
-      load_tile<D>(sq + Smem::kTileBytes,
-                   static_cast<const T*>(p.dout) + qb * p.dout_batch_stride +
-                       s.q0 * p.dout_row_stride + h * p.dout_head_stride,
-                   p.dout_row_stride, i0, s.len_q, head_dim, tid);
-      // Rows past the sequence read as 0: no element of theirs is visible (p = ds = 0 there).
-      const int r = tid % kBlockRows;
-      const float* src = tid < kBlockRows ? f.lse : dsum;
-      const int64_t at = qb * f.lse_batch_stride + h * f.lse_head_stride + s.q0 + i0 + r;
-      cp_async_4(rows0 + stage * Smem::kRowsBytes + tid * 4, i0 + r < s.len_q ? src + at : src,
-                 i0 + r < s.len_q);
+      load_tile<D, kLoaders>(sq,
+                             static_cast<const T*>(f.q) + qb * f.q_batch_stride +
+                                 s.q0 * f.q_row_stride + h * f.q_head_stride,
+                             f.q_row_stride, i0, s.len_q, head_dim, tid);
+      load_tile<D, kLoaders>(sq + Smem::kTileBytes,
+                             static_cast<const T*>(p.dout) + qb * p.dout_batch_stride +
+                                 s.q0 * p.dout_row_stride + h * p.dout_head_stride,
+                             p.dout_row_stride, i0, s.len_q, head_dim, tid);
+      // The first 128 threads: the lse and D rows. Rows past the sequence read as 0: no element
+      // of theirs is visible (p = ds = 0 there).
+      if (tid < 2 * kBlockRows) {
+        const int r = tid % kBlockRows;
+        const float* src = tid < kBlockRows ? f.lse : dsum;
+        const int64_t at = qb * f.lse_batch_stride + h * f.lse_head_stride + s.q0 + i0 + r;
+        cp_async_4(rows0 + stage * Smem::kRowsBytes + tid * 4, i0 + r < s.len_q ? src + at : src,
+                   i0 + r < s.len_q);
+      }
     }
     cp_async_commit();
     loading.advance(q_blocks);
@@ -201,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
 
   issue();  // the first step's tiles
   for (; computing.step < steps; computing.advance(q_blocks)) {
-    issue();  // the next step's tiles, into the other stage
+    if constexpr (kStages > 1) issue();  // the next step's tiles, into the other stage
     cp_async_wait<kStages - 1>();
     __syncthreads();
     const int stage = computing.step % kStages;
@@ -220,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qi = nt * 8 + 2 * t + (e & 1);
-        const int64_t i = i0 + qi, j = key0 + warp * 16 + g + (e >= 2 ? 8 : 0);
+        const int64_t i = i0 + qi, j = key0 + slab * 16 + g + (e >= 2 ? 8 : 0);
         const int64_t diag = i + shift;
         float pv = 0.0f, dsv = 0.0f;
         if (i < s.len_q && visible(diag, j, s.len_k, w)) {
@@ -230,26 +245,28 @@ __global__ void __launch_bounds__(kThreads)
         dpt[nt][e] = dsv;
       }
     }
-    if constexpr (kAtomicDq) {
-      // This warp's 16 rows of dS^T, rounded to T as the products round them.
+    if (kAtomicDq && part == 0) {
+      // This slab's 16 rows of dS^T, rounded to T as the products round them.
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = warp * 16 + g + half * 8;
+          const int row = slab * 16 + g + half * 8;
           st_shared_u32(sds + tile_offset<kBlockRows>(row, nt) + 4 * t,
                         pack2<T>(dpt[nt][2 * half], dpt[nt][2 * half + 1]));
         }
       }
     }
     // dV += P^T dO and dK += dS^T Q: 16-query k-steps.
-    product_with_rows<T, D>(dv, st, do_t + stage_off);
-    product_with_rows<T, D>(dk, dpt, q_t + stage_off);
+    product_with_rows<T, D, kCols>(dv, st, do_t + stage_off);
+    product_with_rows<T, D, kCols>(dk, dpt, q_t + stage_off);
     if constexpr (kAtomicDq) {
-      __syncthreads();  // every warp's dS^T rows are written
-      add_dq_of_step<T, D>(p, sds, k_t, h, i0, s, varlen_q ? 0 : b, warp, lane);
+      __syncthreads();  // every slab's dS^T rows are written
+      // dQ of the query slab with this warp's index, in its column part.
+      add_dq_of_step<T, D, kCols>(p, sds, k_t, col0, h, i0, s, varlen_q ? 0 : b, slab, lane);
     }
     __syncthreads();  // this stage's (and dS^T's) readers are done before a later step refills it
+    if constexpr (kStages == 1) issue();  // the next step's tiles, into the stage just read
   }
   cp_async_wait<0>();  // K / V without a step, and the trailing empty groups
 
@@ -257,9 +274,11 @@ __global__ void __launch_bounds__(kThreads)
               hk * p.dk_head_stride;
   T* dvbase = static_cast<T*>(p.dv) + kb * p.dv_batch_stride + s.k0 * p.dv_row_stride +
               hk * p.dv_head_stride;
-  const int64_t my_keys = key0 + warp * 16;
-  store_rows<T, D>(dkbase, p.dk_row_stride, dk, scale, my_keys, s.len_k, head_dim, lane);
-  store_rows<T, D>(dvbase, p.dv_row_stride, dv, 1.0f, my_keys, s.len_k, head_dim, lane);
+  const int64_t my_keys = key0 + slab * 16;
+  store_rows<T, kCols>(dkbase + col0, p.dk_row_stride, dk, scale, my_keys, s.len_k, head_dim - col0,
+                       lane);
+  store_rows<T, kCols>(dvbase + col0, p.dv_row_stride, dv, 1.0f, my_keys, s.len_k, head_dim - col0,
+                       lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,17 +286,17 @@ __global__ void __launch_bounds__(kThreads)
 // deterministic schedule). Shared memory: Q, dO tiles of [64][D], then per stage K, V tiles (one
 // key block a step).
 // ---------------------------------------------------------------------------------------------
-template <typename T, int D>
+template <typename T, int D, int kStages_>
 struct DqSmem {
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kStages_;
   static constexpr int kTileBytes = kBlockRows * D * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K, V
   static constexpr int kBytes = 2 * kTileBytes + kStages * kStageBytes;
 };
 
-template <typename T, int D>
+template <typename T, int D, int kStages_>
 __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBwdParams p, const float* dsum) {
-  using Smem = DqSmem<T, D>;
+  using Smem = DqSmem<T, D, kStages_>;
   constexpr int kStages = Smem::kStages;
   constexpr int kKTiles = kBlockRows / 8;  // n-tiles of S (keys)
   constexpr int kDTiles = D / 8;
@@ -365,7 +384,7 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBwdParams p, 
 
   issue(0);
   for (int step = 0; step < steps; ++step) {
-    issue(step + 1);  // the next step's tiles, into the other stage
+    if constexpr (kStages > 1) issue(step + 1);  // the next step's tiles, into the other stage
     cp_async_wait<kStages - 1>();
     __syncthreads();
     const uint32_t stage_off = (step % kStages) * Smem::kStageBytes;
@@ -391,6 +410,7 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBwdParams p, 
     // dQ += dS K: 16-key k-steps, K rows transposed as the B operand.
     product_with_rows<T, D>(dq, dp, k_t + stage_off);
     __syncthreads();  // this stage's readers are done before a later step refills it
+    if constexpr (kStages == 1) issue(step + 1);  // into the stage just read
   }
   cp_async_wait<0>();  // Q / dO without a step, and the trailing empty groups
 

@@ -23,6 +23,25 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockRows = 64;  // keys per dK/dV CTA, queries per dQ CTA, and of each loop tile
 
+// The dK/dV pass's warps. A warp owns 16 keys (a slab) and the dK, dV columns of one part of the
+// head dim: past 128 the accumulators of a whole row (2 x D / 8 floats a thread) would not fit in
+// registers, so two warps share a slab, each with half the columns (and its own copy of the slab's
+// S^T and dP^T, which both halves need).
+template <int D>
+struct DkDvWarps {
+  static constexpr int kParts = D > 128 ? 2 : 1;
+  static constexpr int kCols = D / kParts;
+  static constexpr int kThreads = kWarps * kParts * 32;
+  static_assert(kParts == 1 || kCols % 64 == 0, "column parts start on a swizzle period");
+
+  // The lane address of column part `part` of a swizzled [rows][D] tile, from that of column 0.
+  // The swizzle repeats every 64 columns, so a part that starts on a multiple of 64 has the
+  // pattern of column 0, shifted.
+  __device__ __forceinline__ static uint32_t column_part(uint32_t lane_addr, int part) {
+    return lane_addr + static_cast<uint32_t>(part * kCols * 2);
+  }
+};
+
 // One sequence's rows: first row in the (packed) tensor and length, for queries and keys.
 struct SeqRows {
   int64_t q0, len_q, k0, len_k;
@@ -58,12 +77,13 @@ __device__ __forceinline__ bool visible(int64_t diag, int64_t j, int64_t len_k, 
 }
 
 // Rows [row0, row0 + 64) x the head dim of a [rows][D] tensor into a swizzled tile with
-// cp.async; rows at or past `rows` and chunks past head_dim are zero-filled without a read.
-template <int D, typename T>
+// cp.async by threads [0, kLoaders); rows at or past `rows` and chunks past head_dim are
+// zero-filled without a read.
+template <int D, int kLoaders = kThreads, typename T>
 __device__ __forceinline__ void load_tile(uint32_t tile, const T* base, int64_t row_stride,
                                           int64_t row0, int64_t rows, int head_dim, int tid) {
   constexpr int kChunks = D / 8;
-  for (int c = tid; c < kBlockRows * kChunks; c += kThreads) {
+  for (int c = tid; c < kBlockRows * kChunks; c += kLoaders) {
     const int r = c / kChunks, chunk = c % kChunks;
     const bool valid = row0 + r < rows && chunk * 8 < head_dim;
     const T* src = valid ? base + (row0 + r) * row_stride + chunk * 8 : base;
@@ -131,10 +151,10 @@ __device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const float (&c)[kB
   a[3] = pack2<T>(c[2 * ks + 1][2], c[2 * ks + 1][3]);
 }
 
-// acc += A (k = the 64 tile rows) times the tile at t_lane as the B operand ([k][D] rows read
-// transposed; lane address of (lane % 16, lane / 16)).
-template <typename T, int D>
-__device__ __forceinline__ void product_with_rows(float (&acc)[D / 8][4],
+// acc += A (k = the 64 tile rows) times kCols columns of the tile at t_lane as the B operand
+// ([k][D] rows read transposed; lane address of (lane % 16, lane / 16), at the first column).
+template <typename T, int D, int kCols = D>
+__device__ __forceinline__ void product_with_rows(float (&acc)[kCols / 8][4],
                                                   const float (&c)[kBlockRows / 8][4],
                                                   uint32_t t_lane) {
   using Rows = SwizzledRows<D>;
@@ -143,7 +163,7 @@ __device__ __forceinline__ void product_with_rows(float (&acc)[D / 8][4],
     uint32_t a[4];
     a_fragment<T>(a, c, ks);
 #pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
+    for (int dp = 0; dp < kCols / 16; ++dp) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, Rows::at(t_lane, ks * 16, dp));
       mma_16816<T>(acc[2 * dp], a, b[0], b[1]);
@@ -153,20 +173,20 @@ __device__ __forceinline__ void product_with_rows(float (&acc)[D / 8][4],
 }
 
 // Rows g and g + 8 of this warp's 16 (first row `row0`, `rows` valid) of acc * scale, columns
-// 8 dt + 2t and + 1 up to head_dim, into base (row stride in elements).
-template <typename T, int D>
+// 8 dt + 2t and + 1 below `cols`, into base (row stride in elements; base at acc's first column).
+template <typename T, int kCols>
 __device__ __forceinline__ void store_rows(T* base, int64_t row_stride,
-                                           const float (&acc)[D / 8][4], float scale, int64_t row0,
-                                           int64_t rows, int head_dim, int lane) {
+                                           const float (&acc)[kCols / 8][4], float scale,
+                                           int64_t row0, int64_t rows, int cols, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t r = row0 + g + half * 8;
     if (r >= rows) continue;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
+    for (int dt = 0; dt < kCols / 8; ++dt) {
       const int col = dt * 8 + 2 * t;
-      if (col >= head_dim) continue;
+      if (col >= cols) continue;
       *reinterpret_cast<uint32_t*>(base + r * row_stride + col) =
           pack2<T>(acc[dt][2 * half] * scale, acc[dt][2 * half + 1] * scale);
     }
@@ -174,29 +194,30 @@ __device__ __forceinline__ void store_rows(T* base, int64_t row_stride,
 }
 
 // dQ of one dK/dV step (query rows i0.., head h) from the dS^T tile at `ds` ([64 keys][64
-// queries], swizzled rows of 64) and the K tile (lane address k_t of (lane % 16, lane / 16)):
-// this warp's 16 queries times D, 16 columns at a time (8 accumulators live, so that the dK / dV
-// accumulators of the caller keep their registers), each added to the fp32 dq_accum rows
-// [q_rows][heads_q][head_dim] with atomics; rows past the sequence are skipped.
-template <typename T, int D>
+// queries], swizzled rows of 64) and the K tile (lane address k_t of (lane % 16, lane / 16), at
+// column col0): the 16 queries of `slab` times kCols columns from col0, 16 columns at a time (8
+// accumulators live, so that the dK / dV accumulators of the caller keep their registers), each
+// added to the fp32 dq_accum rows [q_rows][heads_q][head_dim] with atomics; rows past the
+// sequence are skipped.
+template <typename T, int D, int kCols = D>
 __device__ __forceinline__ void add_dq_of_step(const AttnBwdParams& p, uint32_t ds, uint32_t k_t,
-                                               int64_t h, int64_t i0, const SeqRows& s,
-                                               int64_t batch, int warp, int lane) {
+                                               int col0, int64_t h, int64_t i0, const SeqRows& s,
+                                               int64_t batch, int slab, int lane) {
   using Rows = SwizzledRows<D>;
   using DsRows = SwizzledRows<kBlockRows>;
   const AttnFwdParams& f = p.fwd;
   const int g = lane / 4, t = lane % 4;
   // A = dS (queries x keys) by transposed reads of dS^T: rows (lane % 8) + 8 (lane / 16) of a
-  // 16-key step, query chunk 2 warp + (lane / 8) % 2.
+  // 16-key step, query chunk 2 slab + (lane / 8) % 2.
   const uint32_t ds_lane = ds + DsRows((lane % 8) + (lane / 16) * 8, (lane / 8) % 2, 0).base;
   uint32_t a[kBlockRows / 16][4];
 #pragma unroll
   for (int ks = 0; ks < kBlockRows / 16; ++ks)
-    ldmatrix_x4_trans(a[ks], DsRows::at(ds_lane, ks * 16, warp));
-  const int64_t row0 = (batch * f.seqlen_q + s.q0 + i0 + warp * 16) * f.heads_q + h;
+    ldmatrix_x4_trans(a[ks], DsRows::at(ds_lane, ks * 16, slab));
+  const int64_t row0 = (batch * f.seqlen_q + s.q0 + i0 + slab * 16) * f.heads_q + h;
   const int64_t row_stride = f.heads_q * f.head_dim;  // dq_accum: [q_rows][heads_q][head_dim]
 #pragma unroll
-  for (int dp = 0; dp < D / 16; ++dp) {
+  for (int dp = 0; dp < kCols / 16; ++dp) {
     float acc[2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kBlockRows / 16; ++ks) {
@@ -208,11 +229,11 @@ __device__ __forceinline__ void add_dq_of_step(const AttnBwdParams& p, uint32_t 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = g + half * 8;
-      if (i0 + warp * 16 + r >= s.len_q) continue;
+      if (i0 + slab * 16 + r >= s.len_q) continue;
       float* row = p.dq_accum + row0 * f.head_dim + r * row_stride;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const int col = dp * 16 + nt * 8 + 2 * t;
+        const int col = col0 + dp * 16 + nt * 8 + 2 * t;
         if (col >= f.head_dim) continue;
         atomicAdd(row + col, acc[nt][2 * half]);
         atomicAdd(row + col + 1, acc[nt][2 * half + 1]);

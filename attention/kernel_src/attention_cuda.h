@@ -51,14 +51,18 @@ cudaError_t attn_fwd(const AttnFwdParams& params, cudaStream_t stream);
 // attention_params.h). Dense or varlen (cu_seqlens_q / cu_seqlens_k), MQA/GQA, causal, windows,
 // softcap and ALiBi; no paged K/V, seqused_k, kv_batch_idx or leftpad_k. The forward's
 // preconditions above hold for q/k/v/out/dout/dq/dk/dv alike, plus head_dim at most
-// kBwdMaxHeadDim, lse given (the forward's, fp32) and `dsum` a workspace of fp32 laid out as lse
-// ([batch, heads_q, seqlen_q] or [heads_q, total_q], lse's strides), which receives
+// attn_bwd_max_head_dim(), lse given (the forward's, fp32) and `dsum` a workspace of fp32 laid
+// out as lse ([batch, heads_q, seqlen_q] or [heads_q, total_q], lse's strides), which receives
 // rowsum(dout * out). q_rows: rows of q (batch * seqlen_q, or total_q when varlen). Every row of
 // dq, dk and dv inside a sequence is written; packed rows outside every sequence are not (with
 // dq_accum, dq's get the workspace's zeros). Returns cudaErrorInvalidValue for params outside
 // these rules, before any launch.
-inline constexpr int64_t kBwdMaxHeadDim = 128;
 cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows, cudaStream_t stream);
+
+// The largest head dim attn_bwd takes on the current device: 256 where a block's shared memory
+// holds its head-dim-256 tiles (sm_80, sm_90: 163 KB and more), else 128 (sm_86, sm_89, sm_120:
+// 99 KB).
+int64_t attn_bwd_max_head_dim();
 
 // The Hopper backward (attention_sm90.h: wgmma, TMA; fixed-length fp16 / bf16 at head dim 64 or 128,
 // causal or not, GQA; dQ added by bulk reductions, so not deterministic). Returns the floats of

@@ -186,6 +186,8 @@ def backward_calls(k, dtype, device, deterministic):
         (200, 130, 96, (40, 0)),
         (150, 201, 128, (-1, -1)),  # the Hopper backward's, on capability 9.0 with atomics
         (200, 130, 128, (-1, -1)),
+        (130, 150, 256, (-1, -1)),  # two warps a key slab
+        (70, 100, 192, (30, 5)),  # the 256 instance, zero columns past 192
     ):
         q = torch.randn(2, sq, 4, d, dtype=dtype, device=device, requires_grad=True)
         kv = [

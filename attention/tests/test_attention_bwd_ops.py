@@ -141,11 +141,14 @@ CASES = [
     (33, 33, 2, 2, 40, True, (-1, -1), 5.0, False),  # softcap
     (33, 50, 4, 2, 32, True, (-1, -1), 0.0, True),  # ALiBi
     (30, 30, 4, 4, 8, False, (5, -1), 3.0, True),  # everything at once
-    # Several 64-row blocks of queries and keys (the CUDA kernels' tiles), head dims up to 128.
+    # Several 64-row blocks of queries and keys (the CUDA kernels' tiles), each head dim instance.
     (150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
     (130, 200, 4, 1, 128, False, (70, 10), 0.0, False),
     (200, 90, 2, 2, 96, True, (-1, -1), 0.0, False),
     (129, 129, 4, 2, 128, True, (-1, -1), 20.0, True),
+    (130, 150, 4, 2, 256, True, (-1, -1), 0.0, False),  # two warps a key slab on CUDA
+    (70, 100, 2, 1, 192, False, (30, 5), 10.0, True),  # on CUDA the 256 instance, zero columns
+    (65, 80, 2, 2, 100, True, (-1, -1), 0.0, False),  # CUDA: zero-padded copies (head dim 104)
 ]
 # What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128, no
 # window or score modifier; MQA with more keys than queries, causal with rows that see no key.

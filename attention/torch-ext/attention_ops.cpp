@@ -1105,6 +1105,8 @@ attention::AttnBwdParams backward_params(const AttentionCall& c, const Geometry&
 #if defined(CUDA_KERNEL)
 // The CUDA backward (attention_cuda.h, attn_bwd). Inputs that are not 16-byte aligned are read
 // through contiguous copies and such gradients written through temporaries, as in the forward;
+// a head dim that is not a multiple of 8 runs on zero-padded copies (pad_head_dim), its
+// gradients through padded temporaries (the padded columns' gradients are zero and dropped).
 // lse is made contiguous, since the rowsum(dout * out) workspace takes its layout.
 // deterministic = false (flash-attn's default) runs the Hopper backward where it takes the call
 // (attn_bwd_hopper_workspace; ATTENTION_HOPPER=0 turns it off as for the forward), else adds dQ
@@ -1116,11 +1118,19 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   const at::Device device = c.q.device();
   const c10::cuda::CUDAGuard device_guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
-  const auto readable = [](const at::Tensor& t) { return aligned16(t) ? t : t.contiguous(); };
+  Geometry gk = g;
+  const bool padded = g.head_dim % 8 != 0;
+  if (padded) gk.head_dim = (g.head_dim + 7) / 8 * 8;
+  const auto readable = [&](const at::Tensor& t) {
+    if (padded) return pad_head_dim(t, gk.head_dim);
+    return aligned16(t) ? t : t.contiguous();
+  };
   // Varlen rows outside every sequence are not written: a temporary starts as the caller's zeros.
-  const auto writable = [](const at::Tensor& t, bool varlen) {
-    if (aligned16(t)) return t;
-    return varlen ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
+  const auto writable = [&](const at::Tensor& t, bool varlen) {
+    if (!padded && aligned16(t)) return t;
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes.back() = gk.head_dim;
+    return varlen ? at::zeros(sizes, t.options()) : at::empty(sizes, t.options());
   };
   AttentionCall a = c;
   a.q = readable(c.q);
@@ -1131,7 +1141,7 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   const at::Tensor d_out = readable(dout);
   at::Tensor dq_w = writable(dq, g.varlen_q), dk_w = writable(dk, g.varlen_k),
              dv_w = writable(dv, g.varlen_k);
-  attention::AttnBwdParams p = backward_params(a, g, d_out, dq_w, dk_w, dv_w);
+  attention::AttnBwdParams p = backward_params(a, gk, d_out, dq_w, dk_w, dv_w);
   const at::TensorOptions fp32 = c.q.options().dtype(at::kFloat);
   const int64_t hopper_floats = deterministic ? 0 : attention::cuda::attn_bwd_hopper_workspace(p);
   cudaError_t err = cudaSuccess;
@@ -1151,7 +1161,8 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   TORCH_CHECK(err == cudaSuccess, c.op, ": CUDA launch failed: ", cudaGetErrorString(err));
   for (auto [given, written] :
        {std::pair<at::Tensor*, at::Tensor*>{&dq, &dq_w}, {&dk, &dk_w}, {&dv, &dv_w}}) {
-    if (!given->is_same(*written)) given->copy_(*written);
+    if (!given->is_same(*written))
+      given->copy_(padded ? written->narrow(-1, 0, g.head_dim) : *written);
   }
 }
 #endif
@@ -1203,10 +1214,12 @@ void run_backward(const char* op, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
       {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
 #if defined(CUDA_KERNEL)
   if (q.is_cuda()) {
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t max_head_dim = attention::cuda::attn_bwd_max_head_dim();
     TORCH_CHECK_NOT_IMPLEMENTED(
-        g.head_dim % 8 == 0 && g.head_dim <= attention::cuda::kBwdMaxHeadDim, c.op,
-        ": the CUDA backward takes head dims that are multiples of 8 up to ",
-        attention::cuda::kBwdMaxHeadDim, " so far, got ", g.head_dim);
+        g.head_dim <= max_head_dim, c.op, ": the CUDA backward takes head dims up to ",
+        max_head_dim, " on this device (its tiles must fit a block's shared memory), got ",
+        g.head_dim);
   }
 #endif
   // The kernels write every row of a dense batch. Packed (varlen) rows past the last sequence,
