@@ -429,7 +429,7 @@ NOTES = {
         "The backward (`torch.autograd.grad` of a stored forward) and the forward + backward of "
         "flash_attn_func against SDPA's backends on the same inputs, GQA 32/8; a ratio is the "
         "baseline's time over ours (above 1: ours is faster), – where a contender rejects the "
-        "shape (ours past head dim 128)."
+        "shape."
     ),
     "quant-gemm": (
         "GPU times are medians of CUDA-graph replay, each call reading its weight from DRAM "

@@ -188,6 +188,7 @@ def backward_calls(k, dtype, device, deterministic):
         (200, 130, 128, (-1, -1)),
         (130, 150, 256, (-1, -1)),  # two warps a key slab
         (70, 100, 192, (30, 5)),  # the 256 instance, zero columns past 192
+        (65, 80, 100, (-1, -1)),  # zero-padded copies of head dim 104
     ):
         q = torch.randn(2, sq, 4, d, dtype=dtype, device=device, requires_grad=True)
         kv = [

@@ -157,6 +157,7 @@ HOPPER_CASES = [
     (200, 130, 4, 2, 128, True, (-1, -1), 0.0, False),
     (150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
     (77, 300, 2, 1, 64, False, (-1, -1), 0.0, False),
+    (100, 140, 4, 2, 120, True, (-1, -1), 0.0, False),  # zero-padded copies of head dim 128
 ]
 
 

@@ -1153,7 +1153,7 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
     const int64_t q_rows = g.varlen_q ? g.total_q : g.batch * g.seqlen_q;
     at::Tensor dq_accum;
     if (!deterministic) {
-      dq_accum = at::zeros({q_rows, g.heads_q, g.head_dim}, fp32);
+      dq_accum = at::zeros({q_rows, g.heads_q, gk.head_dim}, fp32);
       p.dq_accum = dq_accum.mutable_data_ptr<float>();
     }
     err = attention::cuda::attn_bwd(p, dsum.mutable_data_ptr<float>(), q_rows, stream);

@@ -41,8 +41,9 @@ void attn_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 
 // The backward of attn_fwd (kernel_src/attention_params.h, AttnBwdParams): dq, dk, dv (shapes of
 // q, k, v, written in full) from dout (out's shape), the forward's out and lse, and the forward's
-// options; dense or varlen (cu_seqlens_q / _k), no paged cache. On CUDA head_dim is a multiple of 8
-// up to 128 (NotImplementedError past it), and deterministic = false adds dQ with fp32 atomics
+// options; dense or varlen (cu_seqlens_q / _k), no paged cache. On CUDA head_dim is at most
+// attn_bwd_max_head_dim() (256, or 128 on 99 KB GPUs; NotImplementedError past it), and
+// deterministic = false adds dQ with fp32 atomics
 // into a workspace of [q_rows, heads_q, head_dim] (fewer FLOPs; dq may differ in its last bits
 // from run to run, dk and dv do not), true computes it in a pass of its own (the same bits on
 // every run). The CPU backward is deterministic either way.

@@ -27,7 +27,8 @@ no key gives out = 0 and lse = +inf.
 
 dtypes: float16 and bfloat16 on CUDA (head_dim up to 256), float32 too on the CPU (any
 head_dim). ``dropout_p > 0`` raises NotImplementedError. A backward runs through the dense and
-varlen functions (on CUDA for head dims that are multiples of 8 up to 128); their
+varlen functions (on CUDA for head dims up to 256; 128 on GPUs with 99 KB of shared memory a
+block: sm_86, sm_89, sm_120); their
 ``deterministic`` (default False, as in flash-attn) picks the CUDA backward: False adds dQ into
 an fp32 workspace in a varying order (faster; on H100 / H200 the Hopper kernel takes head dims 64
 and 128), True gives the same bits on every run. The KV-cache and paged forms are

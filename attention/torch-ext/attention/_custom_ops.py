@@ -690,7 +690,8 @@ def _attn_backward_unsupported(
     backward while compiling the forward) still compiles a forward whose inputs require grad; the
     compiled backward raises when it runs. It takes grad_out so that the partitioner cannot move
     it into the forward graph. (Where the C++ backward cannot run, as for a CUDA head dim past
-    128, attn_bwd itself raises NotImplementedError, saying why.)"""
+    what the device's shared memory holds, attn_bwd itself raises NotImplementedError, saying
+    why.)"""
     raise NotImplementedError(INFERENCE_ONLY_MESSAGE)
 
 

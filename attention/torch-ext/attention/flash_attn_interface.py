@@ -488,7 +488,8 @@ def _flash_attn_backward(
     """flash-attn ``_flash_attn_backward``: writes the gradients of q, k and v into ``dq``, ``dk``
     and ``dv`` (new tensors where None) and returns ``softmax_d`` = rowsum(dout * out), float32
     [B, H, S_q] (flash-attn pads S_q on CUDA; this does not). ``dropout_p > 0`` raises
-    NotImplementedError, and so does a CUDA head dim past 128 or not a multiple of 8.
+    NotImplementedError, and so does a CUDA head dim past 256 (past 128 on GPUs with 99 KB of
+    shared memory a block: sm_86, sm_89, sm_120).
     ``deterministic``: on CUDA False adds dQ into an fp32 workspace in a varying order (dq may
     differ in its last bits from run to run; on H100 / H200 the Hopper kernel takes head dims 64
     and 128), True runs a dQ pass of its own (the same bits on every run); the CPU backward is
