@@ -20,7 +20,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 import build as build_script  # noqa: E402
 
 # kernel -> file-name prefixes of its generated translation units
-KERNELS = {"attention": ("attention_fwd_", "attention_sm90_"), "quant": ("scaled_mm_sm90_",)}
+KERNELS = {
+    "attention": ("attention_fwd_", "attention_bwd_", "attention_sm90_"),
+    "quant": ("scaled_mm_sm90_",),
+}
 
 
 def _generator(kernel: str):

@@ -3,7 +3,7 @@
 //   p = exp(l - lse),  l = z - slope |diag - j|,  z = softcap tanh(s / softcap) (or s),
 //   s = scale <q_i, k_j>,  D_i = <dO_i, O_i>,  dp = <dO_i, v_j>,  ds = p (dp - D_i) dz/ds,
 //   dV_j = sum_i p dO_i,  dK_j = scale sum_i ds q_i,  dQ_i = scale sum_j ds k_j.
-// The kernels (building blocks: attention_bwd_tile.cuh), launched by attention_bwd.cu:
+// The kernels (building blocks: attention_bwd_tile.cuh), launched by attention_bwd_launch.cuh:
 //   attn_bwd_dsum:  D = rowsum(dO * O) in fp32, one warp per (row, head);
 //   attn_bwd_dkdv:  one CTA per (64-key block, kv head, sequence); each of its 4 warps owns 16 keys
 //                   (past head dim 128, 8 warps: two a slab, half the columns each; DkDvWarps)
@@ -25,7 +25,7 @@
 // the lse, D rows in the dK/dV pass, K / V in the dQ pass). With two, the next step's cp.async
 // loads are issued before this step's math, so a step waits for a load issued a whole step
 // earlier instead of its own. One stage (the next step's loads issued after this step's math) is
-// the fallback where two do not fit a block's shared memory: attention_bwd.cu picks per device.
+// the fallback where two do not fit a block's shared memory: attention_bwd_launch.cuh picks per device.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -89,19 +89,9 @@ struct StepCursor {
 // are the same bits either way: the extra work only reads what their math reads.
 // ---------------------------------------------------------------------------------------------
 template <typename T, int D, bool kAtomicDq, int kStages_>
-struct DkDvSmem {
-  static constexpr int kStages = kStages_;
-  static constexpr int kTileBytes = kBlockRows * D * 2;
-  static constexpr int kStageBytes = 2 * kTileBytes;     // Q, dO
-  static constexpr int kRowsBytes = 2 * kBlockRows * 4;  // lse, D
-  static constexpr int kDsBytes = kAtomicDq ? kBlockRows * kBlockRows * 2 : 0;
-  static constexpr int kBytes = 2 * kTileBytes + kStages * (kStageBytes + kRowsBytes) + kDsBytes;
-};
-
-template <typename T, int D, bool kAtomicDq, int kStages_>
 __global__ void __launch_bounds__(DkDvWarps<D>::kThreads)
     attn_bwd_dkdv_kernel(AttnBwdParams p, const float* dsum) {
-  using Smem = DkDvSmem<T, D, kAtomicDq, kStages_>;
+  using Smem = DkDvSmem<D, kAtomicDq, kStages_>;
   using Warps = DkDvWarps<D>;
   constexpr int kStages = Smem::kStages;
   constexpr int kQTiles = kBlockRows / 8;  // n-tiles of S^T (queries)
@@ -287,16 +277,8 @@ __global__ void __launch_bounds__(DkDvWarps<D>::kThreads)
 // key block a step).
 // ---------------------------------------------------------------------------------------------
 template <typename T, int D, int kStages_>
-struct DqSmem {
-  static constexpr int kStages = kStages_;
-  static constexpr int kTileBytes = kBlockRows * D * 2;
-  static constexpr int kStageBytes = 2 * kTileBytes;  // K, V
-  static constexpr int kBytes = 2 * kTileBytes + kStages * kStageBytes;
-};
-
-template <typename T, int D, int kStages_>
 __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBwdParams p, const float* dsum) {
-  using Smem = DqSmem<T, D, kStages_>;
+  using Smem = DqSmem<D, kStages_>;
   constexpr int kStages = Smem::kStages;
   constexpr int kKTiles = kBlockRows / 8;  // n-tiles of S (keys)
   constexpr int kDTiles = D / 8;

@@ -42,6 +42,28 @@ struct DkDvWarps {
   }
 };
 
+// Shared memory of the dK/dV pass (attention_bwd_kernel.cuh): K, V tiles of [64][D], then per
+// stage Q, dO tiles and the lse, D rows of the query tile, then (kAtomicDq) the dS^T tile. 16-bit
+// elements: fp16 and bf16 take the same bytes.
+template <int D, bool kAtomicDq, int kStages_>
+struct DkDvSmem {
+  static constexpr int kStages = kStages_;
+  static constexpr int kTileBytes = kBlockRows * D * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;     // Q, dO
+  static constexpr int kRowsBytes = 2 * kBlockRows * 4;  // lse, D
+  static constexpr int kDsBytes = kAtomicDq ? kBlockRows * kBlockRows * 2 : 0;
+  static constexpr int kBytes = 2 * kTileBytes + kStages * (kStageBytes + kRowsBytes) + kDsBytes;
+};
+
+// Shared memory of the dQ pass: Q, dO tiles of [64][D], then per stage K, V tiles.
+template <int D, int kStages_>
+struct DqSmem {
+  static constexpr int kStages = kStages_;
+  static constexpr int kTileBytes = kBlockRows * D * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K, V
+  static constexpr int kBytes = 2 * kTileBytes + kStages * kStageBytes;
+};
+
 // One sequence's rows: first row in the (packed) tensor and length, for queries and keys.
 struct SeqRows {
   int64_t q0, len_q, k0, len_k;

@@ -9,6 +9,10 @@ of host policy recompiles one file, a kernel change only the instance files. (Ke
 cannot be declared extern across translation units: nvcc gives __global__ template stubs internal
 linkage.)
 
+Backward (every capability): one translation unit per (head dim, dtype) launches that pair's
+passes (attention_bwd_launch.cuh), and attention_bwd_instances.h declares the launch functions
+for the host side (attention_bwd.cu), which thus compiles no kernel.
+
 Hopper (sm_90a only): one translation unit per (head dim, dtype) launches that pair's kernel
 (attention_sm90_fwd.cuh), and attention_sm90_instances.h declares the launch functions for the
 Hopper dispatcher (attention_sm90.cu), which thus instantiates no kernel.
@@ -39,6 +43,8 @@ CONFIGS = {
     256: ["Prefill256", "Decode256"],
 }
 SCORE_MODS = ("false", "true")
+# The backward's head-dim instances (attention_bwd.cu runs a head dim on the smallest that holds it).
+BWD_HEAD_DIMS = (32, 64, 96, 128, 256)
 # The Hopper forward: head dims with a kernel (attention_sm90.h's rule), and its element types.
 SM90_HEAD_DIMS = (64, 96, 128, 192, 256)
 SM90_DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
@@ -48,6 +54,8 @@ CI_SAMPLE = (
     "attention_fwd_hdim128_bf16.cu",
     "attention_fwd_hdim256_fp16.cu",
     "attention_fwd_combine.cu",
+    "attention_bwd_hdim128_fp16.cu",
+    "attention_bwd_hdim256_bf16.cu",
     "attention_sm90_hdim128_bf16.cu",
 )
 
@@ -136,6 +144,86 @@ def combine_unit() -> str:
     return translation_unit("attention_fwd_combine_kernel.cuh", body)
 
 
+def bwd_launcher(dtype: str, head_dim: int) -> str:
+    """The signature of one backward instance's launch function, as clang-format breaks it."""
+    name = f"cudaError_t launch_bwd_instance<{DTYPES[dtype]}, {head_dim}>("
+    params = [
+        "const AttnBwdParams& p",
+        "float* dsum",
+        "int64_t q_rows",
+        "int smem_limit",
+        "cudaStream_t stream)",
+    ]
+    # clang-format packs the parameters into lines of at most 100 columns, aligned after "(".
+    lines, line = [], name
+    for i, param in enumerate(params):
+        piece = param + ("" if i == len(params) - 1 else ",")
+        if line != name and len(line) + 1 + len(piece) > 100:
+            lines.append(line)
+            line = " " * len(name) + piece
+        else:
+            line = line + ("" if line == name else " ") + piece
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def bwd_instances_header() -> str:
+    lines = [
+        BANNER,
+        "// attention_bwd_instances.h: one launch function per instance of the CUDA attention backward",
+        "// (attention_bwd_launch.cuh), each defined in a generated attention_bwd_hdim*.cu, so that the",
+        "// host side (attention_bwd.cu) compiles no kernel.",
+        "#pragma once",
+        "",
+        "#include <cuda_bf16.h>",
+        "#include <cuda_fp16.h>",
+        "#include <cuda_runtime.h>",
+        "",
+        "#include <cstdint>",
+        "",
+        '#include "attention_params.h"',
+        "",
+        "namespace attention {",
+        "namespace cuda {",
+        "",
+        "// bwd::launch_bwd<T, kHeadDim> (attention_bwd_launch.cuh).",
+        "template <typename T, int kHeadDim>",
+        "cudaError_t launch_bwd_instance(const AttnBwdParams& p, float* dsum, int64_t q_rows, int smem_limit,",
+        "                                cudaStream_t stream);",
+        "",
+    ]
+    for head_dim in BWD_HEAD_DIMS:
+        for dtype in DTYPES:
+            lines += [
+                f"// attention_bwd_hdim{head_dim}_{dtype}.cu",
+                "template <>",
+                bwd_launcher(dtype, head_dim) + ";",
+            ]
+    lines += ["", "}  // namespace cuda", "}  // namespace attention", ""]
+    return "\n".join(lines)
+
+
+def bwd_unit(dtype: str, head_dim: int) -> str:
+    lines = [
+        BANNER,
+        '#include "attention_bwd_instances.h"',
+        '#include "attention_bwd_launch.cuh"',
+        "",
+        "namespace attention {",
+        "namespace cuda {",
+        "",
+        "template <>",
+        bwd_launcher(dtype, head_dim) + " {",
+        f"  return bwd::launch_bwd<{DTYPES[dtype]}, {head_dim}>(p, dsum, q_rows, smem_limit, stream);",
+        "}",
+        "",
+        "}  // namespace cuda",
+        "}  // namespace attention",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def sm90_launcher(dtype: str, head_dim: int) -> str:
     """The signature of one Hopper instance's launch function, as clang-format breaks it."""
     name = f"cudaError_t run_fwd_instance<{SM90_DTYPES[dtype]}, {head_dim}>("
@@ -199,6 +287,10 @@ def generated_files() -> dict[str, str]:
         for dtype in DTYPES:
             files[f"attention_fwd_hdim{head_dim}_{dtype}.cu"] = fwd_unit(dtype, head_dim)
     files["attention_fwd_combine.cu"] = combine_unit()
+    files["attention_bwd_instances.h"] = bwd_instances_header()
+    for head_dim in BWD_HEAD_DIMS:
+        for dtype in DTYPES:
+            files[f"attention_bwd_hdim{head_dim}_{dtype}.cu"] = bwd_unit(dtype, head_dim)
     files["attention_sm90_instances.h"] = sm90_instances_header()
     for head_dim in SM90_HEAD_DIMS:
         for dtype in SM90_DTYPES:

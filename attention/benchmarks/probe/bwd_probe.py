@@ -9,6 +9,7 @@ H = 32/8, D = 128 next to SDPA flash and cuDNN. Writes $OUT/bwd_probe.json (or /
     python attention/benchmarks/probe/bwd_probe.py      (on a GPU machine with CUDA torch)
 """
 
+import glob
 import json
 import os
 import time
@@ -20,13 +21,15 @@ from torch.utils.cpp_extension import load
 
 os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
 t0 = time.time()
+KERNEL_SRC = os.path.join(ROOT, "attention/kernel_src")
 ext = load(
     "attn_bwd_probe",
     [
         os.path.join(os.path.dirname(__file__), "bwd_probe_binding.cpp"),
-        os.path.join(ROOT, "attention/kernel_src/attention_bwd.cu"),
+        os.path.join(KERNEL_SRC, "attention_bwd.cu"),
+        *sorted(glob.glob(os.path.join(KERNEL_SRC, "attention_bwd_hdim*.cu"))),
     ],
-    extra_include_paths=[os.path.join(ROOT, "attention/kernel_src")],
+    extra_include_paths=[KERNEL_SRC],
     extra_cuda_cflags=["-O3", "-std=c++17"],
     verbose=False,
 )
