@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "attention_sm90_instances.h"
+#include "attention_sm90_tma.cuh"
 
 namespace attention {
 namespace cuda {
@@ -22,24 +23,11 @@ constexpr int64_t kMinSeqlenQ = 64;
 // Rows of the smallest query tile a Hopper kernel can have (the M of one wgmma): the kernel counts
 // its tiles in int32.
 constexpr int64_t kMinBlockM = 64;
-// A TMA descriptor's global strides are below 2^40 bytes.
-constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;
-constexpr int64_t kElementBytes = 2;  // fp16 / bf16
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Whether a TMA descriptor (q, k, v) can address a dimension of `extent` indices with `stride`:
-// any stride for a single index (it is never multiplied by anything but 0), else a nonzero one
-// below 2^40 bytes.
-bool tma_addressable(int64_t stride, int64_t extent) {
-  if (extent <= 1) return true;
-  return stride > 0 && stride < kMaxTmaStrideBytes / kElementBytes;
-}
-
-// The params carry stride 0 for a dimension of one index (attention_params.h: never used); a TMA
-// descriptor takes positive multiples of 16 bytes only, and for such a dimension any of them
-// addresses the same elements.
-int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 16 / kElementBytes; }
+// The strides a TMA descriptor takes (attention_sm90_tma.cuh).
+using ::attention::sm90::tma_addressable;
+using ::attention::sm90::tma_stride;
 
 KernelArgs kernel_args(const AttnFwdParams& p) {
   KernelArgs a{};

@@ -12,6 +12,7 @@
 
 #include "attention_sm90.h"
 #include "attention_sm90_bwd.cuh"
+#include "attention_sm90_tma.cuh"
 
 namespace attention {
 namespace cuda {
@@ -24,18 +25,12 @@ using Kernel = attention::sm90::BwdKernelFor<Element, kHeadDim>;
 
 constexpr int64_t kBlockM = 64;  // the kernel's query tile: the padding of the workspace rows
 constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;
-constexpr int64_t kElementBytes = 2;  // fp16 / bf16
 
 int64_t padded_rows(int64_t seqlen_q) { return (seqlen_q + kBlockM - 1) / kBlockM * kBlockM; }
 
-// As attention_sm90.cu: TMA addresses a dimension of more than one index with a nonzero stride
-// below 2^40 bytes, and a dimension of one index with any (a placeholder replaces stride 0).
-bool tma_addressable(int64_t stride, int64_t extent) {
-  if (extent <= 1) return true;
-  return stride > 0 && stride < kMaxTmaStrideBytes / kElementBytes;
-}
-int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 16 / kElementBytes; }
+// The strides a TMA descriptor takes (attention_sm90_tma.cuh).
+using ::attention::sm90::tma_addressable;
+using ::attention::sm90::tma_stride;
 
 struct Workspace {
   float* lse_log2;  // [batch][heads_q][padded rows]

@@ -36,6 +36,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "attention_sm90_fragments.cuh"
+#include "attention_sm90_tma.cuh"
 
 namespace attention {
 namespace sm90 {
@@ -98,7 +99,7 @@ struct BwdKernel {
   using MmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
       WarpgroupsAlongM{}));
-  using MmaDkv = decltype(make_tiled_mma(
+  using MmaDv = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsAlongM{}));
@@ -156,13 +157,7 @@ struct BwdKernel {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
-  // Global tensors as TMA sees them: (rows, head_dim, heads, batch), head_dim contiguous.
-  static auto gmem_tensor(const void* p, int rows, int heads, int batch, int64_t row, int64_t head,
-                          int64_t batch_stride) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(p)),
-                       make_shape(rows, Int<kHeadDim>{}, heads, batch),
-                       make_stride(row, _1{}, head, batch_stride));
-  }
+  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, kHeadDim>;
   using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, SmemLayoutK{}));
@@ -345,11 +340,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const bool dq_warpgroup =
       Kernel::kDqWarpgroups == Kernel::kConsumerWarpgroups || tid < Kernel::kDqThreads;
   typename Kernel::MmaSdP mma_sdp;
-  typename Kernel::MmaDkv mma_dkv;
+  typename Kernel::MmaDv mma_dv;
   typename Kernel::MmaDk mma_dk;
   typename Kernel::MmaDq mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
-  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
   auto thr_dk = mma_dk.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid % Kernel::kDqThreads);  // used where dq_warpgroup
 
@@ -359,7 +354,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);    // (MMA, N, K, stage)
   Tensor tDkrDsT = thr_dk.partition_fragment_A(sDsT);  // (MMA, M, K, buffer)
   Tensor tDkrQt = thr_dk.partition_fragment_B(sQt);    // (MMA, N, K, stage)
-  Tensor tDvrDot = thr_dkv.partition_fragment_B(sDot);
+  Tensor tDvrDot = thr_dv.partition_fragment_B(sDot);
   Tensor tDqrKt = thr_dq.partition_fragment_A(sKt);  // (MMA, M, K)
   Tensor tDqrDs = thr_dq.partition_fragment_B(sDs);  // (MMA, N, K, buffer)
 
@@ -367,14 +362,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
   Tensor s_rc = make_tensor(tSrS.data(), acc_rows_cols(tSrS.layout()));  // (key, query)
   Tensor dp_rc = make_tensor(tSrDp.data(), acc_rows_cols(tSrDp.layout()));
-  Tensor tDvrDv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor tDvrDv = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tDkrDk = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor tDqrDq = partition_fragment_C(mma_dq, Shape<Int<kHeadDim>, Int<kBlockM>>{});
 
   // (key, query) of every element of S^T / dP^T; (key, head dim) of dK / dV.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rows_cols(tScS.layout()));
-  Tensor tDkcDk = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tDkcDk = thr_dv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
 
   // P^T in the input type: the A operand of dV += P^T dO.
   Tensor p = make_tensor_like<Element>(tSrS);
@@ -400,25 +395,22 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     const int m_block = m_first + it % m_count;
     const int stage = state.index(), buf = it & 1;
 
-    // S^T = K Q^T and dP^T = V dO^T, issued together.
+    // S^T = K Q^T and dP^T = V dO^T, issued together: each an SS GEMM over the head dim into a
+    // zeroed accumulator, a commit batch of its own.
+    const auto issue_sdp = [&](auto const& t_a, auto const& t_b, auto& t_c) {
+      warpgroup_fence_operand(t_c);
+      warpgroup_arrive();
+      mma_sdp.accumulate_ = GMMA::ScaleOut::Zero;
+      for (int k = 0; k < size<2>(t_a); ++k) {
+        gemm(mma_sdp, t_a(_, _, k), t_b(_, _, k, stage), t_c);
+        mma_sdp.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    };
     pipe_q.consumer_wait(state);
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    mma_sdp.accumulate_ = GMMA::ScaleOut::Zero;
-    for (int k = 0; k < size<2>(tSrK); ++k) {
-      gemm(mma_sdp, tSrK(_, _, k), tSrQ(_, _, k, stage), tSrS);
-      mma_sdp.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
+    issue_sdp(tSrK, tSrQ, tSrS);
     pipe_do.consumer_wait(state);
-    warpgroup_fence_operand(tSrDp);
-    warpgroup_arrive();
-    mma_sdp.accumulate_ = GMMA::ScaleOut::Zero;
-    for (int k = 0; k < size<2>(tSrV); ++k) {
-      gemm(mma_sdp, tSrV(_, _, k), tSrDo(_, _, k, stage), tSrDp);
-      mma_sdp.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
+    issue_sdp(tSrV, tSrDo, tSrDp);
 
     // P^T while dP^T runs. Only blocks that cross the diagonal need the causal mask.
     warpgroup_wait<1>();
@@ -443,7 +435,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDvrP);
     warpgroup_arrive();
     for (int k = 0; k < size<2>(tDvrP); ++k) {
-      gemm(mma_dkv, tDvrP(_, _, k), tDvrDot(_, _, k, stage), tDvrDv);
+      gemm(mma_dv, tDvrP(_, _, k), tDvrDot(_, _, k, stage), tDvrDv);
     }
     warpgroup_commit_batch();
     warpgroup_fence_operand(tDvrP);

@@ -30,6 +30,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "attention_sm90_fragments.cuh"
+#include "attention_sm90_tma.cuh"
 
 namespace attention {
 namespace sm90 {
@@ -144,13 +145,7 @@ struct FwdKernel {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
-  // Global tensors as TMA sees them: (rows, head_dim, heads, batch), head_dim contiguous.
-  static auto gmem_tensor(const void* p, int rows, int heads, int batch, int64_t row, int64_t head,
-                          int64_t batch_stride) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(p)),
-                       make_shape(rows, Int<kHeadDim>{}, heads, batch),
-                       make_stride(row, _1{}, head, batch_stride));
-  }
+  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, kHeadDim>;
   using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutK{})));
