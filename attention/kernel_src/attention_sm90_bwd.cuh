@@ -83,10 +83,13 @@ struct BwdKernel {
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // dQ^T = K^T dS^T has kHeadDim rows: the first kHeadDim / 64 consumer warpgroups compute it
-  // (at head dim 64 the second one skips it; the tensor cores stay busy with the first's).
-  static constexpr int kDqWarpgroups = kHeadDim / 64;
-  static constexpr int kDqThreads = 128 * kDqWarpgroups;
+  // dQ^T = K^T dS^T (kHeadDim x kBlockM) is split between the two consumer warpgroups: along the
+  // head dim at 128 (64 rows each), along the queries at 64 (32 columns each), so that both
+  // issue it and no wgmma sits in a branch (ptxas serializes the wgmmas of a kernel where one
+  // does: C7520).
+  static constexpr int kDqThreads = kConsumerThreads;
+  using DqWarpgroups =
+      std::conditional_t<kHeadDim == 64, Layout<Shape<_1, _2, _1>>, Layout<Shape<_2, _1, _1>>>;
   // setmaxnreg within what the launch gives (65536 / 384 = 168 a thread): 24 + 2 x 240 = 3 x 168
   // at head dim 128, whose consumers hold 128 fp32 of dK / dV a thread; at head dim 64 the
   // producer warpgroup keeps 56 (ptxas spilled its loops' state at 24), 56 + 2 x 224.
@@ -110,9 +113,10 @@ struct BwdKernel {
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsAlongM{}));
   using MmaDq = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<_64, Int<kBlockM / size<1>(DqWarpgroups{})>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<Int<kDqWarpgroups>, _1, _1>>{}));
+      DqWarpgroups{}));
 
   // Tiles as they lie in memory (rows x head dim, head dim contiguous) in 128-byte swizzle atoms;
   // the transposed views read them MN-major.
@@ -337,8 +341,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   // consumers
   cutlass::arch::warpgroup_reg_alloc<Kernel::kConsumerRegisters>();
   const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
-  const bool dq_warpgroup =
-      Kernel::kDqWarpgroups == Kernel::kConsumerWarpgroups || tid < Kernel::kDqThreads;
   typename Kernel::MmaSdP mma_sdp;
   typename Kernel::MmaDv mma_dv;
   typename Kernel::MmaDk mma_dk;
@@ -346,7 +348,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dv = mma_dv.get_thread_slice(tid);
   auto thr_dk = mma_dk.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid % Kernel::kDqThreads);  // used where dq_warpgroup
+  auto thr_dq = mma_dq.get_thread_slice(tid);
 
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, M, K)
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, M, K)
@@ -452,18 +454,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by wgmma
     NamedBarrier::sync(kConsumerThreads, kDsWritten);
 
-    // dQ^T = K^T dS^T over the block's keys (each warpgroup 64 rows of the head dim), then
+    // dQ^T = K^T dS^T over the block's keys (each warpgroup half of it: DqWarpgroups), then
     // dK += dS^T Q, which runs while dQ^T is added to the workspace.
     warpgroup_fence_operand(tDqrDq);
-    if (dq_warpgroup) {
-      warpgroup_arrive();
-      mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-      for (int k = 0; k < size<2>(tDqrKt); ++k) {
-        gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
-        mma_dq.accumulate_ = GMMA::ScaleOut::One;
-      }
+    warpgroup_arrive();
+    mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+    for (int k = 0; k < size<2>(tDqrKt); ++k) {
+      gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
+      mma_dq.accumulate_ = GMMA::ScaleOut::One;
     }
-    warpgroup_commit_batch();  // empty without dQ^T, so that the waits below count alike
+    warpgroup_commit_batch();
     warpgroup_fence_operand(tDkrDk);
     warpgroup_arrive();
     for (int k = 0; k < size<2>(tDkrDsT); ++k) {
@@ -476,16 +476,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDqrDq);
     pipe_do.consumer_release(state);
 
-    if (dq_warpgroup) {
-      NamedBarrier::sync(kDqBarrierThreads, kDqEmpty);
-      float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
-      for (int j = 0; j < size(tDqrDq) / 4; ++j) {
-        dq[j * Kernel::kDqThreads] =
-            make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
-      }
-      cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
-      NamedBarrier::arrive(kDqBarrierThreads, kDqFull);
+    NamedBarrier::sync(kDqBarrierThreads, kDqEmpty);
+    float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
+    for (int j = 0; j < size(tDqrDq) / 4; ++j) {
+      dq[j * Kernel::kDqThreads] =
+          make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
     }
+    cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
+    NamedBarrier::arrive(kDqBarrierThreads, kDqFull);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDkrDk);
     pipe_q.consumer_release(state);
