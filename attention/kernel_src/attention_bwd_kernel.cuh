@@ -25,7 +25,7 @@
 // the lse, D rows in the dK/dV pass, K / V in the dQ pass). With two, the next step's cp.async
 // loads are issued before this step's math, so a step waits for a load issued a whole step
 // earlier instead of its own. One stage (the next step's loads issued after this step's math) is
-// the fallback where two do not fit a block's shared memory: attention_bwd_launch.cuh picks per device.
+// the fallback where two do not fit a block's shared memory (attention_bwd_launch.cuh picks).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(DkDvWarps<D>::kThreads)
   using Rows = SwizzledRows<D>;
   const AttnFwdParams& f = p.fwd;
   const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // This warp's 16 keys (slab) and dK / dV columns [col0, col0 + kCols).
-  // (Unsplit, a compile-time 0 part.)
+  // This warp's 16 keys (slab) and its dK / dV columns [col0, col0 + kCols) (part: a
+  // compile-time 0 where the columns are not split).
   const int warp = tid / 32;
   const int slab = Warps::kParts == 1 ? warp : warp % kWarps;
   const int part = Warps::kParts == 1 ? 0 : warp / kWarps, col0 = part * kCols;
