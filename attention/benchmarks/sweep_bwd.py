@@ -13,7 +13,8 @@ Contenders: ours (flash_attn_func on q [B, S, 32, D], k / v [B, S, 8, D] bf16, d
 as by default: on capability 9.0 the Hopper backward at head dims 64 and 128) and SDPA's flash,
 cuDNN and memory-efficient backends on [B, H, S, D] copies, with enable_gqa=True, or with K/V
 expanded to 32 heads beforehand where a backend rejects GQA (noted per row in gqa_mode). A backend
-that rejects a shape (cuDNN at 256) is recorded as null with its error.
+that rejects a shape is recorded as null with its error. Head dim 256 runs our mma.sync backward
+(the Hopper one takes 64 and 128).
 
 Sizes (issue 31): B * S = 16K tokens, S in {512, 2K, 8K, 16K}, head dims 128, 64, 256 (in that
 order), causal and not, GQA 32/8. TFLOP/s count the backward as 2.5x the forward's FLOPs
