@@ -9,21 +9,11 @@
 #include "attention_bwd_instances.h"
 #include "attention_bwd_tile.cuh"
 #include "attention_cuda.h"
+#include "attention_device_info.h"
 
 namespace attention {
 namespace cuda {
 namespace {
-
-// The opt-in shared memory of a block on the current device (0 where the query fails).
-int block_smem_limit() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    return 0;
-  }
-  return bytes;
-}
 
 // The largest head dim whose tiles a block of smem_limit bytes holds (one stage): fp16 and bf16
 // take the same bytes, and the atomic dK/dV pass the most of the three passes.
@@ -46,12 +36,18 @@ cudaError_t launch_for_dim(const AttnBwdParams& p, float* dsum, int64_t q_rows, 
 
 }  // namespace
 
-int64_t attn_bwd_max_head_dim() { return max_head_dim_within(block_smem_limit()); }
+int64_t attn_bwd_max_head_dim() {
+  DeviceInfo dev{};
+  return device_info(&dev) == cudaSuccess ? max_head_dim_within(dev.smem_optin) : 128;
+}
 
 cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows,
                      cudaStream_t stream) {
   const AttnFwdParams& f = params.fwd;
-  const int smem_limit = block_smem_limit();
+  DeviceInfo dev{};
+  const cudaError_t queried = device_info(&dev);
+  if (queried != cudaSuccess) return queried;
+  const int smem_limit = dev.smem_optin;
   if (f.head_dim <= 0 || f.head_dim > max_head_dim_within(smem_limit) || f.head_dim % 8 != 0 ||
       f.heads_kv <= 0 || f.heads_q % f.heads_kv != 0 || f.lse == nullptr || dsum == nullptr ||
       f.batch > 65535 || f.heads_q > 65535 || f.block_table != nullptr || f.seqused_k != nullptr ||

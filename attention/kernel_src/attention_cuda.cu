@@ -40,6 +40,7 @@
 #include <limits>
 
 #include "attention_cuda.h"
+#include "attention_device_info.h"
 #include "attention_fwd_args.h"
 #include "attention_fwd_config.h"
 #include "attention_fwd_instances.h"
@@ -56,13 +57,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 constexpr int kMaxDevices = 64;
 
-struct DeviceInfo {
-  int sms;
-  int smem_optin;  // bytes of shared memory one CTA may opt into
-  int l2_bytes;
-  int cc_major;
-  int smem_per_sm;  // shared memory of an SM (all its CTAs together)
-};
+}  // namespace
 
 cudaError_t device_info(DeviceInfo* info) {
   static std::atomic<int> sms_of[kMaxDevices] = {};
@@ -106,6 +101,8 @@ cudaError_t device_info(DeviceInfo* info) {
   info->smem_per_sm = smem_per_sm;
   return cudaSuccess;
 }
+
+namespace {
 
 struct KernelInfo {
   FwdKernelFn fn;
