@@ -46,7 +46,9 @@ printed and recorded. Every timed configuration is checked again the same way on
 prefill shape (``agreement``), so a compiled model that computes something else is reported.
 
 Measurements (four configurations, same process, same weights): ``eager``, ``eager+kit``,
-``compile`` and ``compile+kit``. Prefill: a forward without cache, ``logits_to_keep=1`` (what
+``compile`` and ``compile+kit``. ``eager+kit`` maps every kernel of ``--kernels`` in;
+``compile+kit`` only those of ``--compile-kernels`` (default: the attention; ``COMPILE_KERNELS``
+says why), on a twin of its own. Prefill: a forward without cache, ``logits_to_keep=1`` (what
 generate does), tokens per second at batch x length 1x2048, 8x2048, 1x16384. Decode: ms per
 token with a StaticCache filled to the context (1x2048; ``--decode 1x2048,8x2048`` adds batch 8
 at the cost of two more whole-model compiles), CUDA graphs through
@@ -77,10 +79,13 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
       "environment": {"date", "commit", "dirty": bool, "device", "capability", "driver",
                       "torch", "cuda", "transformers", "diffusers", "kernels", "python"},
       "kit": {"<kernel>": {"build": "<build id>", "variant", "version", "commit", "dirty"}},
+      "kit_compile": ["<kernel>", ...],               # the kernels compile+kit maps in
       "model_config": {...},                          # the model's config as a dict
       "routes": {"rmsnorm": {class: count}, "activation": {class: count},
                  "rope": "<what was swapped>", "attention": "<how>"},
+      "routes_compile": {...}                         # compile+kit's twin, when it maps fewer
       "routes_train": {...}                           # with --train: the training twin's routes
+      "routes_train_compile": {...}                   # compile+kit's training twin, likewise
       "check": {"passed": bool, "k": 2.0, "cases": [
           {"name": "prefill 1x2048" | "decode 4 steps after 1x2048" | "denoise ...",
            "bf16_vs_fp32": {"max", "mean"}, "kit_vs_fp32": {"max", "mean"},
@@ -133,6 +138,12 @@ KERNELS = ("rmsnorm", "rope", "activation", "attention")
 ORG = "open-kernels"
 ATTENTION_NAME = "open_kernels_attention"
 CONFIGS = ("eager", "eager+kit", "compile", "compile+kit")
+# The kit kernels compile+kit maps in. Under torch.compile, Inductor fuses RMSNorm, RoPE and the
+# activation with their neighbours (a residual add, the q / k norm, the gate multiply), which
+# opaque custom ops prevent; mapped in alone under compile they gave 0.97-1.02x (Llama-3-8B,
+# results/e2e/NOTES.md), the attention is work Inductor does not generate. So compile + kit is
+# what a user should run under compile: the kit's attention, Inductor's fusions for the rest.
+COMPILE_KERNELS = ("attention",)
 K = 2.0  # tolerance factor on the untouched model's own bf16-vs-fp32 error (module docstring)
 
 
@@ -460,28 +471,33 @@ class Kit:
         self.spec = spec
         self.routes: dict = {}
         self._stack = contextlib.ExitStack()
+        self._flash_hub = False
 
     def close(self):
         self._stack.close()
 
-    def attach(self, model, *, device: str, training: bool = False) -> dict:
-        """Map every loaded kernel into `model` (the twin), for training (backward) or inference."""
+    def attach(self, model, *, device: str, training: bool = False, only=None) -> dict:
+        """Map the loaded kernels (those of them named in `only`, if given) into `model` (a
+        twin), for training (backward) or inference; return, and keep as `routes`, where each
+        went."""
         from kernels import Mode
 
-        # The twin serves the eager and the compiled kit configurations: ask for both.
+        # A twin may serve the eager and the compiled kit configurations: ask for both.
         mode = (Mode.TRAINING if training else Mode.INFERENCE) | Mode.TORCH_COMPILE
+        names = [k for k in self.kit if only is None or k in only]
+        self.routes = {}
         for name in ("rmsnorm", "activation"):
-            if name in self.kit:
+            if name in names:
                 pkg = self.kit[name]
                 if not hasattr(pkg, "attach_layers"):
                     raise SystemExit(f"the loaded {name} build has no attach_layers: rebuild it")
                 self.routes[name] = pkg.attach_layers(model, mode=mode, device=device)
-        if "rope" in self.kit:
+        if "rope" in names:
             self.routes["rope"] = (
                 f"{self.spec.module}.{self.spec.rope_attr} -> rope.{self.spec.rope_kit} "
                 "(swapped while a kit configuration runs)"
             )
-        if "attention" in self.kit:
+        if "attention" in names:
             if self.spec.kind == "lm":
                 self._attention_transformers(model)
             else:
@@ -502,7 +518,9 @@ class Kit:
 
     def _attention_diffusers(self, model):
         ad = importlib.import_module("diffusers.models.attention_dispatch")
-        self._stack.enter_context(diffusers_flash_hub(ad))
+        if not self._flash_hub:  # one registry swap serves every twin
+            self._stack.enter_context(diffusers_flash_hub(ad))
+            self._flash_hub = True
         # set_attention_backend also makes the backend diffusers' process-wide default, which
         # the untouched model (whose processors name none) would then use too: put it back.
         active = ad._AttentionBackendRegistry._active_backend
@@ -514,9 +532,10 @@ class Kit:
         self.routes["attention"] = f"diffusers flash_hub backend -> {ORG}/attention"
 
     @contextlib.contextmanager
-    def rope(self):
-        """The model module's rotary function swapped for the kit's while the block runs."""
-        if "rope" not in self.kit:
+    def rope(self, kernels=None):
+        """The model module's rotary function swapped for the kit's while the block runs (when
+        the kit has rope, and `kernels`, if given, names it)."""
+        if "rope" not in self.kit or (kernels is not None and "rope" not in kernels):
             yield
             return
         module = importlib.import_module(self.spec.module)
@@ -925,6 +944,12 @@ def parse_args(argv=None):
     p.add_argument("--check-shape", help="shape of the check's input")
     p.add_argument("--configs", default=",".join(CONFIGS), help="subset of " + ",".join(CONFIGS))
     p.add_argument("--kernels", default=",".join(KERNELS), help="kit kernels to map in")
+    p.add_argument(
+        "--compile-kernels",
+        default=",".join(COMPILE_KERNELS),
+        help="those of --kernels that compile+kit maps in ('all': every one; default "
+        f"{','.join(COMPILE_KERNELS)}: COMPILE_KERNELS says why)",
+    )
     p.add_argument("--skip-check", action="store_true", help="time without checking first")
     p.add_argument("--check-only", action="store_true", help="check, then stop")
     # Three timed calls gave medians 40% off on the LTX step (74 ms against 52 ms in a rerun):
@@ -978,6 +1003,12 @@ def main(argv=None) -> dict:
     for c in configs:
         if c not in CONFIGS:
             raise SystemExit(f"unknown configuration {c!r}; one of {CONFIGS}")
+    compile_names = compile_kernels(args.compile_kernels, names)
+    if "compile+kit" in configs and not compile_names:
+        raise SystemExit(
+            f"--compile-kernels {args.compile_kernels!r} names none of --kernels "
+            f"{args.kernels!r}: compile+kit would map nothing (pass --compile-kernels all)"
+        )
     prefill_default, decode_default, check_default = DEFAULTS[(spec.kind, args.size)]
     shapes = [
         parse_shape(s)
@@ -1004,6 +1035,7 @@ def main(argv=None) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
         "environment": environment(device),
         "kit": {k: build_info(m) for k, m in kit_modules.items()},
+        "kit_compile": compile_names,
         "model_config": {},
         "routes": {},
         "check": None,
@@ -1041,13 +1073,23 @@ def main(argv=None) -> dict:
                 )
         del model32
         doc["wall_s"]["check"] = round(time.perf_counter() - t0 - doc["wall_s"]["build"], 1)
-        train_model = None
-        if trains:  # a second twin: the kit's training layers (and its attention where it trains)
-            train_model = twin(model)
-            doc["routes_train"] = dict(kit.attach(train_model, device=device, training=True))
-            if "attention" in kit.kit and "attention" not in doc["routes_train"]:
-                doc["routes_train"]["attention"] = "PyTorch's (the kit's has no backward here)"
-        doc["routes"] = {k: v for k, v in kit.routes.items()}
+        doc["routes"] = dict(kit.routes)
+        # Twins share the weights: one per kit configuration and use (inference, training).
+        bases = {"eager": model, "eager+kit": kit_model, "compile": model, "compile+kit": kit_model}
+        if set(compile_names) != set(names):
+            bases["compile+kit"] = twin(model)
+            doc["routes_compile"] = kit.attach(bases["compile+kit"], device=device,
+                                               only=compile_names)  # fmt: skip
+        train_bases = {}
+        if trains:  # the kit's training layers (and its attention where it trains)
+            train_bases = {"eager": model, "compile": model}
+            for config, only in (("eager+kit", names), ("compile+kit", compile_names)):
+                if config == "compile+kit" and set(only) == set(names):
+                    train_bases[config] = train_bases["eager+kit"]
+                    continue
+                train_bases[config] = twin(model)
+                routes = kit.attach(train_bases[config], device=device, training=True, only=only)
+                doc["routes_train" + ("_compile" if config == "compile+kit" else "")] = routes
         results.save()
         if doc["check"] is not None and not doc["check"]["passed"]:
             raise SystemExit(
@@ -1056,9 +1098,10 @@ def main(argv=None) -> dict:
         if args.check_only:
             doc["complete"] = True
             return doc
+        kit_kernels = {"eager+kit": names, "compile+kit": compile_names}
         measure(
-            args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, prompt_tokens,
-            dtype, device, doc, results, trains=trains, train_model=train_model,
+            args, spec, model, bases, kit, kit_kernels, configs, shapes, decodes, ref32,
+            prompt_tokens, dtype, device, doc, results, trains=trains, train_bases=train_bases,
         )  # fmt: skip
         doc["complete"] = True
         return doc
@@ -1086,8 +1129,10 @@ def first_shape_reference(spec, ref32, shape):
     )
 
 
-def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, prompt_tokens,
-            dtype, device, doc, results, trains=(), train_model=None):  # fmt: skip
+def measure(args, spec, model, bases, kit, kit_kernels, configs, shapes, decodes, ref32,
+            prompt_tokens, dtype, device, doc, results, trains=(), train_bases=None):  # fmt: skip
+    """Times each configuration on its model of `bases` (`train_bases` for training steps);
+    `model` is the untouched one, `kit_kernels` the kernels each kit configuration maps in."""
     from torch._dynamo.utils import counters
 
     # Regional compilation reuses one compiled block for every layer; should guards still tell
@@ -1101,14 +1146,14 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
     phase = "prefill" if spec.kind == "lm" else "denoise"
     for config in configs:
         use_kit = config.endswith("+kit")
-        base = kit_model if use_kit else model
+        base = bases[config]
         is_compiled = config.startswith("compile")
         torch._dynamo.reset()
         counters.clear()
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             if use_kit:
-                stack.enter_context(kit.rope())
+                stack.enter_context(kit.rope(kit_kernels[config]))
             fwd = base
             if is_compiled:
                 fwd = stack.enter_context(compiled(base, spec, args.compile_scope))
@@ -1157,7 +1202,7 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             if use_kit:
-                stack.enter_context(kit.rope())
+                stack.enter_context(kit.rope(kit_kernels[config]))
             for shape in decodes:
                 label = "x".join(map(str, shape))
                 if over_budget(args, doc, results, f"{config} decode {label}"):
@@ -1177,10 +1222,10 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                     fail(doc, results, f"{config} decode {label}", e)
         # Training: forward, loss and backward, regional compilation as for prefill.
         if trains:
-            train_base = train_model if use_kit else model
+            train_base = train_bases[config]
             with contextlib.ExitStack() as stack:
                 if use_kit:
-                    stack.enter_context(kit.rope())
+                    stack.enter_context(kit.rope(kit_kernels[config]))
                 step = train_base
                 if is_compiled:
                     step = stack.enter_context(compiled(train_base, spec, args.compile_scope))
@@ -1200,6 +1245,17 @@ def measure(args, spec, model, kit_model, kit, configs, shapes, decodes, ref32, 
                         fail(doc, results, f"{config} train {label}", e)
     doc["speedups"] = speedups(doc["measurements"])
     results.save()
+
+
+def compile_kernels(value: str, names: list) -> list:
+    """The kernels of `names` that compile+kit maps in, from --compile-kernels."""
+    if value == "all":
+        return list(names)
+    chosen = [k for k in value.split(",") if k]
+    unknown = [k for k in chosen if k not in KERNELS]
+    if unknown:
+        raise SystemExit(f"--compile-kernels: unknown {unknown}; known: {', '.join(KERNELS)}")
+    return [k for k in names if k in chosen]
 
 
 def over_budget(args, doc, results, what: str) -> bool:

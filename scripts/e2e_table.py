@@ -72,6 +72,12 @@ def render(doc: dict) -> str:
             + f" | {_ratio(s['kit_vs_eager'])} | {_ratio(s['compile_kit_vs_compile'])} |"
         )
     lines += ["", _check_line(doc)]
+    compiled = doc.get("kit_compile")
+    if compiled is not None and set(compiled) != set(doc["kit"]):
+        lines.append(
+            f"compile+kit maps in {', '.join(compiled) or 'nothing'} of the kit; Inductor "
+            "compiles the rest (`COMPILE_KERNELS` in scripts/e2e.py says why)."
+        )
     profile = doc.get("profile")
     if profile:
         shares = sorted(profile["families"].items(), key=lambda kv: -kv[1]["share"])

@@ -350,3 +350,20 @@ def test_training_step_rows(kit_modules, tmp_path):
     assert (
         doc["routes_train"]["rmsnorm"] and "AttentionInterface" in doc["routes_train"]["attention"]
     )
+    # compile+kit has twins of its own with the kit's attention only (e2e.COMPILE_KERNELS).
+    assert doc["kit_compile"] == ["attention"]
+    for key in ("routes_compile", "routes_train_compile"):
+        assert set(doc[key]) == {"attention"} and "AttentionInterface" in doc[key]["attention"]
+
+
+def test_compile_kernels_option():
+    """--compile-kernels: 'all', a subset (in --kernels order), unknown names refused, and a
+    compile+kit that would map nothing refused before any model is built."""
+    names = ["rmsnorm", "rope", "attention"]
+    assert e2e.compile_kernels("all", names) == names
+    assert e2e.compile_kernels("attention,rmsnorm", names) == ["rmsnorm", "attention"]
+    assert e2e.compile_kernels("activation", names) == []
+    with pytest.raises(SystemExit, match="unknown"):
+        e2e.compile_kernels("flash", names)
+    with pytest.raises(SystemExit, match="would map nothing"):
+        e2e.main(["--model", "llama", "--device", "cpu", "--kernels", "rmsnorm"])

@@ -593,11 +593,13 @@ int64_t attn_bwd_hopper_workspace(const AttnBwdParams& p) {
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return 0;
   if (dev.cc_major != 9 || !p.fwd.allow_hopper || !sm90::bwd_supports(p)) return 0;
-  return sm90::bwd_workspace_floats(p);
+  return sm90::bwd_workspace_floats(p, dev.sms);
 }
 
 cudaError_t attn_bwd_hopper(const AttnBwdParams& p, float* workspace, cudaStream_t stream) {
-  return sm90::bwd(p, workspace, stream);
+  DeviceInfo dev;
+  const cudaError_t err = device_info(&dev);
+  return err != cudaSuccess ? err : sm90::bwd(p, dev.sms, workspace, stream);
 }
 
 cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {

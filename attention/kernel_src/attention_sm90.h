@@ -50,13 +50,16 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, cudaStream_t stream);
 // calls take the mma.sync backward (attention_cuda.h).
 bool bwd_supports(const AttnBwdParams& p);
 
-// The fp32 workspace bwd() needs, in floats: batch * heads_q * round_up(seqlen_q, 64) *
-// (head_dim + 2) (the dQ accumulator, lse and D).
-int64_t bwd_workspace_floats(const AttnBwdParams& p);
+// The fp32 workspace bwd() needs on a device of sm_count SMs, in floats: batch * heads_q *
+// round_up(seqlen_q, 64) * (head_dim + 2) (the dQ accumulator, lse and D), plus 2 * splits *
+// batch * heads_kv * seqlen_k * head_dim when few CTAs lead the kernel to split each GQA group
+// over `splits` of them (the dK / dV partials).
+int64_t bwd_workspace_floats(const AttnBwdParams& p, int sm_count);
 
-// Enqueues the backward of `p` (bwd_supports(p) true) on `stream`, using `workspace`
-// (bwd_workspace_floats(p) floats, any contents, 16-byte aligned), and returns the launch status.
-cudaError_t bwd(const AttnBwdParams& p, float* workspace, cudaStream_t stream);
+// Enqueues the backward of `p` (bwd_supports(p) true) on `stream` for a device of sm_count SMs,
+// using `workspace` (bwd_workspace_floats(p, sm_count) floats, any contents, 16-byte aligned),
+// and returns the launch status.
+cudaError_t bwd(const AttnBwdParams& p, int sm_count, float* workspace, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace cuda

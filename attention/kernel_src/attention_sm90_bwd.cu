@@ -1,8 +1,8 @@
 // attention_sm90_bwd.cu: the host side of the Hopper attention backward (attention_sm90.h): which
 // params it takes, the workspace, and the three launches of a call: the preprocess pass (lse in
 // the log2 domain and D = rowsum(dO * O), padded to whole query tiles), the main kernel
-// (attention_sm90_bwd.cuh) and the conversion of the fp32 dQ workspace into dq (launched by the
-// kernel's run_bwd). Built for 9.0a
+// (attention_sm90_bwd.cuh), and the passes its run_bwd launches after it: the sum of the dK / dV
+// partials of a split group, and the conversion of the fp32 dQ workspace into dq. Built for 9.0a
 // only, like attention_sm90.cu.
 #include <cuda_runtime.h>
 
@@ -33,16 +33,39 @@ using ::attention::sm90::tma_addressable;
 using ::attention::sm90::tma_stride;
 
 struct Workspace {
-  float* lse_log2;  // [batch][heads_q][padded rows]
-  float* dsum;      // same
-  float* dq_accum;  // [batch][heads_q][padded rows / 64][head_dim x 64] (BwdArgs::dq_accum)
-  int64_t rows;     // batch * heads_q * padded rows
+  float* lse_log2;     // [batch][heads_q][padded rows]
+  float* dsum;         // same
+  float* dq_accum;     // [batch][heads_q][padded rows / 64][head_dim x 64] (BwdArgs::dq_accum)
+  float* dkv_partial;  // BwdArgs::dkv_partial, when the group is split
+  int64_t rows;        // batch * heads_q * padded rows
 };
+
+// The main kernel's group_splits for `p` (the same for both element types: it depends on the
+// tile shape only).
+int group_splits_of(const AttnBwdParams& p, int sm_count) {
+  const AttnFwdParams& f = p.fwd;
+  KernelArgs a{};
+  a.batch = static_cast<int>(f.batch);
+  a.heads_q = static_cast<int>(f.heads_q);
+  a.heads_kv = static_cast<int>(f.heads_kv);
+  a.seqlen_q = static_cast<int>(f.seqlen_q);
+  a.seqlen_k = static_cast<int>(f.seqlen_k);
+  a.causal = f.causal;
+  return f.head_dim == 64
+             ? attention::sm90::group_splits<Kernel<cutlass::half_t, 64>>(a, sm_count)
+             : attention::sm90::group_splits<Kernel<cutlass::half_t, 128>>(a, sm_count);
+}
+
+// Floats of the dK / dV partials of `splits` splits (none unsplit).
+int64_t partial_floats(const AttnBwdParams& p, int splits) {
+  const AttnFwdParams& f = p.fwd;
+  return splits > 1 ? 2 * splits * f.batch * f.heads_kv * f.seqlen_k * f.head_dim : 0;
+}
 
 Workspace workspace_of(const AttnBwdParams& p, float* base) {
   const AttnFwdParams& f = p.fwd;
   const int64_t rows = f.batch * f.heads_q * padded_rows(f.seqlen_q);
-  return {base, base + rows, base + 2 * rows, rows};
+  return {base, base + rows, base + 2 * rows, base + rows * (2 + f.head_dim), rows};
 }
 
 // One row of 16 lanes: D = rowsum(dO * O) in fp32, and lse * log2(e); past seqlen_q 0 and +inf
@@ -82,7 +105,7 @@ __global__ void attn_bwd_sm90_preprocess_kernel(const AttnBwdParams p, Workspace
   }
 }
 
-KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
+KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
   const AttnFwdParams& f = p.fwd;
   KernelArgs a{};
   a.q = f.q;
@@ -92,6 +115,8 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
   a.lse_log2 = w.lse_log2;
   a.dsum = w.dsum;
   a.dq_accum = w.dq_accum;
+  a.dkv_partial = w.dkv_partial;
+  a.group_splits = splits;
   a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
@@ -128,7 +153,7 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w) {
 }
 
 template <class Element>
-cudaError_t run(const AttnBwdParams& p, const Workspace& w, cudaStream_t stream) {
+cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStream_t stream) {
   const AttnFwdParams& f = p.fwd;
   const int64_t padded = padded_rows(f.seqlen_q);
   if (w.rows > 0) {
@@ -139,7 +164,7 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, cudaStream_t stream)
         <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, w, padded);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  const KernelArgs a = kernel_args(p, w);
+  const KernelArgs a = kernel_args(p, w, splits);
   return f.head_dim == 64 ? attention::sm90::run_bwd<Kernel<Element, 64>>(a, stream)
                           : attention::sm90::run_bwd<Kernel<Element, 128>>(a, stream);
 }
@@ -196,19 +221,21 @@ bool bwd_supports(const AttnBwdParams& p) {
   return true;
 }
 
-int64_t bwd_workspace_floats(const AttnBwdParams& p) {
+int64_t bwd_workspace_floats(const AttnBwdParams& p, int sm_count) {
   const AttnFwdParams& f = p.fwd;
-  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + f.head_dim);
+  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + f.head_dim) +
+         partial_floats(p, group_splits_of(p, sm_count));
 }
 
-cudaError_t bwd(const AttnBwdParams& p, float* workspace, cudaStream_t stream) {
-  if (!bwd_supports(p) || (workspace == nullptr && bwd_workspace_floats(p) > 0)) {
+cudaError_t bwd(const AttnBwdParams& p, int sm_count, float* workspace, cudaStream_t stream) {
+  if (!bwd_supports(p) || (workspace == nullptr && bwd_workspace_floats(p, sm_count) > 0)) {
     return cudaErrorInvalidValue;
   }
   if (p.fwd.batch == 0 || p.fwd.heads_q == 0) return cudaSuccess;
   const Workspace w = workspace_of(p, workspace);
-  return p.fwd.dtype == DType::kBFloat16 ? run<cutlass::bfloat16_t>(p, w, stream)
-                                         : run<cutlass::half_t>(p, w, stream);
+  const int splits = group_splits_of(p, sm_count);
+  return p.fwd.dtype == DType::kBFloat16 ? run<cutlass::bfloat16_t>(p, w, splits, stream)
+                                         : run<cutlass::half_t>(p, w, splits, stream);
 }
 
 }  // namespace sm90

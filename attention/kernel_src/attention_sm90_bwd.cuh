@@ -1,8 +1,11 @@
 // attention_sm90_bwd.cuh: the Hopper (sm_90a) attention backward. Design:
-//   - one CTA per (key block of kBlockN keys, kv head, batch), launched longest first (causal key
-//     blocks near the start see the most queries); it keeps the block's K and V in shared memory
-//     and its dK / dV in registers across every query block of every query head of its group, so
-//     GQA needs no reduction afterwards;
+//   - one CTA per (key block of kBlockN keys, kv head, batch, share of the group's query heads),
+//     launched longest first (causal key blocks near the start see the most queries); it keeps the
+//     block's K and V in shared memory and its dK / dV in registers across every query block of
+//     its query heads. With the whole group in one CTA (group_splits 1, the usual case) GQA needs
+//     no reduction afterwards; when that leaves too few CTAs to fill the GPU evenly, the group is
+//     split and each share writes an fp32 partial of dK / dV, which a last pass sums in order
+//     (group_splits());
 //   - a producer warpgroup's first thread loads K / V once, then Q and dO tiles of kBlockM rows
 //     through a kStages-deep TMA pipeline, with their rows of lse (log2 domain) and D = rowsum(dO
 //     * O) by bulk copy, from buffers that the preprocess pass padded to whole tiles;
@@ -25,6 +28,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -58,10 +62,14 @@ struct BwdArgs {
   // shared memory with conflict-free 16-byte stores, it is added by one bulk reduction, and the
   // dq pass (attn_bwd_sm90_dq_kernel) reorders.
   float* dq_accum;
+  // fp32 partials of dK * softmax_scale and dV when group_splits > 1: dK's
+  // [group_splits][batch][heads_kv][seqlen_k][kHeadDim], then dV's in the same layout.
+  float* dkv_partial;
   void* dq;
   void* dk;
   void* dv;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_padded;
+  int group_splits;  // CTAs sharing the query heads of one kv head's group: a divisor of the group
   int64_t q_row, q_head, q_batch;
   int64_t k_row, k_head, k_batch;
   int64_t v_row, v_head, v_batch;
@@ -227,13 +235,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_raw);
   const BwdArgs& a = params.args;
 
-  // Longest first: blockIdx.y is the key block, blockIdx.x the (kv head, batch) pair.
+  // Longest first: blockIdx.y is the key block, blockIdx.x the (kv head, batch, split) triple.
   const int n_block = blockIdx.y;
-  const int head_kv = blockIdx.x % a.heads_kv, batch = blockIdx.x / a.heads_kv;
-  const int group = a.heads_q / a.heads_kv;
+  const int pairs = a.heads_kv * a.batch;
+  const int split = blockIdx.x / pairs;
+  const int head_kv = blockIdx.x % pairs % a.heads_kv, batch = blockIdx.x % pairs / a.heads_kv;
+  const int heads_per_cta = a.heads_q / a.heads_kv / a.group_splits;
+  const int head_first = head_kv * (a.heads_q / a.heads_kv) + split * heads_per_cta;
   const int m_first = Kernel::first_query_block(a, n_block);
   const int m_count = max(0, Kernel::query_blocks(a) - m_first);
-  const int iterations = group * m_count;  // (query head, query block) pairs, head outer
+  const int iterations = heads_per_cta * m_count;  // (query head, query block) pairs, head outer
 
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Kernel::SmemLayoutQ{});
   Tensor sDo = make_tensor(make_smem_ptr(shared.dout.data()), typename Kernel::SmemLayoutQ{});
@@ -273,7 +284,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     if (threadIdx.x / 32 == 1) {  // the dQ reducer
       NamedBarrier::arrive(kDqBarrierThreads, kDqEmpty);
       for (int it = 0; it < iterations; ++it) {
-        const int head = head_kv * group + it / m_count, m_block = m_first + it % m_count;
+        const int head = head_first + it / m_count, m_block = m_first + it % m_count;
         NamedBarrier::sync(kDqBarrierThreads, kDqFull);
         if (threadIdx.x == 32) {
           bulk_reduce_add(
@@ -313,7 +324,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
     auto state = cutlass::make_producer_start_state<Pipeline>();
     for (int it = 0; it < iterations; ++it) {
-      const int head = head_kv * group + it / m_count, m_block = m_first + it % m_count;
+      const int head = head_first + it / m_count, m_block = m_first + it % m_count;
       Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              make_coord(m_block, 0));
       Tensor gDo = local_tile(mDo(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
@@ -490,8 +501,24 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     ++state;
   }
 
-  // Epilogue: dK * softmax_scale and dV, rounded, for the block's keys below seqlen_k (zeros
-  // where no query saw them).
+  // Epilogue: dK * softmax_scale and dV for the block's keys below seqlen_k (zeros where no
+  // query saw them): rounded into dk / dv, or with a split group into this split's fp32 partial.
+  if (a.group_splits > 1) {
+    const int64_t plane = int64_t(a.batch) * a.heads_kv * a.seqlen_k * kHeadDim;
+    float* dk = a.dkv_partial + int64_t(split) * plane +
+                (int64_t(batch) * a.heads_kv + head_kv) * a.seqlen_k * kHeadDim;
+    float* dv = dk + int64_t(a.group_splits) * plane;
+    for (int i = 0; i < size(tDkrDk); i += 2) {
+      const int key = key0 + get<0>(tDkcDk(i)), col = get<1>(tDkcDk(i));
+      if (key < a.seqlen_k) {
+        const int64_t at = int64_t(key) * kHeadDim + col;
+        *reinterpret_cast<float2*>(dk + at) =
+            make_float2(tDkrDk(i) * a.softmax_scale, tDkrDk(i + 1) * a.softmax_scale);
+        *reinterpret_cast<float2*>(dv + at) = make_float2(tDvrDv(i), tDvrDv(i + 1));
+      }
+    }
+    return;
+  }
   Element* dk = static_cast<Element*>(a.dk) + batch * a.dk_batch + head_kv * a.dk_head;
   Element* dv = static_cast<Element*>(a.dv) + batch * a.dv_batch + head_kv * a.dv_head;
   for (int i = 0; i < size(tDkrDk); i += 2) {
@@ -543,16 +570,81 @@ __global__ void __launch_bounds__(Kernel::kDqThreads)
 #endif
 }
 
+// dk / dv = the sum of the group_splits partials, in split order (the same bits on every run),
+// rounded once: a thread per 4 consecutive values of one key's row.
+template <class Kernel>
+__global__ void __launch_bounds__(256) attn_bwd_sm90_dkv_reduce_kernel(const BwdArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Element = typename Kernel::Element;
+  constexpr int kHeadDim = Kernel::kHeadDim;
+  const int64_t plane = int64_t(a.batch) * a.heads_kv * a.seqlen_k * kHeadDim;
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i >= 2 * plane) return;
+  const bool is_dv = i >= plane;
+  const int64_t at = is_dv ? i - plane : i;
+  const float* src = a.dkv_partial + (is_dv ? int64_t(a.group_splits) * plane : 0) + at;
+  float4 sum = *reinterpret_cast<const float4*>(src);
+  for (int s = 1; s < a.group_splits; ++s) {
+    const float4 v = *reinterpret_cast<const float4*>(src + s * plane);
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+  }
+  const int col = at % kHeadDim;
+  const int64_t row = at / kHeadDim;  // (batch, kv head, key)
+  const int key = row % a.seqlen_k;
+  const int64_t bh = row / a.seqlen_k;
+  const int head_kv = bh % a.heads_kv, batch = bh / a.heads_kv;
+  Element* dst = is_dv ? static_cast<Element*>(a.dv) + batch * a.dv_batch + head_kv * a.dv_head +
+                             key * a.dv_row + col
+                       : static_cast<Element*>(a.dk) + batch * a.dk_batch + head_kv * a.dk_head +
+                             key * a.dk_row + col;
+  reinterpret_cast<uint32_t*>(dst)[0] = pack_pair<Element>(sum.x, sum.y);
+  reinterpret_cast<uint32_t*>(dst)[1] = pack_pair<Element>(sum.z, sum.w);
+#endif
+}
+
+// How many CTAs share the query heads of one kv head's group (a divisor of the group). One CTA
+// per (key block, kv head, batch) keeps the whole group's dK / dV in registers; but when those
+// CTAs are few, the causal key blocks near the start (which meet the most queries) outlast the
+// rest. One Llama-3-8B layer at 1 x 2048 tokens (32 / 8 heads) gives 128 CTAs on 132 SMs, the
+// longest 4 heads x 32 query blocks against a mean of 4 x 17: the SMs idle half the time. So the
+// group is split, the fewest ways that bring the longest CTA within 15% of an even share of the
+// work; each split then costs a partial of dK / dV (fp32) and the pass that sums them.
+template <class Kernel>
+int group_splits(const BwdArgs& a, int sm_count) {
+  const int group = a.heads_kv > 0 ? a.heads_q / a.heads_kv : 1;
+  const int64_t n_blocks = (int64_t(a.seqlen_k) + Kernel::kBlockN - 1) / Kernel::kBlockN;
+  const int64_t ctas = int64_t(a.batch) * a.heads_kv * n_blocks;
+  // Four CTAs an SM or more balance themselves when launched longest first.
+  if (group <= 1 || ctas == 0 || sm_count <= 0 || ctas >= 4 * int64_t(sm_count)) return 1;
+  int64_t longest = 0, total = 0;  // query blocks met by one key block: the most, the sum
+  for (int n = 0; n < n_blocks; ++n) {
+    const int64_t met = std::max(0, Kernel::query_blocks(a) - Kernel::first_query_block(a, n));
+    longest = std::max(longest, met);
+    total += met;
+  }
+  const double even_share = double(total) * group * a.batch * a.heads_kv / sm_count;
+  for (int splits = 1; splits < group; ++splits) {
+    if (group % splits == 0 && double(longest) * (group / splits) <= 1.15 * even_share) {
+      return splits;
+    }
+  }
+  return group;
+}
+
 // The configuration each (element type, head dim) runs.
 template <class Element, int kHeadDim>
 using BwdKernelFor = BwdKernel<Element, kHeadDim, 64, 128, 2>;
 
-// Launches the kernel for `args` on `stream` (grid: kv heads x batch, key blocks), then the dq
-// pass (also without keys: dq is then the zeroed workspace, rounded).
+// Launches the kernel for `args` on `stream` (grid: kv heads x batch x group splits, key blocks),
+// then the dk / dv reduction of a split group, then the dq pass (also without keys: dq is then
+// the zeroed workspace, rounded).
 template <class Kernel>
 cudaError_t run_bwd(const BwdArgs& args, cudaStream_t stream) {
   if (args.batch == 0 || args.heads_kv == 0) return cudaSuccess;
-  const int64_t pairs = int64_t(args.heads_kv) * args.batch;
+  const int64_t pairs = int64_t(args.heads_kv) * args.batch * args.group_splits;
   const int64_t n_blocks = (args.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN;
   if (pairs > INT32_MAX || n_blocks > 65535) return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
@@ -565,6 +657,13 @@ cudaError_t run_bwd(const BwdArgs& args, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(pairs), static_cast<unsigned>(n_blocks));
     kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if (args.group_splits > 1) {
+      const int64_t quads = int64_t(args.batch) * args.heads_kv * args.seqlen_k * Kernel::kHeadDim /
+                            2;  // dk and dv, 4 values each
+      attn_bwd_sm90_dkv_reduce_kernel<Kernel>
+          <<<static_cast<unsigned>((quads + 255) / 256), 256, 0, stream>>>(args);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
   }
   if (args.seqlen_q == 0) return cudaSuccess;
   const dim3 dq_grid(static_cast<unsigned>(Kernel::query_blocks(args)),

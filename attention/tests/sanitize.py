@@ -200,6 +200,16 @@ def backward_calls(k, dtype, device, deterministic):
                 q, *kv, causal=causal, window_size=window, deterministic=deterministic
             )
             out.backward(torch.randn_like(out))
+    # Llama's 32 / 8 heads, lengths off the tiles: on 114-132 SMs the Hopper backward keeps each
+    # GQA group in one CTA without a mask and splits it in two with one (partials of dK / dV).
+    q = torch.randn(2, 1030, 32, 128, dtype=dtype, device=device, requires_grad=True)
+    kv = [
+        torch.randn(2, 1030, 8, 128, dtype=dtype, device=device, requires_grad=True)
+        for _ in range(2)
+    ]
+    for causal in (False, True):
+        out = k.flash_attn_func(q, *kv, causal=causal, deterministic=deterministic)
+        out.backward(torch.randn_like(out))
     lens_q, lens_k = (70, 3, 129), (65, 0, 140)
     cu_q = torch.tensor([0, 70, 73, 202], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 65, 65, 205], dtype=torch.int32, device=device)

@@ -152,12 +152,18 @@ CASES = [
 ]
 # What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128, no
 # window or score modifier; MQA with more keys than queries, causal with rows that see no key.
+# The Hopper kernel splits a GQA group over several CTAs when one CTA per (key block, kv head,
+# batch) would leave the GPU unevenly loaded (group_splits in attention_sm90_bwd.cuh). On an
+# H100 or H200 (114-132 SMs) the small cases split each group all the way (into one CTA per query
+# head), the 1024-token causal case in two, and the non-causal one not at all (GQA unsplit).
 HOPPER_CASES = [
     (130, 200, 4, 1, 128, False, (-1, -1), 0.0, False),
     (200, 130, 4, 2, 128, True, (-1, -1), 0.0, False),
     (150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
     (77, 300, 2, 1, 64, False, (-1, -1), 0.0, False),
     (100, 140, 4, 2, 120, True, (-1, -1), 0.0, False),  # zero-padded copies of head dim 128
+    (1024, 1024, 32, 8, 128, True, (-1, -1), 0.0, False),
+    (1024, 1024, 32, 8, 64, False, (-1, -1), 0.0, False),
 ]
 
 
