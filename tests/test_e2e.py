@@ -282,6 +282,7 @@ def test_a_run_writes_the_schema_and_its_table(kit_modules, isolated, tmp_path):
     table = e2e_table.generated_readme(text, root=tmp_path)
     assert table.count("\n| prefill |") == 2 and table.count("\n| decode |") == 1, table
     assert "Check passed" in table
+    assert "compile+kit maps in attention of the kit" in table, table
     # The GPU-only profile, as a CUDA run records it (profile_tools.family_table).
     from profile_tools import family_table
 
