@@ -40,22 +40,6 @@ struct Workspace {
   int64_t rows;        // batch * heads_q * padded rows
 };
 
-// The main kernel's group_splits for `p` (the same for both element types: it depends on the
-// tile shape only).
-int group_splits_of(const AttnBwdParams& p, int sm_count) {
-  const AttnFwdParams& f = p.fwd;
-  KernelArgs a{};
-  a.batch = static_cast<int>(f.batch);
-  a.heads_q = static_cast<int>(f.heads_q);
-  a.heads_kv = static_cast<int>(f.heads_kv);
-  a.seqlen_q = static_cast<int>(f.seqlen_q);
-  a.seqlen_k = static_cast<int>(f.seqlen_k);
-  a.causal = f.causal;
-  return f.head_dim == 64
-             ? attention::sm90::group_splits<Kernel<cutlass::half_t, 64>>(a, sm_count)
-             : attention::sm90::group_splits<Kernel<cutlass::half_t, 128>>(a, sm_count);
-}
-
 // Floats of the dK / dV partials of `splits` splits (none unsplit).
 int64_t partial_floats(const AttnBwdParams& p, int splits) {
   const AttnFwdParams& f = p.fwd;
@@ -150,6 +134,15 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
   a.softmax_scale = f.softmax_scale;
   a.causal = f.causal;
   return a;
+}
+
+// The main kernel's group_splits for `p` (the same for both element types: it depends on the
+// tile shape only, and reads no pointer of the arguments).
+int group_splits_of(const AttnBwdParams& p, int sm_count) {
+  const KernelArgs a = kernel_args(p, Workspace{}, 1);
+  return p.fwd.head_dim == 64
+             ? attention::sm90::group_splits<Kernel<cutlass::half_t, 64>>(a, sm_count)
+             : attention::sm90::group_splits<Kernel<cutlass::half_t, 128>>(a, sm_count);
 }
 
 template <class Element>
