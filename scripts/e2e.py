@@ -1074,22 +1074,28 @@ def main(argv=None) -> dict:
         del model32
         doc["wall_s"]["check"] = round(time.perf_counter() - t0 - doc["wall_s"]["build"], 1)
         doc["routes"] = dict(kit.routes)
-        # Twins share the weights: one per kit configuration and use (inference, training).
-        bases = {"eager": model, "eager+kit": kit_model, "compile": model, "compile+kit": kit_model}
-        if set(compile_names) != set(names):
-            bases["compile+kit"] = twin(model)
-            doc["routes_compile"] = kit.attach(bases["compile+kit"], device=device,
-                                               only=compile_names)  # fmt: skip
+
+        def kit_twin(routes_key, only, training=False):
+            """A twin of `model` (the same weights) with the kit's `only` kernels attached; where
+            they went in doc[routes_key]."""
+            kernelized = twin(model)
+            doc[routes_key] = kit.attach(kernelized, device=device, training=training, only=only)
+            return kernelized
+
+        # One model per kit configuration and use; compile+kit shares eager+kit's when it maps
+        # the same kernels.
+        same = set(compile_names) == set(names)
+        bases = {"eager": model, "compile": model, "eager+kit": kit_model}
+        bases["compile+kit"] = kit_model if same else kit_twin("routes_compile", compile_names)
         train_bases = {}
         if trains:  # the kit's training layers (and its attention where it trains)
             train_bases = {"eager": model, "compile": model}
-            for config, only in (("eager+kit", names), ("compile+kit", compile_names)):
-                if config == "compile+kit" and set(only) == set(names):
-                    train_bases[config] = train_bases["eager+kit"]
-                    continue
-                train_bases[config] = twin(model)
-                routes = kit.attach(train_bases[config], device=device, training=True, only=only)
-                doc["routes_train" + ("_compile" if config == "compile+kit" else "")] = routes
+            train_bases["eager+kit"] = kit_twin("routes_train", names, training=True)
+            train_bases["compile+kit"] = (
+                train_bases["eager+kit"]
+                if same
+                else kit_twin("routes_train_compile", compile_names, training=True)
+            )
         results.save()
         if doc["check"] is not None and not doc["check"]["passed"]:
             raise SystemExit(
