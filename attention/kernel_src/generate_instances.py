@@ -108,18 +108,17 @@ def instances_header() -> str:
     return "\n".join(lines)
 
 
-def translation_unit(include: str, body: list[str]) -> str:
+def translation_unit(includes: list[str], body: list[str], namespace: str = "cuda") -> str:
     lines = [
         BANNER,
-        f'#include "{include}"',
-        '#include "attention_fwd_instances.h"',
+        *(f'#include "{name}"' for name in includes),
         "",
         "namespace attention {",
-        "namespace cuda {",
+        f"namespace {namespace} {{",
         "",
         *body,
         "",
-        "}  // namespace cuda",
+        f"}}  // namespace {namespace}",
         "}  // namespace attention",
         "",
     ]
@@ -132,7 +131,7 @@ def fwd_unit(dtype: str, head_dim: int) -> str:
         f"  return attn_fwd_kernel<{t}, {cfg}, {mod}>;\n}}"
         for t, cfg, mod in fwd_instances(dtype, head_dim)
     ]
-    return translation_unit("attention_fwd_kernel.cuh", body)
+    return translation_unit(["attention_fwd_kernel.cuh", "attention_fwd_instances.h"], body)
 
 
 def combine_unit() -> str:
@@ -141,23 +140,15 @@ def combine_unit() -> str:
         f"  return attn_fwd_combine_kernel<{t}>;\n}}"
         for t in DTYPES.values()
     ]
-    return translation_unit("attention_fwd_combine_kernel.cuh", body)
+    return translation_unit(["attention_fwd_combine_kernel.cuh", "attention_fwd_instances.h"], body)
 
 
-def bwd_launcher(dtype: str, head_dim: int) -> str:
-    """The signature of one backward instance's launch function, as clang-format breaks it."""
-    name = f"cudaError_t launch_bwd_instance<{DTYPES[dtype]}, {head_dim}>("
-    params = [
-        "const AttnBwdParams& p",
-        "float* dsum",
-        "int64_t q_rows",
-        "int smem_limit",
-        "cudaStream_t stream)",
-    ]
-    # clang-format packs the parameters into lines of at most 100 columns, aligned after "(".
+def signature(name: str, params: list[str]) -> str:
+    """`name` (up to its "(") and `params`, as clang-format packs them: into lines of at most 100
+    columns, aligned after the "("."""
+    pieces = [param + "," for param in params[:-1]] + [params[-1] + ")"]
     lines, line = [], name
-    for i, param in enumerate(params):
-        piece = param + ("" if i == len(params) - 1 else ",")
+    for piece in pieces:
         if line != name and len(line) + 1 + len(piece) > 100:
             lines.append(line)
             line = " " * len(name) + piece
@@ -165,6 +156,20 @@ def bwd_launcher(dtype: str, head_dim: int) -> str:
             line = line + ("" if line == name else " ") + piece
     lines.append(line)
     return "\n".join(lines)
+
+
+def bwd_launcher(dtype: str, head_dim: int) -> str:
+    """The signature of one backward instance's launch function."""
+    return signature(
+        f"cudaError_t launch_bwd_instance<{DTYPES[dtype]}, {head_dim}>(",
+        [
+            "const AttnBwdParams& p",
+            "float* dsum",
+            "int64_t q_rows",
+            "int smem_limit",
+            "cudaStream_t stream",
+        ],
+    )
 
 
 def bwd_instances_header() -> str:
@@ -204,30 +209,17 @@ def bwd_instances_header() -> str:
 
 
 def bwd_unit(dtype: str, head_dim: int) -> str:
-    lines = [
-        BANNER,
-        '#include "attention_bwd_instances.h"',
-        '#include "attention_bwd_launch.cuh"',
-        "",
-        "namespace attention {",
-        "namespace cuda {",
-        "",
-        "template <>",
-        bwd_launcher(dtype, head_dim) + " {",
-        f"  return bwd::launch_bwd<{DTYPES[dtype]}, {head_dim}>(p, dsum, q_rows, smem_limit, stream);",
-        "}",
-        "",
-        "}  // namespace cuda",
-        "}  // namespace attention",
-        "",
-    ]
-    return "\n".join(lines)
+    call = f"bwd::launch_bwd<{DTYPES[dtype]}, {head_dim}>(p, dsum, q_rows, smem_limit, stream)"
+    body = [f"template <>\n{bwd_launcher(dtype, head_dim)} {{\n  return {call};\n}}"]
+    return translation_unit(["attention_bwd_instances.h", "attention_bwd_launch.cuh"], body)
 
 
 def sm90_launcher(dtype: str, head_dim: int) -> str:
-    """The signature of one Hopper instance's launch function, as clang-format breaks it."""
-    name = f"cudaError_t run_fwd_instance<{SM90_DTYPES[dtype]}, {head_dim}>("
-    return f"{name}const FwdArgs& args, int sm_count,\n{' ' * len(name)}cudaStream_t stream)"
+    """The signature of one Hopper instance's launch function."""
+    return signature(
+        f"cudaError_t run_fwd_instance<{SM90_DTYPES[dtype]}, {head_dim}>(",
+        ["const FwdArgs& args", "int sm_count", "cudaStream_t stream"],
+    )
 
 
 def sm90_instances_header() -> str:
@@ -260,24 +252,11 @@ def sm90_instances_header() -> str:
 
 
 def sm90_unit(dtype: str, head_dim: int) -> str:
-    lines = [
-        BANNER,
-        '#include "attention_sm90_fwd.cuh"',
-        '#include "attention_sm90_instances.h"',
-        "",
-        "namespace attention {",
-        "namespace sm90 {",
-        "",
-        "template <>",
-        sm90_launcher(dtype, head_dim) + " {",
-        f"  return run_fwd<FwdKernelFor<{SM90_DTYPES[dtype]}, {head_dim}>>(args, sm_count, stream);",
-        "}",
-        "",
-        "}  // namespace sm90",
-        "}  // namespace attention",
-        "",
-    ]
-    return "\n".join(lines)
+    call = f"run_fwd<FwdKernelFor<{SM90_DTYPES[dtype]}, {head_dim}>>(args, sm_count, stream)"
+    body = [f"template <>\n{sm90_launcher(dtype, head_dim)} {{\n  return {call};\n}}"]
+    return translation_unit(
+        ["attention_sm90_fwd.cuh", "attention_sm90_instances.h"], body, namespace="sm90"
+    )
 
 
 def generated_files() -> dict[str, str]:
