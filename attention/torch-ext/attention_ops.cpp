@@ -325,6 +325,10 @@ at::Tensor pad_head_dim(const at::Tensor& t, int64_t padded) {
   return at::constant_pad_nd(t, {0, padded - t.size(-1)}).contiguous();
 }
 
+// The head dim the CUDA kernels run a call at: the caller's, rounded up to a multiple of 8 (their
+// 16-byte chunks); a larger one means zero-padded copies (pad_head_dim).
+int64_t kernel_head_dim(int64_t head_dim) { return (head_dim + 7) / 8 * 8; }
+
 // 16-byte aligned base pointer and batch / row / head strides (the CUDA kernels' 16-byte chunks).
 bool aligned16(const at::Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 != 0) return false;
@@ -807,9 +811,9 @@ void run_attention(AttentionCall& c) {
     // temporary (pad_head_dim).
     AttentionCall a = c;
     Geometry gk = g;
-    const bool padded = g.head_dim % 8 != 0;
+    gk.head_dim = kernel_head_dim(g.head_dim);
+    const bool padded = gk.head_dim != g.head_dim;
     if (padded) {
-      gk.head_dim = (g.head_dim + 7) / 8 * 8;
       a.q = pad_head_dim(a.q, gk.head_dim);
       a.k = pad_head_dim(a.k, gk.head_dim);
       a.v = pad_head_dim(a.v, gk.head_dim);
@@ -1119,8 +1123,8 @@ void run_backward_cuda(const AttentionCall& c, const Geometry& g, const at::Tens
   const c10::cuda::CUDAGuard device_guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
   Geometry gk = g;
-  const bool padded = g.head_dim % 8 != 0;
-  if (padded) gk.head_dim = (g.head_dim + 7) / 8 * 8;
+  gk.head_dim = kernel_head_dim(g.head_dim);
+  const bool padded = gk.head_dim != g.head_dim;
   const auto readable = [&](const at::Tensor& t) {
     if (padded) return pad_head_dim(t, gk.head_dim);
     return aligned16(t) ? t : t.contiguous();
