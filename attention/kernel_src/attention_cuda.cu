@@ -609,7 +609,7 @@ cudaError_t attn_fwd(const AttnFwdParams& p, cudaStream_t stream) {
   DeviceInfo dev;
   cudaError_t err = device_info(&dev);
   if (err != cudaSuccess) return err;
-  if (use_hopper(p, dev)) return sm90::fwd(p, dev.sms, stream);
+  if (use_hopper(p, dev)) return sm90::fwd(p, dev.sms, dev.l2_bytes, stream);
   Plan plan;
   if (!plan_tiles(p, dev, &plan)) return cudaErrorInvalidValue;
   err = plan_splits(p, dev, &plan);

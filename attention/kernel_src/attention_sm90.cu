@@ -61,6 +61,16 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   return a;
 }
 
+// Whether `p`'s causal tiles go block-major (TileOrder in attention_sm90_fwd.cuh): where K and V
+// (every head, every batch) fit in half the L2, so that reading them once per query block costs
+// no HBM traffic. Simulations of the tile queue (1 x 32 heads, causal, 128-row tiles, 132 SMs)
+// put the head-by-head order's last tile 24% past the block-major one's at 2048 tokens, 12% at
+// 4096 and 5% at 8192 (benchmarks/NOTES.md).
+bool block_major(const AttnFwdParams& p, int64_t l2_bytes) {
+  const int64_t kv_bytes = 2 * p.batch * p.heads_kv * p.seqlen_k * p.head_dim * 2;  // fp16 / bf16
+  return p.causal && kv_bytes <= l2_bytes / 2;
+}
+
 // The head dims with an instance (attention_sm90_instances.h): one list for the rule (supports)
 // and the dispatch (fwd).
 template <int... kDims>
@@ -106,9 +116,10 @@ bool supports(const AttnFwdParams& p) {
   return true;
 }
 
-cudaError_t fwd(const AttnFwdParams& p, int sm_count, cudaStream_t stream) {
+cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStream_t stream) {
   if (!supports(p)) return cudaErrorInvalidValue;
-  const KernelArgs a = kernel_args(p);
+  KernelArgs a = kernel_args(p);
+  a.block_major = block_major(p, l2_bytes);
   return p.dtype == DType::kBFloat16
              ? InstanceHeadDims::run<cutlass::bfloat16_t>(a, p.head_dim, sm_count, stream)
              : InstanceHeadDims::run<cutlass::half_t>(a, p.head_dim, sm_count, stream);
