@@ -4,6 +4,7 @@
 // only; attention_cuda.cu, built for every capability, calls the two functions below.
 #include "attention_sm90.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -58,17 +59,26 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   a.softmax_scale = p.softmax_scale;
   a.causal = p.causal;
   a.tile_counter = p.tile_counter;
+  a.tile_group = 1;  // head by head; fwd() sizes the causal groups
   return a;
 }
 
-// Whether `p`'s causal tiles go block-major (TileOrder in attention_sm90_fwd.cuh): where K and V
-// (every head, every batch) fit in half the L2, so that reading them once per query block costs
-// no HBM traffic. Simulations of the tile queue (1 x 32 heads, causal, 128-row tiles, 132 SMs)
-// put the head-by-head order's last tile 24% past the block-major one's at 2048 tokens, 12% at
-// 4096 and 5% at 8192 (benchmarks/NOTES.md).
-bool block_major(const AttnFwdParams& p, int64_t l2_bytes) {
-  const int64_t kv_bytes = 2 * p.batch * p.heads_kv * p.seqlen_k * p.head_dim * 2;  // fp16 / bf16
-  return p.causal && kv_bytes <= l2_bytes / 2;
+// The (head, batch) pairs of a causal tile group (TileOrder in attention_sm90_fwd.cuh): the most
+// that divide heads_q * batch and whose K / V fit in half the L2, so that reading them once per
+// query block rank costs no HBM traffic (the stage-1 kernel's rule, plan_tile_group). A queue
+// simulation (1 x 32 heads, causal, 128-row tiles, 132 SMs) puts head by head (a group of one)
+// 24% past one group of every pair at 2048 tokens, 12% at 4096 and 5% at 8192
+// (benchmarks/NOTES.md).
+int tile_group(const AttnFwdParams& p, int64_t l2_bytes) {
+  const int64_t pairs = p.heads_q * p.batch;
+  if (!p.causal || pairs < 2) return 1;
+  // K / V bytes of one pair: its kv head's keys and values (fp16 / bf16), shared by the query
+  // heads of that kv head.
+  const int64_t heads_per_kv = p.heads_q / p.heads_kv;
+  const int64_t kv_bytes = std::max<int64_t>(1, 4 * p.seqlen_k * p.head_dim / heads_per_kv);
+  int64_t g = std::max<int64_t>(1, std::min<int64_t>(pairs, l2_bytes / 2 / kv_bytes));
+  while (pairs % g != 0) --g;
+  return static_cast<int>(g);
 }
 
 // The head dims with an instance (attention_sm90_instances.h): one list for the rule (supports)
@@ -119,7 +129,7 @@ bool supports(const AttnFwdParams& p) {
 cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStream_t stream) {
   if (!supports(p)) return cudaErrorInvalidValue;
   KernelArgs a = kernel_args(p);
-  a.block_major = block_major(p, l2_bytes);
+  a.tile_group = tile_group(p, l2_bytes);
   return p.dtype == DType::kBFloat16
              ? InstanceHeadDims::run<cutlass::bfloat16_t>(a, p.head_dim, sm_count, stream)
              : InstanceHeadDims::run<cutlass::half_t>(a, p.head_dim, sm_count, stream);

@@ -51,34 +51,33 @@ struct FwdArgs {
   int64_t o_row, o_head, o_batch;
   float softmax_scale;
   bool causal;
-  // Causal tiles in block-major order (TileOrder), chosen by the host.
-  bool block_major;
+  // (head, batch) pairs of a tile group (TileOrder), chosen by the host: divides heads_q * batch.
+  int tile_group;
   // Zeroed by the caller before each launch: CTAs take their next tile from it (atomicAdd), so
   // unequal causal tiles balance across SMs. Null: a static round robin over the tiles.
   int* tile_counter;
 };
 
-// Where tile t lies: query block, head, batch. Query blocks of one head are consecutive, so the
-// CTAs working at one time share a few heads' K / V in L2; causal tiles go longest first (the
-// last query block reads every key block), so with tiles handed out in order (tile_counter) the
-// short ones fill the tail. Head by head, though, each head's long blocks come after the last
-// head's short ones: with few tiles an SM (batch 1 at a few thousand tokens) the last heads'
-// long blocks start late and run alone. Block-major order (every head's block m before any
-// head's m - 1) hands them all out first, at the cost of each K / V being read once per query
-// block rather than once per head: the host takes it where K / V stay in L2 (attention_sm90.cu).
+// Where tile t lies: query block, head, batch. Tiles go in groups of tile_group consecutive
+// (head, batch) pairs; within a group, by query block rank first (every pair's block of rank r
+// before any pair's r + 1), and causal ranks count from the last query block, which reads every
+// key block. So with tiles handed out in order (tile_counter) the long ones go first and the
+// short ones fill the tail (longest processing time first), while the pairs running at one time
+// are those of one group, whose K / V the host sizes to stay in L2. tile_group 1 is head by head.
 struct TileCoord {
   int m_block, head, head_kv, batch;
 };
 struct TileOrder {
   int tiles, m_blocks, heads_q, group;  // group: query heads per K / V head
-  int inner;  // tiles between consecutive values of the outer index: 1 head-by-head, else heads
-  bool longest_first, block_major;
+  int tile_group;                       // pairs of a group: divides heads_q * batch
+  bool longest_first;
   CUTE_HOST_DEVICE TileCoord at(int t) const {
-    // Head by head t = bh * m_blocks + m, block-major t = m * (heads * batch) + bh.
-    const int outer = t / inner, within = t - outer * inner;
-    const int m = block_major ? outer : within, bh = block_major ? within : outer;
+    const int group_tiles = tile_group * m_blocks;
+    const int g = t / group_tiles, in_group = t - g * group_tiles;
+    const int rank = in_group / tile_group;
+    const int bh = g * tile_group + (in_group - rank * tile_group);
     TileCoord c;
-    c.m_block = longest_first ? m_blocks - 1 - m : m;
+    c.m_block = longest_first ? m_blocks - 1 - rank : rank;
     c.head = bh % heads_q;
     c.batch = bh / heads_q;
     c.head_kv = c.head / group;
@@ -182,15 +181,8 @@ struct FwdKernel {
 
   CUTE_HOST_DEVICE static TileOrder tile_order(const FwdArgs& a) {
     const int m_blocks = (a.seqlen_q + kBlockM - 1) / kBlockM;
-    const int heads_batch = a.heads_q * a.batch;
-    const bool block_major = a.causal && a.block_major;
-    return {m_blocks * heads_batch,
-            m_blocks,
-            a.heads_q,
-            a.heads_q / a.heads_kv,
-            block_major ? heads_batch : m_blocks,
-            a.causal,
-            block_major};
+    return {m_blocks * a.heads_q * a.batch, m_blocks, a.heads_q, a.heads_q / a.heads_kv,
+            a.causal ? a.tile_group : 1,    a.causal};
   }
 
   // Key blocks [0, n_blocks) a query block reads: all of them, or (causal, bottom-right aligned:
