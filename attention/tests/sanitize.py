@@ -1,7 +1,7 @@
 """Run the attention ops on KV-cache index values out of range, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python attention/tests/sanitize.py
-    compute-sanitizer --tool racecheck --error-exitcode 9 python attention/tests/sanitize.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python attention/tests/sanitize.py --small
 
 Each bad call (a cache that a new key would overflow, paged or not, with and without appended
 keys and over every split path; a paged varlen call whose seqused_k passes its block_table row;
@@ -15,6 +15,8 @@ the Hopper kernel's, for memcheck and racecheck), then backward calls on exact-s
 with deterministic=True (the dQ pass) and False (dQ added with atomics into a workspace, then
 converted). Not collected by pytest (no test_ prefix).
 `--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
+`--small` leaves out the Llama-sized backward calls: racecheck checks every shared-memory access
+and needs minutes for them, and the small GQA calls already run the same split-group code.
 """
 
 import argparse
@@ -176,7 +178,7 @@ def prefill_calls(k, dtype, device):
             k.flash_attn_func(q, *kv, causal=causal)
 
 
-def backward_calls(k, dtype, device, deterministic):
+def backward_calls(k, dtype, device, deterministic, small):
     """Exact-size backward calls (dQ, dK, dV through autograd), causal, windowed or not, with
     GQA, every head-dim instance and lengths off the 64-row tiles, plus a varlen batch whose
     middle sequence has no keys: a row or key tile past a tensor's end leaves its allocation."""
@@ -200,16 +202,17 @@ def backward_calls(k, dtype, device, deterministic):
                 q, *kv, causal=causal, window_size=window, deterministic=deterministic
             )
             out.backward(torch.randn_like(out))
-    # Llama's 32 / 8 heads, lengths off the tiles: on 114-132 SMs the Hopper backward keeps each
-    # GQA group in one CTA without a mask and splits it in two with one (partials of dK / dV).
-    q = torch.randn(2, 1030, 32, 128, dtype=dtype, device=device, requires_grad=True)
-    kv = [
-        torch.randn(2, 1030, 8, 128, dtype=dtype, device=device, requires_grad=True)
-        for _ in range(2)
-    ]
-    for causal in (False, True):
-        out = k.flash_attn_func(q, *kv, causal=causal, deterministic=deterministic)
-        out.backward(torch.randn_like(out))
+    if not small:
+        # Llama's 32 / 8 heads, lengths off the tiles: on 114-132 SMs the Hopper backward keeps
+        # each GQA group in one CTA without a mask and splits it in two with one (dK / dV partials).
+        q = torch.randn(2, 1030, 32, 128, dtype=dtype, device=device, requires_grad=True)
+        kv = [
+            torch.randn(2, 1030, 8, 128, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2)
+        ]
+        for causal in (False, True):
+            out = k.flash_attn_func(q, *kv, causal=causal, deterministic=deterministic)
+            out.backward(torch.randn_like(out))
     lens_q, lens_k = (70, 3, 129), (65, 0, 140)
     cu_q = torch.tensor([0, 70, 73, 202], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 65, 65, 205], dtype=torch.int32, device=device)
@@ -227,6 +230,7 @@ def backward_calls(k, dtype, device, deterministic):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--small", action="store_true", help="no Llama-sized backward calls")
     args = parser.parse_args()
     k = kernels.get_local_kernel(
         Path(__file__).resolve().parent.parent / "build", backend=args.device
@@ -236,7 +240,7 @@ def main():
             run(k, dtype, args.device)
         # both schedules of the CUDA backward
         for deterministic in (True, False):
-            backward_calls(k, dtype, args.device, deterministic)
+            backward_calls(k, dtype, args.device, deterministic, args.small)
     if args.device == "cuda":
         torch.cuda.synchronize()
         k.check_kvcache_errors()
