@@ -3,6 +3,7 @@
 tensor subclasses)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -13,8 +14,10 @@ spec = importlib.util.spec_from_file_location(
     "eager_path", Path(__file__).resolve().parent.parent / "common" / "eager_path.py"
 )
 eager_path = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = eager_path  # torch.compile looks the module up
 spec.loader.exec_module(eager_path)
 needed = eager_path.custom_op_needed
+plain = eager_path.plain_eager
 
 
 def test_plain_inference_skips_the_op():
@@ -41,3 +44,21 @@ def test_modes_and_subclasses_take_the_op():
     assert needed(fake)  # a FakeTensor outside its mode is still a subclass
     with mode:
         assert needed(fake)
+
+
+def test_plain_eager_only_without_tracing_modes_or_subclasses():
+    x, w = torch.randn(4, 8).requires_grad_(), torch.nn.Parameter(torch.randn(8))
+    assert plain(x, w, None)
+    with FlopCounterMode(display=False):
+        assert not plain(x)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+    assert not plain(fake)
+    seen = []
+    torch.func.grad(lambda t: (seen.append(plain(t)), t.sum())[1])(torch.randn(3))
+    assert seen == [False]  # torch.func's transforms need the op (or a setup_context Function)
+    seen.clear()
+    torch.compile(lambda t: (seen.append(plain(t)), t + 1)[1], backend="eager", fullgraph=True)(
+        torch.randn(3)
+    )
+    assert seen == [False]

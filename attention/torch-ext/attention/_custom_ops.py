@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import custom_op_needed
+from ._eager_path import custom_op_needed, plain_eager
 from ._ops import add_op_namespace_prefix, ops
 
 # float64 runs on the CPU only (gradient checks); CUDA takes CUDA_DTYPES.
@@ -593,7 +593,7 @@ def _attn_func_body(
     enable_pdl=None,
     deterministic=False,
 ):
-    # deterministic is the backward's (_backward below); the forward is deterministic anyway.
+    # deterministic is the backward's (_backward_through below); the forward is deterministic anyway.
     out = output_like(q)
     lse = lse_like(q, cu_seqlens_q is not None)
     ops.attn_fwd(
@@ -700,21 +700,24 @@ def _attn_backward_unsupported_fake(grad_out, q, k, v):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-@torch.library.custom_op(
-    add_op_namespace_prefix("attn_func_backward"),
-    mutates_args=(),
-    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
-    "Tensor? cu_seqlens_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-    "float softcap, bool causal, int window_left, int window_right, bool deterministic) -> "
-    "(Tensor, Tensor, Tensor)",
-)
-def _attn_func_backward(grad_out, q, k, v, out, *lse_and_options):
+def _attn_func_backward_body(grad_out, q, k, v, out, *lse_and_options):
     """(dq, dk, dv) of attn_func through the C++ attn_bwd, whose arguments after out are this
     op's (deterministic last: on CUDA, False adds dQ into a workspace in a varying order, True
     runs a dQ pass)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ops.attn_bwd(dq, dk, dv, grad_out.contiguous(), q, k, v, out, *lse_and_options)
     return dq, dk, dv
+
+
+_attn_func_backward = torch.library.custom_op(
+    add_op_namespace_prefix("attn_func_backward"),
+    _attn_func_backward_body,
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
+    "Tensor? cu_seqlens_k, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+    "float softcap, bool causal, int window_left, int window_right, bool deterministic) -> "
+    "(Tensor, Tensor, Tensor)",
+)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("attn_func_backward"))
@@ -728,16 +731,22 @@ _MAX_Q, _MAX_K, _SCALE, _SOFTCAP, _CAUSAL, _LEFT, _RIGHT = range(10, 17)
 _DETERMINISTIC = 19  # after num_splits and enable_pdl, which only the forward takes
 
 
-def _backward(ctx, grad_out, grad_lse):
-    # The gradient of lse is not propagated (flash-attn's backward ignores it too).
-    q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
-    if ctx.paged:
-        dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v)
-    else:
-        dq, dk, dv = _attn_func_backward(
-            grad_out, q, k, v, out, lse, *ctx.optional(cu_q, cu_k, alibi), *ctx.scalars
-        )
-    return (dq, dk, dv) + (None,) * 17
+def _backward_through(attn_backward):
+    """attn_func's backward formula, its gradients computed by `attn_backward`: the custom op
+    (what AOT autograd traces) or, in _AttnFuncEager, that op's body."""
+
+    def backward(ctx, grad_out, grad_lse):
+        # The gradient of lse is not propagated (flash-attn's backward ignores it too).
+        q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
+        if ctx.paged:
+            dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v)
+        else:
+            dq, dk, dv = attn_backward(
+                grad_out, q, k, v, out, lse, *ctx.optional(cu_q, cu_k, alibi), *ctx.scalars
+            )
+        return (dq, dk, dv) + (None,) * 17
+
+    return backward
 
 
 def _setup_context(ctx, inputs, output):
@@ -751,8 +760,25 @@ def _setup_context(ctx, inputs, output):
 
 
 torch.library.register_autograd(
-    add_op_namespace_prefix("attn_func"), _backward, setup_context=_setup_context
+    add_op_namespace_prefix("attn_func"),
+    _backward_through(_attn_func_backward),
+    setup_context=_setup_context,
 )
+
+
+class _AttnFuncEager(torch.autograd.Function):
+    """attn_func where autograd is the only reason for the custom op (_eager_path.plain_eager):
+    the op's body, setup_context and backward formula, each gradient computed by the backward
+    op's body. The same kernels and results as the op, without its autograd layer's host time
+    (_eager_path says why that is large here)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _attn_func_body(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward_through(_attn_func_backward_body))
 
 
 def attention(
@@ -792,8 +818,12 @@ def attention(
     left, right = window(op, window_size)
     scale = softmax_scale_of(q, softmax_scale)
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx)
-    needed = custom_op_needed(*tensors, leftpad_k, alibi_slopes)
-    forward = _attn_func if needed else _attn_func_body
+    if not custom_op_needed(*tensors, leftpad_k, alibi_slopes):
+        forward = _attn_func_body
+    elif plain_eager(*tensors, leftpad_k, alibi_slopes):
+        forward = _AttnFuncEager.apply
+    else:
+        forward = _attn_func
     return forward(
         q,
         k,
