@@ -65,6 +65,48 @@ def run_in_fresh_process(script: str, timeout_s: float = 300.0) -> None:
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
+def assert_autograd_routes_agree(call, inputs, eager_name: str) -> None:
+    """`call()` (a public function on `inputs`, which require grad), run eagerly, is recorded by
+    the package's own autograd.Function `eager_name` (its _eager_path.OpRoutes); under a
+    dispatch mode that changes nothing it goes through the custom op instead. Both routes run the
+    same kernels: their outputs and gradients must agree bit for bit on the CPU, and on CUDA up to
+    the order of atomic additions (default tolerances of the dtype)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def run():
+        outs = call()
+        return [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if o is not None]
+
+    def recorded(outs) -> set:
+        """The names of the autograd nodes behind `outs`, back to the inputs."""
+        seen, stack = set(), [o.grad_fn for o in outs]
+        while stack:
+            node = stack.pop()
+            if node is not None and node not in seen:
+                seen.add(node)
+                stack.extend(next_node for next_node, _ in node.next_functions)
+        return {type(node).__name__ for node in seen}
+
+    eager = run()
+    assert eager_name + "Backward" in recorded(eager), recorded(eager)
+    gen = torch.Generator(device=eager[0].device).manual_seed(0)
+    grads_out = [torch.randn(o.shape, generator=gen, device=o.device).to(o.dtype) for o in eager]
+    eager_grads = torch.autograd.grad(eager, inputs, grads_out)
+    with PassThrough():
+        through_op = run()
+    assert eager_name + "Backward" not in recorded(through_op)
+    op_grads = torch.autograd.grad(through_op, inputs, grads_out)
+    for got, want in zip((*eager, *eager_grads), (*through_op, *op_grads)):
+        if got.device.type == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want)
+
+
 def benchmark_fixtures(kernel_name: str, bench_dir: Path):
     """The fixtures `bench` and `sweep` of a benchmark test module (assign both to those names):
     `bench_dir`/benchmark.py and sweep.py imported under names of their own, with `bench_dir` and

@@ -19,7 +19,7 @@ from activation_cases import (
     magnitude,
     make_input,
 )
-from activation_fixture import run_in_fresh_process
+from activation_fixture import assert_autograd_routes_agree, run_in_fresh_process
 
 NAN = float("nan")
 
@@ -207,6 +207,15 @@ def test_backward(kernel, device, case, dtype, shape):
     grad_input = _nan_like_shape(x.shape, dtype, device)
     case.call_op(kernel, "_bwd", grad_input, grad_out, x.detach())
     torch.testing.assert_close(grad_input, grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_eager_autograd_route_matches_the_custom_op(kernel, device, case):
+    """Eager calls that autograd records skip the custom op's autograd layer (its host time:
+    _eager_path) and give the op's results, the module layers' included."""
+    x = make_input(case.input_shape((3, 2), 24), torch.bfloat16, device).requires_grad_()
+    eager_name = "".join(part.title() for part in case.name.split("_")) + "Eager"
+    assert_autograd_routes_agree(lambda: case.call(kernel, x), (x,), eager_name)
 
 
 @pytest.mark.kernels_ci

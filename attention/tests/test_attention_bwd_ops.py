@@ -16,7 +16,7 @@ from attention_cases import (
     randn,
     visible,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
+from attention_fixture import assert_autograd_routes_agree
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
@@ -473,40 +473,26 @@ def test_flash_attn_func_backward_is_attn_bwd(kernel, device):
     assert torch.equal(qkv.grad, torch.stack(want, dim=2))
 
 
-class _PassThrough(TorchDispatchMode):
-    """A dispatch mode that changes nothing but makes the public functions take the custom op."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 def test_eager_autograd_route_matches_the_custom_op(kernel, device):
-    """An eager call that autograd records runs under the package's own autograd.Function (the
-    custom op's autograd layer costs far more host time, _eager_path says why); under a dispatch
-    mode it takes the custom op. Both give the same output and gradients, bit for bit, for the
-    dense and varlen forms (deterministic=True, so that two calls agree on CUDA too)."""
+    """Eager calls that autograd records skip the custom op's autograd layer (its host time,
+    _eager_path says why) and give the op's results: dense and varlen forms
+    (deterministic=True, so that two calls agree on CUDA too)."""
     dtype = kernel_dtype(device)
     q = randn((2, 13, 4, 16), dtype, device, seed=40).requires_grad_()
     k = randn((2, 17, 2, 16), dtype, device, seed=41).requires_grad_()
     v = randn((2, 17, 2, 16), dtype, device, seed=42).requires_grad_()
-    dout = randn((2, 13, 4, 16), dtype, device, seed=43)
+    assert_autograd_routes_agree(
+        lambda: kernel.flash_attn_func(q, k, v, causal=True, deterministic=True),
+        (q, k, v),
+        "AttnFuncEager",
+    )
     cu = cu_seqlens([6, 7], device)
     qp, kp = q[0].detach().requires_grad_(), k[0, :13].detach().requires_grad_()
-    calls = (
-        (lambda: kernel.flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v)),
-        (lambda: kernel.flash_attn_varlen_func(qp, kp, kp, cu, cu, 7, 7), (qp, kp)),
+    assert_autograd_routes_agree(
+        lambda: kernel.flash_attn_varlen_func(qp, kp, kp, cu, cu, 7, 7, deterministic=True),
+        (qp, kp),
+        "AttnFuncEager",
     )
-    for call, inputs in calls:
-        out = call()
-        assert type(out.grad_fn).__name__ == "_AttnFuncEagerBackward"
-        grads = torch.autograd.grad(out, inputs, dout[0] if out.dim() == 3 else dout)
-        with _PassThrough():
-            out_op = call()
-        assert type(out_op.grad_fn).__name__ != "_AttnFuncEagerBackward"
-        grads_op = torch.autograd.grad(out_op, inputs, dout[0] if out.dim() == 3 else dout)
-        assert torch.equal(out, out_op)
-        for got, want in zip(grads, grads_op):
-            assert torch.equal(got, want)
 
 
 def test_varlen_backward_and_paged_raises(kernel, device):

@@ -25,7 +25,7 @@ from rmsnorm_cases import (
     nan_like,
     rstd_error,
 )
-from rmsnorm_fixture import run_in_fresh_process
+from rmsnorm_fixture import assert_autograd_routes_agree, run_in_fresh_process
 
 EPS = 1e-6
 
@@ -377,6 +377,24 @@ def test_rms_norm_modulate(kernel, device, dtype, wkind, scale_3d, leading):
         shift=shift,
         norm_dtype=None,
         what=f"modulate {dtype} {wkind}",
+    )
+
+
+def test_eager_autograd_route_matches_the_custom_op(kernel, device):
+    """Eager calls that autograd records skip the custom op's autograd layer (its host time:
+    _eager_path) and give the op's results: the norm (with a modulation) and the fused add."""
+    x = make_input((3, 5, 64), torch.bfloat16, device).requires_grad_()
+    residual = make_input((3, 5, 64), torch.bfloat16, device, seed=3).requires_grad_()
+    w = make_weight("same", 64, torch.bfloat16, device).requires_grad_()
+    scale = make_input((3, 64), torch.bfloat16, device, scale=0.5, seed=7).requires_grad_()
+    shift = make_input((3, 64), torch.bfloat16, device, seed=8).requires_grad_()
+    assert_autograd_routes_agree(
+        lambda: kernel.rms_norm_modulate(x, w, scale, shift, EPS),
+        (x, w, scale, shift),
+        "RmsNormEager",
+    )
+    assert_autograd_routes_agree(
+        lambda: kernel.add_rms_norm(x, residual, w, EPS), (x, residual, w), "AddRmsNormEager"
     )
 
 

@@ -39,6 +39,7 @@ from rope_cases import (
     transformers_formula,
     varlen_rows,
 )
+from rope_fixture import assert_autograd_routes_agree
 
 HQ, HK = 4, 2  # GQA 32 / 8 scaled down
 MAX_POS = 64
@@ -691,6 +692,16 @@ def test_apply_rotary_emb_ltx(kernel, device, dtype, tkind, table_batch):
     assert torch.equal(x, x0)
     assert y.dtype == dtype and y.shape == x.shape
     check(y, ref_ltx(x, cos, sin), f"ltx {dtype_id(dtype)} table={tkind}")
+
+
+def test_eager_autograd_route_matches_the_custom_op(kernel, device):
+    """Eager calls that autograd records skip the custom op's autograd layer (its host time:
+    _eager_path) and give the op's results, the tables' gradients included."""
+    q, k, cos, sin = _hf_inputs(torch.bfloat16, device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+    assert_autograd_routes_agree(
+        lambda: kernel.apply_rotary_transformers(*leaves), leaves, "RopeEager"
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -24,7 +24,7 @@ from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 
-from ._eager_path import custom_op_needed
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -62,17 +62,15 @@ _SPECS = (
     _OpSpec("gelu_quick", gated=False),
 )
 
-#: Allocating, differentiable forward of each activation: FORWARD[name](input, *scalars, enable_pdl).
-FORWARD: Dict[str, Callable[..., torch.Tensor]] = {}
-#: The body of FORWARD[name] (a new output filled by the out-param op), which eager inference
-#: calls directly (_eager_path.custom_op_needed).
-FORWARD_BODY: Dict[str, Callable[..., torch.Tensor]] = {}
+#: How each activation runs, called as (input, *scalars, enable_pdl): its allocating,
+#: differentiable custom op, the op's body (a new output filled by the out-param op), and the
+#: body under the op's autograd formula (_eager_path.OpRoutes).
+ROUTES: Dict[str, OpRoutes] = {}
 
 
 def activate(name: str, x: torch.Tensor, *scalars_and_pdl) -> torch.Tensor:
-    """FORWARD[name], or its body where no custom-op machinery is involved (eager inference)."""
-    table = FORWARD if custom_op_needed(x) else FORWARD_BODY
-    return table[name](x, *scalars_and_pdl)
+    """The activation `name` of x, through the route the call needs (ROUTES)."""
+    return ROUTES[name].pick(x)(x, *scalars_and_pdl)
 
 
 #: Allocating backward of each activation: BACKWARD[name](grad_out, input, *scalars, enable_pdl).
@@ -225,8 +223,8 @@ def _register(spec: _OpSpec) -> None:
         setup_context=setup_context,
     )
 
-    FORWARD[name] = forward_op
-    FORWARD_BODY[name] = forward
+    eager_name = "".join(part.title() for part in name.split("_")) + "Eager"
+    ROUTES[name] = OpRoutes(eager_name, forward_op, forward, setup_context, autograd_backward)
     BACKWARD[name] = backward_op
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import custom_op_needed, plain_eager
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 # float64 runs on the CPU only (gradient checks); CUDA takes CUDA_DTYPES.
@@ -622,8 +622,8 @@ def _attn_func_body(
     return out, lse
 
 
-# The allocating op: what autograd and torch.compile see. Eager inference calls its body directly
-# (_eager_path.custom_op_needed).
+# The allocating op: what torch.compile and dispatch modes see. Eager calls take its body, under
+# its autograd formula where autograd records them (_attn_func_routes).
 _attn_func = torch.library.custom_op(
     add_op_namespace_prefix("attn_func"),
     _attn_func_body,
@@ -733,7 +733,7 @@ _DETERMINISTIC = 19  # after num_splits and enable_pdl, which only the forward t
 
 def _backward_through(attn_backward):
     """attn_func's backward formula, its gradients computed by `attn_backward`: the custom op
-    (what AOT autograd traces) or, in _AttnFuncEager, that op's body."""
+    (what AOT autograd traces) or, in eager autograd, that op's body."""
 
     def backward(ctx, grad_out, grad_lse):
         # The gradient of lse is not propagated (flash-attn's backward ignores it too).
@@ -766,19 +766,15 @@ torch.library.register_autograd(
 )
 
 
-class _AttnFuncEager(torch.autograd.Function):
-    """attn_func where autograd is the only reason for the custom op (_eager_path.plain_eager):
-    the op's body, setup_context and backward formula, each gradient computed by the backward
-    op's body. The same kernels and results as the op, without its autograd layer's host time
-    (_eager_path says why that is large here)."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _attn_func_body(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
-
-    backward = staticmethod(_backward_through(_attn_func_backward_body))
+# The route of each call (_eager_path.OpRoutes): eager autograd takes the op's body and formula,
+# each gradient computed by the backward op's body.
+_attn_func_routes = OpRoutes(
+    "AttnFuncEager",
+    _attn_func,
+    _attn_func_body,
+    _setup_context,
+    _backward_through(_attn_func_backward_body),
+)
 
 
 def attention(
@@ -818,12 +814,7 @@ def attention(
     left, right = window(op, window_size)
     scale = softmax_scale_of(q, softmax_scale)
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx)
-    if not custom_op_needed(*tensors, leftpad_k, alibi_slopes):
-        forward = _attn_func_body
-    elif plain_eager(*tensors, leftpad_k, alibi_slopes):
-        forward = _AttnFuncEager.apply
-    else:
-        forward = _attn_func
+    forward = _attn_func_routes.pick(*tensors, leftpad_k, alibi_slopes)
     return forward(
         q,
         k,

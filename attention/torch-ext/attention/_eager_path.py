@@ -13,15 +13,15 @@ dynamo traces the body (the out-parameter ops have fake kernels) and the compile
 C++ op directly, about 45 us less host time per call on an H200's host than through the custom
 op, which decides whether a compiled prefill is bound by the host or by the GPU.
 
-Where autograd is the only reason for the op (plain_eager), a public function may also run the
-op's body, setup_context and backward under a torch.autograd.Function of its own: the custom
-op's autograd layer fills in its schema's defaults at every call
+Where autograd is the only reason for the op (plain_eager), a public function runs the op's
+body, setup_context and backward under a torch.autograd.Function of its own instead (OpRoutes):
+the custom op's autograd layer fills in its schema's defaults at every call
 (torch._library.utils.fill_defaults reads schema.arguments once per argument, and each read
 rebuilds the whole list), quadratic in the number of arguments: attention's 20 cost about 140 us
 of host time per call on a CPU where the op's own work takes 17 (torch 2.13).
 """
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -61,3 +61,33 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
     return all(
         t is None or type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors
     )
+
+
+class OpRoutes:
+    """The three ways a public function can run an allocating custom op, and the choice between
+    them: `body` (the op's implementation) where no autograd, tracing or dispatch mode is
+    involved; `eager`, the body under the op's own autograd formula (the setup_context and
+    backward given to torch.library.register_autograd) in a torch.autograd.Function named
+    `name`, where autograd is the only reason for the op (plain_eager); else `op`. The inputs
+    go positionally, in the op's schema order, which is how setup_context reads them."""
+
+    def __init__(
+        self, name: str, op: Callable, body: Callable, setup_context: Callable, backward: Callable
+    ):
+        def forward(ctx, *inputs):
+            output = body(*inputs)
+            setup_context(ctx, inputs, output)
+            return output
+
+        function = type(
+            name,
+            (torch.autograd.Function,),
+            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+        )
+        self.op, self.body, self.eager = op, body, function.apply
+
+    def pick(self, *tensors: Optional[torch.Tensor]) -> Callable:
+        """The route for a call whose tensor inputs are `tensors`."""
+        if not custom_op_needed(*tensors):
+            return self.body
+        return self.eager if plain_eager(*tensors) else self.op

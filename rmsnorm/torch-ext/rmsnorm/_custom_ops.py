@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import custom_op_needed
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -629,6 +629,9 @@ torch.library.register_autograd(
     _norm_backward,
     setup_context=_norm_setup_context,
 )
+_norm_routes = OpRoutes(
+    "RmsNormEager", _rms_norm_functional, _norm_allocating, _norm_setup_context, _norm_backward
+)
 
 
 def _add_norm_setup_context(ctx, inputs, output) -> None:
@@ -674,6 +677,13 @@ torch.library.register_autograd(
     _add_norm_backward,
     setup_context=_add_norm_setup_context,
 )
+_add_norm_routes = OpRoutes(
+    "AddRmsNormEager",
+    _add_rms_norm_functional,
+    _add_norm_allocating,
+    _add_norm_setup_context,
+    _add_norm_backward,
+)
 
 
 # ---- casting conventions -> kernel options ----
@@ -716,8 +726,7 @@ def norm(
     enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """Differentiable `rms_norm_fwd` with every option (weight already in a kernel dtype)."""
-    impl = _rms_norm_functional if custom_op_needed(x, weight, scale, shift) else _norm_allocating
-    return impl(
+    return _norm_routes.pick(x, weight, scale, shift)(
         x,
         weight,
         scale,
@@ -742,10 +751,7 @@ def add_norm(
     enable_pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Differentiable fused residual add + norm: ``(norm(r), r)``, ``r = round(x + residual)``."""
-    impl = (
-        _add_rms_norm_functional if custom_op_needed(x, residual, weight) else _add_norm_allocating
-    )
-    return impl(
+    return _add_norm_routes.pick(x, residual, weight)(
         x,
         residual,
         weight,

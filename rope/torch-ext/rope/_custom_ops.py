@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _reference
-from ._eager_path import custom_op_needed
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -755,6 +755,7 @@ def _backward(ctx, grad_q_out, grad_k_out):
 torch.library.register_autograd(
     add_op_namespace_prefix("rope_functional"), _backward, setup_context=_setup_context
 )
+_rope_routes = OpRoutes("RopeEager", _rope_functional, _rope_allocating, _setup_context, _backward)
 
 
 # ---- the differentiable entry point of the Python API ----
@@ -798,11 +799,7 @@ def rope(
         bool(full_table),
     )
     if not inplace:
-        if custom_op_needed(q, k, cos, sin):
-            return _rope_functional(q, k, cos, sin, *args, False, enable_pdl)
-        # Eager inference (transformers' decode calls this once per layer): the out-param op
-        # directly (_eager_path).
-        return _rope_allocating(q, k, cos, sin, *args, False, enable_pdl)
+        return _rope_routes.pick(q, k, cos, sin)(q, k, cos, sin, *args, False, enable_pdl)
     if not _requires_grad(q, k, cos, sin):
         ops.rope_inplace(q, k, cos, sin, *args, False, enable_pdl)
         return q, k
@@ -810,7 +807,8 @@ def rope(
     table_grad = cos.requires_grad or sin.requires_grad
     q_src = q.clone() if table_grad else q
     k_src = k.clone() if table_grad and k is not None else k
-    q_new, k_new = _rope_functional(q_src, k_src, cos, sin, *args, False, enable_pdl)
+    route = _rope_routes.pick(q_src, k_src, cos, sin)
+    q_new, k_new = route(q_src, k_src, cos, sin, *args, False, enable_pdl)
     q.copy_(q_new)
     if k is not None:
         k.copy_(k_new)
