@@ -62,3 +62,35 @@ def test_plain_eager_only_without_tracing_modes_or_subclasses():
         torch.randn(3)
     )
     assert seen == [False]
+
+
+def test_op_routes_pick_and_agree():
+    """OpRoutes on a toy op: the body without autograd, its own Function under eager autograd
+    (the op's formula, same gradient), the op under a dispatch mode or torch.compile."""
+
+    def body(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return x * factor
+
+    op = torch.library.custom_op("eager_path_test::scale", body, mutates_args=())
+
+    def setup_context(ctx, inputs, output):
+        ctx.factor = inputs[1]
+
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+    torch.library.register_autograd("eager_path_test::scale", backward, setup_context=setup_context)
+    routes = eager_path.OpRoutes("ScaleEager", op, body, setup_context, backward)
+    x = torch.randn(5)
+    assert routes.pick(x) is body
+    xg = x.clone().requires_grad_()
+    assert routes.pick(xg) is routes.eager
+    y = routes.eager(xg, 3.0)
+    assert type(y.grad_fn).__name__ == "ScaleEagerBackward"
+    (g,) = torch.autograd.grad(y.sum(), xg)
+    assert torch.equal(g, torch.full_like(x, 3.0))
+    with FlopCounterMode(display=False):
+        assert routes.pick(xg) is op
+    picked = []
+    torch.compile(lambda t: (picked.append(routes.pick(t)), t + 1)[1], backend="eager")(xg)
+    assert picked == [op]
