@@ -94,3 +94,14 @@ def test_op_routes_pick_and_agree():
     picked = []
     torch.compile(lambda t: (picked.append(routes.pick(t)), t + 1)[1], backend="eager")(xg)
     assert picked == [op]
+
+
+def test_body_unless_recorded_keeps_the_op_for_double_backward():
+    calls = []
+    call = eager_path.body_unless_recorded(
+        lambda x: calls.append("op"), lambda x: calls.append("body")
+    )
+    with torch.no_grad():
+        call(1)
+    call(1)
+    assert calls == ["body", "op"]

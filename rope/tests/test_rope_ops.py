@@ -704,6 +704,37 @@ def test_eager_autograd_route_matches_the_custom_op(kernel, device):
     )
 
 
+def test_double_backward_through_the_eager_route(kernel, device):
+    """With create_graph the eager route's formula calls the op, not its body, so that the
+    gradient of a gradient is recorded: for the rotation R, d<R^T v, w>/dv = R w, the same bits
+    as the op's route."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    q, k, cos, sin = _hf_inputs(torch.float32, device)
+    q.requires_grad_()
+    v, w = (
+        make_input(q.shape, torch.float32, device, seed=9),
+        make_input(q.shape, torch.float32, device, seed=10),
+    )
+
+    def second_order():
+        v_ = v.clone().requires_grad_()
+        qe, _ = kernel.apply_rotary_transformers(q, k, cos, sin)
+        (g,) = torch.autograd.grad(qe, q, v_, create_graph=True)
+        (d,) = torch.autograd.grad((g * w).sum(), v_)
+        return d
+
+    eager = second_order()
+    with PassThrough():
+        through_op = second_order()
+    assert torch.equal(eager, through_op)
+    assert eager.abs().sum() > 0
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_apply_rotary_emb_ltx_backward(kernel, device, dtype):
     b, s, c = 2, 5, 2 * 34

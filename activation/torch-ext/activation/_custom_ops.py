@@ -24,7 +24,7 @@ from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 
-from ._eager_path import OpRoutes
+from ._eager_path import OpRoutes, body_unless_recorded
 from ._ops import add_op_namespace_prefix, ops
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -211,20 +211,32 @@ def _register(spec: _OpSpec) -> None:
         ctx.save_for_backward(inputs[0])
         ctx.scalars = tuple(inputs[1:])
 
-    def autograd_backward(ctx, grad_out: torch.Tensor):
-        (x,) = ctx.saved_tensors
-        # The scalars and enable_pdl are hyperparameters, not differentiable inputs; the backward
-        # launches with the forward's enable_pdl.
-        return (backward_op(grad_out, x, *ctx.scalars),) + (None,) * num_scalars
+    def backward_through(grad_input_of):
+        """The autograd formula, grad_input computed by `grad_input_of`: the backward op (what
+        AOT autograd traces) or, in eager autograd, that op's body."""
+
+        def autograd_backward(ctx, grad_out: torch.Tensor):
+            (x,) = ctx.saved_tensors
+            # The scalars and enable_pdl are hyperparameters, not differentiable inputs; the
+            # backward launches with the forward's enable_pdl.
+            return (grad_input_of(grad_out, x, *ctx.scalars),) + (None,) * num_scalars
+
+        return autograd_backward
 
     torch.library.register_autograd(
         add_op_namespace_prefix(f"{name}_functional"),
-        autograd_backward,
+        backward_through(backward_op),
         setup_context=setup_context,
     )
 
     eager_name = "".join(part.title() for part in name.split("_")) + "Eager"
-    ROUTES[name] = OpRoutes(eager_name, forward_op, forward, setup_context, autograd_backward)
+    ROUTES[name] = OpRoutes(
+        eager_name,
+        forward_op,
+        forward,
+        setup_context,
+        backward_through(body_unless_recorded(backward_op, backward)),
+    )
     BACKWARD[name] = backward_op
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import OpRoutes
+from ._eager_path import OpRoutes, body_unless_recorded
 from ._ops import add_op_namespace_prefix, ops
 
 # float64 runs on the CPU only (gradient checks); CUDA takes CUDA_DTYPES.
@@ -767,13 +767,13 @@ torch.library.register_autograd(
 
 
 # The route of each call (_eager_path.OpRoutes): eager autograd takes the op's body and formula,
-# each gradient computed by the backward op's body.
+# the gradients computed by the backward op's body (its op under create_graph).
 _attn_func_routes = OpRoutes(
     "AttnFuncEager",
     _attn_func,
     _attn_func_body,
     _setup_context,
-    _backward_through(_attn_func_backward_body),
+    _backward_through(body_unless_recorded(_attn_func_backward, _attn_func_backward_body)),
 )
 
 

@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import OpRoutes
+from ._eager_path import OpRoutes, body_unless_recorded
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -509,14 +509,7 @@ def _bwd_outputs(input, weight, scale, weight_grad, scale_grad, shift_grad):
     return grad_input, like(weight, weight_grad), like(scale, scale_grad), like(scale, shift_grad)
 
 
-@torch.library.custom_op(
-    add_op_namespace_prefix("rms_norm_bwd_functional"),
-    mutates_args=(),
-    schema="(Tensor grad_out, Tensor input, Tensor? weight, Tensor? grad_residual, Tensor? scale, float epsilon, "
-    "float weight_offset, ScalarType? norm_dtype, bool weight_grad, bool scale_grad, bool shift_grad, "
-    "bool? enable_pdl=None) -> (Tensor, Tensor?, Tensor?, Tensor?)",
-)
-def _rms_norm_bwd_functional(
+def _norm_bwd_allocating(
     grad_out,
     input,
     weight,
@@ -544,6 +537,17 @@ def _rms_norm_bwd_functional(
         enable_pdl,
     )
     return grads
+
+
+# The allocating backward op (what AOT autograd traces); eager autograd calls its body.
+_rms_norm_bwd_functional = torch.library.custom_op(
+    add_op_namespace_prefix("rms_norm_bwd_functional"),
+    _norm_bwd_allocating,
+    mutates_args=(),
+    schema="(Tensor grad_out, Tensor input, Tensor? weight, Tensor? grad_residual, Tensor? scale, float epsilon, "
+    "float weight_offset, ScalarType? norm_dtype, bool weight_grad, bool scale_grad, bool shift_grad, "
+    "bool? enable_pdl=None) -> (Tensor, Tensor?, Tensor?, Tensor?)",
+)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_bwd_functional"))
@@ -594,43 +598,53 @@ def _norm_setup_context(ctx, inputs, output) -> None:
     ctx.shift_shape = None if shift is None else shift.shape
 
 
-def _norm_backward(ctx, grad_out):
-    input, weight, scale = ctx.saved_tensors
-    need_input, need_weight, need_scale, need_shift = ctx.needs_input_grad[:4]
-    grad_input, grad_weight, grad_scale, grad_shift = _rms_norm_bwd_functional(
-        grad_out,
-        input,
-        weight,
-        None,
-        scale,
-        *ctx.options,
-        need_weight,
-        need_scale,
-        need_shift,
-        ctx.enable_pdl,
-    )
-    if grad_shift is not None:
-        grad_shift = grad_shift.reshape(ctx.shift_shape)
-    return (
-        (grad_input if need_input else None),
-        grad_weight,
-        grad_scale,
-        grad_shift,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+def _norm_backward_through(norm_bwd):
+    """rms_norm_functional's backward formula, its gradients computed by `norm_bwd`: the backward
+    op (what AOT autograd traces) or, in eager autograd, that op's body."""
+
+    def backward(ctx, grad_out):
+        input, weight, scale = ctx.saved_tensors
+        need_input, need_weight, need_scale, need_shift = ctx.needs_input_grad[:4]
+        grad_input, grad_weight, grad_scale, grad_shift = norm_bwd(
+            grad_out,
+            input,
+            weight,
+            None,
+            scale,
+            *ctx.options,
+            need_weight,
+            need_scale,
+            need_shift,
+            ctx.enable_pdl,
+        )
+        if grad_shift is not None:
+            grad_shift = grad_shift.reshape(ctx.shift_shape)
+        return (
+            (grad_input if need_input else None),
+            grad_weight,
+            grad_scale,
+            grad_shift,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+    return backward
 
 
 torch.library.register_autograd(
     add_op_namespace_prefix("rms_norm_functional"),
-    _norm_backward,
+    _norm_backward_through(_rms_norm_bwd_functional),
     setup_context=_norm_setup_context,
 )
 _norm_routes = OpRoutes(
-    "RmsNormEager", _rms_norm_functional, _norm_allocating, _norm_setup_context, _norm_backward
+    "RmsNormEager",
+    _rms_norm_functional,
+    _norm_allocating,
+    _norm_setup_context,
+    _norm_backward_through(body_unless_recorded(_rms_norm_bwd_functional, _norm_bwd_allocating)),
 )
 
 
@@ -642,39 +656,45 @@ def _add_norm_setup_context(ctx, inputs, output) -> None:
     ctx.enable_pdl = enable_pdl
 
 
-def _add_norm_backward(ctx, grad_out, grad_residual_out):
-    residual_out, weight = ctx.saved_tensors
-    need_input, need_residual, need_weight = ctx.needs_input_grad[:3]
-    if grad_out is None:  # only residual_out reached the loss
-        grad_out = torch.zeros_like(residual_out)
-    grad_r, grad_weight, _, _ = _rms_norm_bwd_functional(
-        grad_out,
-        residual_out,
-        weight,
-        grad_residual_out,
-        None,
-        *ctx.options,
-        need_weight,
-        False,
-        False,
-        ctx.enable_pdl,
-    )
-    # d(x + residual)/dx = d(x + residual)/dresidual = 1: both receive the gradient of r.
-    return (
-        (grad_r if need_input else None),
-        (grad_r if need_residual else None),
-        grad_weight,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+def _add_norm_backward_through(norm_bwd):
+    """add_rms_norm_functional's backward formula, its gradients computed by `norm_bwd` (as in
+    _norm_backward_through)."""
+
+    def backward(ctx, grad_out, grad_residual_out):
+        residual_out, weight = ctx.saved_tensors
+        need_input, need_residual, need_weight = ctx.needs_input_grad[:3]
+        if grad_out is None:  # only residual_out reached the loss
+            grad_out = torch.zeros_like(residual_out)
+        grad_r, grad_weight, _, _ = norm_bwd(
+            grad_out,
+            residual_out,
+            weight,
+            grad_residual_out,
+            None,
+            *ctx.options,
+            need_weight,
+            False,
+            False,
+            ctx.enable_pdl,
+        )
+        # d(x + residual)/dx = d(x + residual)/dresidual = 1: both receive the gradient of r.
+        return (
+            (grad_r if need_input else None),
+            (grad_r if need_residual else None),
+            grad_weight,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+    return backward
 
 
 torch.library.register_autograd(
     add_op_namespace_prefix("add_rms_norm_functional"),
-    _add_norm_backward,
+    _add_norm_backward_through(_rms_norm_bwd_functional),
     setup_context=_add_norm_setup_context,
 )
 _add_norm_routes = OpRoutes(
@@ -682,7 +702,9 @@ _add_norm_routes = OpRoutes(
     _add_rms_norm_functional,
     _add_norm_allocating,
     _add_norm_setup_context,
-    _add_norm_backward,
+    _add_norm_backward_through(
+        body_unless_recorded(_rms_norm_bwd_functional, _norm_bwd_allocating)
+    ),
 )
 
 

@@ -63,13 +63,25 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
     )
 
 
+def body_unless_recorded(op: Callable, body: Callable) -> Callable:
+    """For an autograd formula run by OpRoutes' Function: calls `body` (the backward op's
+    implementation) where grad mode is off, as in a backward without create_graph, and `op`
+    otherwise, so that a double backward meets the op and its autograd (or its error) as before."""
+
+    def call(*args):
+        return (op if torch.is_grad_enabled() else body)(*args)
+
+    return call
+
+
 class OpRoutes:
     """The three ways a public function can run an allocating custom op, and the choice between
     them: `body` (the op's implementation) where no autograd, tracing or dispatch mode is
     involved; `eager`, the body under the op's own autograd formula (the setup_context and
     backward given to torch.library.register_autograd) in a torch.autograd.Function named
     `name`, where autograd is the only reason for the op (plain_eager); else `op`. The inputs
-    go positionally, in the op's schema order, which is how setup_context reads them."""
+    go positionally, in the op's schema order, which is how setup_context reads them. A formula
+    that calls other ops can take their bodies through body_unless_recorded."""
 
     def __init__(
         self, name: str, op: Callable, body: Callable, setup_context: Callable, backward: Callable

@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _reference
-from ._eager_path import OpRoutes
+from ._eager_path import OpRoutes, body_unless_recorded
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -701,61 +701,89 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.out_meta = [(t.shape, t.dtype, t.device) for t in output if t is not None]
 
 
-def _backward(ctx, grad_q_out, grad_k_out):
-    cos, sin, positions, seqlen_offsets, cu_seqlens, q, k = ctx.saved_tensors
-    seqlen_offset, rot_dim, interleaved, full_table, transpose, enable_pdl = ctx.options
-    need_q, need_k, need_cos, need_sin = ctx.needs_input_grad[:4]
-    # A gradient the engine did not materialize (an output unused by the loss) is zero.
-    if grad_q_out is None:
-        shape, dtype, device = ctx.out_meta[0]
-        grad_q_out = torch.zeros(shape, dtype=dtype, device=device)
-    if ctx.has_k and grad_k_out is None:
-        shape, dtype, device = ctx.out_meta[1]
-        grad_k_out = torch.zeros(shape, dtype=dtype, device=device)
-    grad_q = grad_k = grad_cos = grad_sin = None
-    if need_q or need_k:
-        gk = grad_k_out if need_k else None
-        grad_q, grad_k = _rope_functional(
-            grad_q_out,
-            gk,
-            cos,
-            sin,
-            positions,
-            seqlen_offsets,
-            cu_seqlens,
-            seqlen_offset,
-            rot_dim,
-            interleaved,
-            full_table,
-            not transpose,
-            enable_pdl,
+def _backward_through(rotate):
+    """rope_functional's backward formula, the gradients of q and k (the inverse rotation)
+    computed by `rotate`: the op (what AOT autograd traces) or, in eager autograd, its body."""
+
+    def backward(ctx, grad_q_out, grad_k_out):
+        cos, sin, positions, seqlen_offsets, cu_seqlens, q, k = ctx.saved_tensors
+        seqlen_offset, rot_dim, interleaved, full_table, transpose, enable_pdl = ctx.options
+        need_q, need_k, need_cos, need_sin = ctx.needs_input_grad[:4]
+        # A gradient the engine did not materialize (an output unused by the loss) is zero.
+        if grad_q_out is None:
+            shape, dtype, device = ctx.out_meta[0]
+            grad_q_out = torch.zeros(shape, dtype=dtype, device=device)
+        if ctx.has_k and grad_k_out is None:
+            shape, dtype, device = ctx.out_meta[1]
+            grad_k_out = torch.zeros(shape, dtype=dtype, device=device)
+        grad_q = grad_k = grad_cos = grad_sin = None
+        if need_q or need_k:
+            gk = grad_k_out if need_k else None
+            grad_q, grad_k = rotate(
+                grad_q_out,
+                gk,
+                cos,
+                sin,
+                positions,
+                seqlen_offsets,
+                cu_seqlens,
+                seqlen_offset,
+                rot_dim,
+                interleaved,
+                full_table,
+                not transpose,
+                enable_pdl,
+            )
+            grad_q = grad_q if need_q else None
+        if need_cos or need_sin:
+            gc, gs = table_grads(
+                q,
+                k if ctx.has_k else None,
+                grad_q_out,
+                grad_k_out if ctx.has_k else None,
+                cos,
+                positions,
+                seqlen_offsets,
+                cu_seqlens,
+                seqlen_offset,
+                rot_dim,
+                interleaved,
+                full_table,
+                transpose,
+            )
+            grad_cos = gc.to(cos.dtype) if need_cos else None
+            grad_sin = gs.to(sin.dtype) if need_sin else None
+        return (
+            grad_q,
+            grad_k,
+            grad_cos,
+            grad_sin,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
         )
-        grad_q = grad_q if need_q else None
-    if need_cos or need_sin:
-        gc, gs = table_grads(
-            q,
-            k if ctx.has_k else None,
-            grad_q_out,
-            grad_k_out if ctx.has_k else None,
-            cos,
-            positions,
-            seqlen_offsets,
-            cu_seqlens,
-            seqlen_offset,
-            rot_dim,
-            interleaved,
-            full_table,
-            transpose,
-        )
-        grad_cos = gc.to(cos.dtype) if need_cos else None
-        grad_sin = gs.to(sin.dtype) if need_sin else None
-    return grad_q, grad_k, grad_cos, grad_sin, None, None, None, None, None, None, None, None, None
+
+    return backward
 
 
 torch.library.register_autograd(
-    add_op_namespace_prefix("rope_functional"), _backward, setup_context=_setup_context
+    add_op_namespace_prefix("rope_functional"),
+    _backward_through(_rope_functional),
+    setup_context=_setup_context,
 )
-_rope_routes = OpRoutes("RopeEager", _rope_functional, _rope_allocating, _setup_context, _backward)
+_rope_routes = OpRoutes(
+    "RopeEager",
+    _rope_functional,
+    _rope_allocating,
+    _setup_context,
+    _backward_through(body_unless_recorded(_rope_functional, _rope_allocating)),
+)
 
 
 # ---- the differentiable entry point of the Python API ----
