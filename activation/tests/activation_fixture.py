@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 KERNELS_CI_MARKER = "kernels_ci: fast subset (< 60 s) run by kernels CI"
 
@@ -65,17 +66,20 @@ def run_in_fresh_process(script: str, timeout_s: float = 300.0) -> None:
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
+class PassThrough(TorchDispatchMode):
+    """A dispatch mode that changes nothing, under which the public functions take their custom
+    ops (_eager_path.custom_op_needed) rather than the ops' bodies."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
 def assert_autograd_routes_agree(call, inputs, eager_name: str) -> None:
     """`call()` (a public function on `inputs`, which require grad), run eagerly, is recorded by
     the package's own autograd.Function `eager_name` (its _eager_path.OpRoutes); under a
     dispatch mode that changes nothing it goes through the custom op instead. Both routes run the
     same kernels: their outputs and gradients must agree bit for bit on the CPU, and on CUDA up to
     the order of atomic additions (default tolerances of the dtype)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class PassThrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
 
     def run():
         outs = call()

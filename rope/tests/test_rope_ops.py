@@ -39,7 +39,7 @@ from rope_cases import (
     transformers_formula,
     varlen_rows,
 )
-from rope_fixture import assert_autograd_routes_agree
+from rope_fixture import PassThrough, assert_autograd_routes_agree
 
 HQ, HK = 4, 2  # GQA 32 / 8 scaled down
 MAX_POS = 64
@@ -708,12 +708,6 @@ def test_double_backward_through_the_eager_route(kernel, device):
     """With create_graph the eager route's formula calls the op, not its body, so that the
     gradient of a gradient is recorded: for the rotation R, d<R^T v, w>/dv = R w, the same bits
     as the op's route."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class PassThrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
     q, k, cos, sin = _hf_inputs(torch.float32, device)
     q.requires_grad_()
     v, w = (
