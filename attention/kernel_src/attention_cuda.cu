@@ -476,15 +476,9 @@ uint32_t plan_tile_group(const AttnFwdParams& p, const DeviceInfo& dev, const Pl
   const bool uneven = p.causal || p.window_left >= 0 || p.window_right >= 0;
   const int64_t pairs = static_cast<int64_t>(plan.heads_grid) * grid_z;
   if (!uneven || plan.decode || plan.num_splits > 1 || plan.m_blocks < 2 || pairs < 2) return 1;
-  // K/V bytes of one grid pair: its kv head's keys and values, shared by the grid heads of the
-  // kv head (GQA) when they are in the same group.
-  const int64_t heads_per_kv = max64(1, plan.heads_grid / p.heads_kv);
-  const int64_t kv_bytes = max64(1, 4 * p.seqlen_k * p.head_dim / heads_per_kv);
-  const int64_t budget = static_cast<int64_t>(dev.l2_bytes) / LaunchConfig::kTileGroupL2Share;
-  // The largest group within the budget that divides the pairs (no short last group).
-  int64_t g = max64(1, min64(pairs, budget / kv_bytes));
-  while (pairs % g != 0) --g;
-  return static_cast<uint32_t>(g);
+  // The grid heads of one kv head (GQA) share its K/V when they are in the same group.
+  return static_cast<uint32_t>(
+      tile_group_pairs(pairs, plan.heads_grid / p.heads_kv, p.seqlen_k, p.head_dim, dev.l2_bytes));
 }
 
 FwdArgs make_args(const AttnFwdParams& p, const Plan& plan) {

@@ -156,6 +156,20 @@ __host__ __device__ __forceinline__ int64_t ceil_div_signed(int64_t a, int64_t b
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// The (head, sequence) pairs of one tile group in both forward kernels' heaviest-first tile
+// orders (plan_tile_group in attention_cuda.cu, tile_group in attention_sm90.cu): the largest
+// divisor of `pairs` (no short last group) whose K/V fit in 1 / kTileGroupL2Share of `l2_bytes`,
+// a pair's K/V being its kv head's keys and values (fp16 / bf16) shared by the `heads_per_kv`
+// query heads of the group that read them. At least 1.
+inline int64_t tile_group_pairs(int64_t pairs, int64_t heads_per_kv, int64_t seqlen_k,
+                                int64_t head_dim, int64_t l2_bytes) {
+  const int64_t kv_bytes = max64(1, 4 * seqlen_k * head_dim / max64(1, heads_per_kv));
+  const int64_t budget = l2_bytes / LaunchConfig::kTileGroupL2Share;
+  int64_t g = max64(1, min64(pairs, budget / kv_bytes));
+  while (pairs % g != 0) --g;
+  return g;
+}
+
 // The most splits that merge in a cluster: where clusters were measured to pay (plan_cluster),
 // and the merge's unroll bound, so that the decode instances hold no registers for more (an
 // unroll over 16 took D32 decode from 89 to 128 registers, sm_90a). A portable cluster size.

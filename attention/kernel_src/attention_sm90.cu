@@ -4,10 +4,10 @@
 // only; attention_cuda.cu, built for every capability, calls the two functions below.
 #include "attention_sm90.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 
+#include "attention_fwd_config.h"
 #include "attention_sm90_instances.h"
 #include "attention_sm90_tma.cuh"
 
@@ -63,22 +63,15 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   return a;
 }
 
-// The (head, batch) pairs of a causal tile group (TileOrder in attention_sm90_fwd.cuh): the most
-// that divide heads_q * batch and whose K / V fit in half the L2, so that reading them once per
-// query block rank costs no HBM traffic (the stage-1 kernel's rule, plan_tile_group). A queue
-// simulation (1 x 32 heads, causal, 128-row tiles, 132 SMs) puts head by head (a group of one)
-// 24% past one group of every pair at 2048 tokens, 12% at 4096 and 5% at 8192
-// (benchmarks/NOTES.md).
+// The (head, batch) pairs of a causal tile group (TileOrder in attention_sm90_fwd.cuh), by the
+// stage-1 kernel's rule (tile_group_pairs): their K / V stay in L2, so reading them once per query
+// block rank costs no HBM traffic. Head by head (a group of one) took 1.29x the time of one group
+// of every pair at one Llama-3-8B layer of 1 x 2048 tokens on an H200 (benchmarks/NOTES.md).
 int tile_group(const AttnFwdParams& p, int64_t l2_bytes) {
   const int64_t pairs = p.heads_q * p.batch;
   if (!p.causal || pairs < 2) return 1;
-  // K / V bytes of one pair: its kv head's keys and values (fp16 / bf16), shared by the query
-  // heads of that kv head.
-  const int64_t heads_per_kv = p.heads_q / p.heads_kv;
-  const int64_t kv_bytes = std::max<int64_t>(1, 4 * p.seqlen_k * p.head_dim / heads_per_kv);
-  int64_t g = std::max<int64_t>(1, std::min<int64_t>(pairs, l2_bytes / 2 / kv_bytes));
-  while (pairs % g != 0) --g;
-  return static_cast<int>(g);
+  return static_cast<int>(
+      tile_group_pairs(pairs, p.heads_q / p.heads_kv, p.seqlen_k, p.head_dim, l2_bytes));
 }
 
 // The head dims with an instance (attention_sm90_instances.h): one list for the rule (supports)
