@@ -66,7 +66,8 @@ def test_plain_eager_only_without_tracing_modes_or_subclasses():
 
 def test_op_routes_pick_and_agree():
     """OpRoutes on a toy op: the body without autograd, its own Function under eager autograd
-    (the op's formula, same gradient), the op under a dispatch mode or torch.compile."""
+    (the op's formula, same gradient), the op under a dispatch mode or torch.compile; and the
+    formula it registers with the op."""
 
     def body(x: torch.Tensor, factor: float) -> torch.Tensor:
         return x * factor
@@ -76,11 +77,13 @@ def test_op_routes_pick_and_agree():
     def setup_context(ctx, inputs, output):
         ctx.factor = inputs[1]
 
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
+    def formula(scale):  # d(x * factor) / dx = factor: the backward is the op itself
+        def backward(ctx, grad):
+            return scale(grad, ctx.factor), None
 
-    torch.library.register_autograd("eager_path_test::scale", backward, setup_context=setup_context)
-    routes = eager_path.OpRoutes("ScaleEager", op, body, setup_context, backward)
+        return backward
+
+    routes = eager_path.OpRoutes("ScaleEager", op, body, setup_context, formula, op, body)
     x = torch.randn(5)
     assert routes.pick(x) is body
     xg = x.clone().requires_grad_()
@@ -89,6 +92,8 @@ def test_op_routes_pick_and_agree():
     assert type(y.grad_fn).__name__ == "ScaleEagerBackward"
     (g,) = torch.autograd.grad(y.sum(), xg)
     assert torch.equal(g, torch.full_like(x, 3.0))
+    (g_op,) = torch.autograd.grad(op(xg, 3.0).sum(), xg)
+    assert torch.equal(g_op, g)
     with FlopCounterMode(display=False):
         assert routes.pick(xg) is op
     picked = []

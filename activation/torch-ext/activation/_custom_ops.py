@@ -24,7 +24,7 @@ from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 
-from ._eager_path import OpRoutes, body_unless_recorded
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -223,19 +223,15 @@ def _register(spec: _OpSpec) -> None:
 
         return autograd_backward
 
-    torch.library.register_autograd(
-        add_op_namespace_prefix(f"{name}_functional"),
-        backward_through(backward_op),
-        setup_context=setup_context,
-    )
-
     eager_name = "".join(part.title() for part in name.split("_")) + "Eager"
     ROUTES[name] = OpRoutes(
         eager_name,
         forward_op,
         forward,
         setup_context,
-        backward_through(body_unless_recorded(backward_op, backward)),
+        backward_through,
+        backward_op,
+        backward,
     )
     BACKWARD[name] = backward_op
 

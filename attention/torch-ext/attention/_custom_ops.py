@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import OpRoutes, body_unless_recorded
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 # float64 runs on the CPU only (gradient checks); CUDA takes CUDA_DTYPES.
@@ -759,21 +759,17 @@ def _setup_context(ctx, inputs, output):
     ctx.scalars = [inputs[i] for i in (*range(_MAX_Q, _RIGHT + 1), _DETERMINISTIC)]
 
 
-torch.library.register_autograd(
-    add_op_namespace_prefix("attn_func"),
-    _backward_through(_attn_func_backward),
-    setup_context=_setup_context,
-)
-
-
-# The route of each call (_eager_path.OpRoutes): eager autograd takes the op's body and formula,
-# the gradients computed by the backward op's body (its op under create_graph).
+# attn_func's autograd formula and the route of each call (_eager_path.OpRoutes): eager autograd
+# takes the op's body and formula, the gradients computed by the backward op's body (its op
+# under create_graph).
 _attn_func_routes = OpRoutes(
     "AttnFuncEager",
     _attn_func,
     _attn_func_body,
     _setup_context,
-    _backward_through(body_unless_recorded(_attn_func_backward, _attn_func_backward_body)),
+    _backward_through,
+    _attn_func_backward,
+    _attn_func_backward_body,
 )
 
 

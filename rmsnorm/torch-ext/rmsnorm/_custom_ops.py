@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._eager_path import OpRoutes, body_unless_recorded
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -634,17 +634,14 @@ def _norm_backward_through(norm_bwd):
     return backward
 
 
-torch.library.register_autograd(
-    add_op_namespace_prefix("rms_norm_functional"),
-    _norm_backward_through(_rms_norm_bwd_functional),
-    setup_context=_norm_setup_context,
-)
 _norm_routes = OpRoutes(
     "RmsNormEager",
     _rms_norm_functional,
     _norm_allocating,
     _norm_setup_context,
-    _norm_backward_through(body_unless_recorded(_rms_norm_bwd_functional, _norm_bwd_allocating)),
+    _norm_backward_through,
+    _rms_norm_bwd_functional,
+    _norm_bwd_allocating,
 )
 
 
@@ -692,19 +689,14 @@ def _add_norm_backward_through(norm_bwd):
     return backward
 
 
-torch.library.register_autograd(
-    add_op_namespace_prefix("add_rms_norm_functional"),
-    _add_norm_backward_through(_rms_norm_bwd_functional),
-    setup_context=_add_norm_setup_context,
-)
 _add_norm_routes = OpRoutes(
     "AddRmsNormEager",
     _add_rms_norm_functional,
     _add_norm_allocating,
     _add_norm_setup_context,
-    _add_norm_backward_through(
-        body_unless_recorded(_rms_norm_bwd_functional, _norm_bwd_allocating)
-    ),
+    _add_norm_backward_through,
+    _rms_norm_bwd_functional,
+    _norm_bwd_allocating,
 )
 
 

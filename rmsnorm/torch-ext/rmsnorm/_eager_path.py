@@ -64,9 +64,9 @@ def plain_eager(*tensors: Optional[torch.Tensor]) -> bool:
 
 
 def body_unless_recorded(op: Callable, body: Callable) -> Callable:
-    """For an autograd formula run by OpRoutes' Function: calls `body` (the backward op's
-    implementation) where grad mode is off, as in a backward without create_graph, and `op`
-    otherwise, so that a double backward meets the op and its autograd (or its error) as before."""
+    """Calls `body` (an op's implementation) where grad mode is off, as in a backward without
+    create_graph, and `op` otherwise, so that a double backward meets the op and its autograd
+    (or its error) as it would through the op's own formula."""
 
     def call(*args):
         return (op if torch.is_grad_enabled() else body)(*args)
@@ -75,22 +75,36 @@ def body_unless_recorded(op: Callable, body: Callable) -> Callable:
 
 
 class OpRoutes:
-    """The three ways a public function can run an allocating custom op, and the choice between
-    them: `body` (the op's implementation) where no autograd, tracing or dispatch mode is
-    involved; `eager`, the body under the op's own autograd formula (the setup_context and
-    backward given to torch.library.register_autograd) in a torch.autograd.Function named
-    `name`, where autograd is the only reason for the op (plain_eager); else `op`. The inputs
-    go positionally, in the op's schema order, which is how setup_context reads them. A formula
-    that calls other ops can take their bodies through body_unless_recorded."""
+    """An allocating custom op's autograd formula, and the three ways a public function can run
+    the op, with the choice between them.
+
+    `formula(backward)` builds the op's backward formula (the function register_autograd takes),
+    computing the gradients with `backward`, which is called as `backward_op` is. The op gets
+    formula(backward_op), so that AOT autograd traces the backward op. The routes: `body` (the
+    op's implementation) where no autograd, tracing or dispatch mode is involved; `eager`, the
+    body under setup_context and formula(backward_body where nothing records the call:
+    body_unless_recorded) in a torch.autograd.Function named `name`, where autograd is the only
+    reason for the op (plain_eager); else `op`. The inputs go positionally, in the op's schema
+    order, which is how setup_context reads them."""
 
     def __init__(
-        self, name: str, op: Callable, body: Callable, setup_context: Callable, backward: Callable
+        self,
+        name: str,
+        op,
+        body: Callable,
+        setup_context: Callable,
+        formula: Callable,
+        backward_op: Callable,
+        backward_body: Callable,
     ):
+        torch.library.register_autograd(op, formula(backward_op), setup_context=setup_context)
+
         def forward(ctx, *inputs):
             output = body(*inputs)
             setup_context(ctx, inputs, output)
             return output
 
+        backward = formula(body_unless_recorded(backward_op, backward_body))
         function = type(
             name,
             (torch.autograd.Function,),

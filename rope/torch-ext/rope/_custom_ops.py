@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _reference
-from ._eager_path import OpRoutes, body_unless_recorded
+from ._eager_path import OpRoutes
 from ._ops import add_op_namespace_prefix, ops
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -772,17 +772,14 @@ def _backward_through(rotate):
     return backward
 
 
-torch.library.register_autograd(
-    add_op_namespace_prefix("rope_functional"),
-    _backward_through(_rope_functional),
-    setup_context=_setup_context,
-)
 _rope_routes = OpRoutes(
     "RopeEager",
     _rope_functional,
     _rope_allocating,
     _setup_context,
-    _backward_through(body_unless_recorded(_rope_functional, _rope_allocating)),
+    _backward_through,
+    _rope_functional,
+    _rope_allocating,
 )
 
 
