@@ -63,10 +63,12 @@ each repeated block (``--compile-scope
 blocks``, regional compilation: one block compiles for all layers, seconds instead of minutes at
 full size) or on the whole model (``--compile-scope model``); compiled decode is always the
 whole model. The first call of each shape is timed separately as ``first_call_s`` (compile +
-one run). Each median comes
-from CUDA events around single calls after warm-up. The JSON is rewritten after every
-measurement, so a run that is killed still leaves what it measured, and no measurement starts
-after ``--budget-s`` (540 s: a GPU call may last 600 s). One torch-profiler run (eager+kit,
+one run). Each median comes from CUDA events around single calls after warm-up. Prefill,
+denoise and training interleave the four configurations call by call, so that the GPU's clock
+drift over a run weighs on all of them alike (``time_interleaved``); decode runs one
+configuration after the other (each records CUDA graphs of its own). The JSON is rewritten
+after every measurement, so a run that is killed still leaves what it measured, and no
+measurement starts after ``--budget-s`` (540 s: a GPU call may last 600 s). One torch-profiler run (eager+kit,
 the first prefill / denoise shape, CUDA only; ``--no-profile`` skips it) gives the GPU time
 share per op family.
 
@@ -83,7 +85,7 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
       "model_config": {...},                          # the model's config as a dict
       "routes": {"rmsnorm": {class: count}, "activation": {class: count},
                  "rope": "<what was swapped>", "attention": "<how>"},
-      "routes_compile": {...}                         # compile+kit's twin, when it maps fewer
+      "routes_compile": {...}                         # compile+kit's twin
       "routes_train": {...}                           # with --train: the training twin's routes
       "routes_train_compile": {...}                   # compile+kit's training twin, likewise
       "check": {"passed": bool, "k": 2.0, "cases": [
@@ -769,60 +771,106 @@ def synchronizing_calls(fn) -> dict:
 
 
 def time_calls(fn, device: str, warmup: int, iters: int, between=None) -> dict:
-    """first_call_s (compile + run when compiled), then per-call times after warm-up: CUDA
-    events around each call on the GPU, perf_counter on the CPU. `between` runs untimed
-    before each call (e.g. advancing a decode position).
+    """time_interleaved for one function: its row (its first call's exception is raised)."""
+    row = time_interleaved({"": fn}, device, warmup, iters, between=between)[""]
+    if isinstance(row, Exception):
+        raise row
+    return row
+
+
+def time_interleaved(calls: dict, device: str, warmup: int, iters: int, between=None,
+                     scopes=None, graphs=None) -> dict:  # fmt: skip
+    """Each function of `calls` (name -> fn) timed: first_call_s (compile + run when compiled),
+    then per-call times after warm-up, one call of each function in turn (the order rotating
+    every round), so that clock and thermal drift over the run weigh on every configuration
+    alike: timed one after the other, compile and compile+kit at Qwen3-8B 8 x 2048 (380 ms a
+    call) drifted by more than the kit changes (results/e2e/NOTES.md). CUDA events around each
+    call on the GPU, perf_counter on the CPU. `between` runs untimed before each call (e.g.
+    advancing a decode position); `scopes` (name -> context manager factory) is entered around
+    each call of that name, outside the timed window; `graphs` counts compiled graphs (each
+    row's `new_graphs` is what its calls added).
 
     `host_ms` is the time until each call returns to Python, before the wait for the GPU: below
     median_ms the GPU had the host's work queued ahead of it; near median_ms the host was the
     bound or waited for the GPU inside the call. On CUDA `allocator` is the growth of the
     caching allocator's counters over the timed calls and `syncs` the synchronizing operations
-    of one more call (synchronizing_calls)."""
-    if between:
-        between()
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    first = time.perf_counter() - start
-    for _ in range(warmup):
-        if between:
-            between()
-        fn()
-    sync(device)
+    of one more call (synchronizing_calls).
+
+    Returns name -> row, or name -> the exception its first call raised (that function is then
+    left out; the others are still timed)."""
     cuda = device == "cuda"
-    before = allocator_counters() if cuda else None
-    times, host = [], []
-    for _ in range(iters):
-        if between:
-            between()
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            t0 = time.perf_counter()
-            fn()
-            host.append(1000 * (time.perf_counter() - t0))
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1000 * (time.perf_counter() - t0))
-            host.append(times[-1])
-    row = {
-        "median_ms": statistics.median(times),
-        "min_ms": min(times),
-        "times_ms": [round(t, 4) for t in times],
-        "host_ms": round(statistics.median(host), 4),
-        "first_call_s": round(first, 3),
-    }
+    scopes = scopes or {}
+    state = {name: {"times": [], "host": [], "new_graphs": 0} for name in calls}
     if cuda:
-        after = allocator_counters()
-        row["allocator"] = {k: after[k] - before[k] for k in ALLOCATOR_COUNTERS}
-        if between:
-            between()
-        row["syncs"] = synchronizing_calls(fn)
-    return row
+        for s in state.values():
+            s["allocator"] = dict.fromkeys(ALLOCATOR_COUNTERS, 0)
+
+    def run(name, timed: bool):
+        s = state[name]
+        with scopes.get(name, contextlib.nullcontext)():
+            if between:
+                between()
+            count = graphs() if graphs else 0
+            if not timed:
+                calls[name]()
+            elif cuda:
+                before = allocator_counters()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                t0 = time.perf_counter()
+                calls[name]()
+                s["host"].append(1000 * (time.perf_counter() - t0))
+                b.record()
+                b.synchronize()
+                s["times"].append(a.elapsed_time(b))
+                after = allocator_counters()
+                for k in ALLOCATOR_COUNTERS:
+                    s["allocator"][k] += after[k] - before[k]
+            else:
+                t0 = time.perf_counter()
+                calls[name]()
+                s["times"].append(1000 * (time.perf_counter() - t0))
+                s["host"].append(s["times"][-1])
+            if graphs:
+                s["new_graphs"] += graphs() - count
+
+    failed = {}
+    for name in calls:
+        start = time.perf_counter()
+        try:
+            run(name, timed=False)
+            sync(device)
+        except Exception as e:  # noqa: BLE001 (one failing configuration must not lose the others)
+            failed[name] = e
+            continue
+        state[name]["first"] = time.perf_counter() - start
+        for _ in range(warmup):
+            run(name, timed=False)
+        sync(device)
+    names = [n for n in calls if n not in failed]
+    for r in range(iters if names else 0):
+        turn = r % len(names)
+        for name in names[turn:] + names[:turn]:
+            run(name, timed=True)
+    rows = dict(failed)
+    for name in names:
+        s = state[name]
+        rows[name] = {
+            "median_ms": statistics.median(s["times"]),
+            "min_ms": min(s["times"]),
+            "times_ms": [round(t, 4) for t in s["times"]],
+            "host_ms": round(statistics.median(s["host"]), 4),
+            "first_call_s": round(s["first"], 3),
+        }
+        if graphs:
+            rows[name]["new_graphs"] = s["new_graphs"]
+        if cuda:
+            rows[name]["allocator"] = s["allocator"]
+            with scopes.get(name, contextlib.nullcontext)():
+                if between:
+                    between()
+                rows[name]["syncs"] = synchronizing_calls(calls[name])
+    return {name: rows[name] for name in calls}
 
 
 # ---- profile ----
@@ -1082,20 +1130,22 @@ def main(argv=None) -> dict:
             doc[routes_key] = kit.attach(kernelized, device=device, training=training, only=only)
             return kernelized
 
-        # One model per kit configuration and use; compile+kit shares eager+kit's when it maps
-        # the same kernels.
-        same = set(compile_names) == set(names)
-        bases = {"eager": model, "compile": model, "eager+kit": kit_model}
-        bases["compile+kit"] = kit_model if same else kit_twin("routes_compile", compile_names)
+        # One model object per configuration and use (the timed calls interleave, and
+        # compiled() wraps a model's blocks in place), all sharing the untouched weights.
+        makers = {
+            "eager": lambda: model,
+            "compile": lambda: twin(model),
+            "eager+kit": lambda: kit_model,
+            "compile+kit": lambda: kit_twin("routes_compile", compile_names),
+        }
+        bases = {c: makers[c]() for c in CONFIGS}
         train_bases = {}
         if trains:  # the kit's training layers (and its attention where it trains)
-            train_bases = {"eager": model, "compile": model}
-            train_bases["eager+kit"] = kit_twin("routes_train", names, training=True)
-            train_bases["compile+kit"] = (
-                train_bases["eager+kit"]
-                if same
-                else kit_twin("routes_train_compile", compile_names, training=True)
+            makers["eager+kit"] = lambda: kit_twin("routes_train", names, training=True)
+            makers["compile+kit"] = lambda: kit_twin(
+                "routes_train_compile", compile_names, training=True
             )
+            train_bases = {c: makers[c]() for c in CONFIGS}
         results.save()
         if doc["check"] is not None and not doc["check"]["passed"]:
             raise SystemExit(
@@ -1138,119 +1188,187 @@ def first_shape_reference(spec, ref32, shape):
 def measure(args, spec, model, bases, kit, kit_kernels, configs, shapes, decodes, ref32,
             prompt_tokens, dtype, device, doc, results, trains=(), train_bases=None):  # fmt: skip
     """Times each configuration on its model of `bases` (`train_bases` for training steps);
-    `model` is the untouched one, `kit_kernels` the kernels each kit configuration maps in."""
-    from torch._dynamo.utils import counters
-
+    `model` is the untouched one, `kit_kernels` the kernels each kit configuration maps in.
+    Prefill / denoise and training interleave the configurations call by call
+    (time_interleaved); decode times one configuration after the other, each with CUDA graphs
+    of its own."""
     # Regional compilation reuses one compiled block for every layer; should guards still tell
     # the layers apart, each compiles rather than silently falling back to eager after the
-    # default limit of 8 ("graphs" in the JSON shows it).
+    # default limit of 8 ("graphs" in the JSON shows it). The compiled configurations share
+    # the blocks' code, so their graphs add up in one cache.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+    def scopes():
+        """The kit's rotary swap around each call of a kit configuration (Kit.rope)."""
+        return {c: (lambda c=c: kit.rope(kit_kernels[c])) for c in configs if c.endswith("+kit")}
+
+    measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, prompt_tokens, dtype,
+                    device, doc, results, scopes())  # fmt: skip
+    measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, device, doc, results)
+    if trains:
+        measure_train(args, spec, train_bases, configs, trains, device, doc, results, scopes())
+    doc["speedups"] = speedups(doc["measurements"])
+    results.save()
+
+
+def graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, prompt_tokens, dtype,
+                    device, doc, results, scopes):  # fmt: skip
+    """Prefill (language models) or one denoising step (LTX) at each shape, the configurations
+    interleaved; compiled ones under compiled() for the whole phase."""
     ref_first = first_shape_reference(spec, ref32, shapes[0]) if shapes else None
     spread = None
     if ref_first is not None and doc["check"]:
         spread = doc["check"]["cases"][0]["bf16_vs_fp32"]
     phase = "prefill" if spec.kind == "lm" else "denoise"
+    torch._dynamo.reset()
+    graphs = dict.fromkeys(configs, 0)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        fwds = {
+            c: stack.enter_context(compiled(bases[c], spec, args.compile_scope))
+            if c.startswith("compile")
+            else bases[c]
+            for c in configs
+        }
+        for i, shape in enumerate(shapes):
+            label = "x".join(map(str, shape))
+            if over_budget(args, doc, results, f"{phase} {label}"):
+                continue
+            if spec.kind == "lm":
+                ids = lm_ids(model.config, shape[0], shape[1], device)
+                tokens = shape[0] * shape[1]
+            else:
+                inputs = ltx_inputs(model, shape, dtype, device, prompt_tokens)
+                tokens = ltx_tokens(shape)
+            outs = {c: {} for c in configs}
+
+            def call_of(config):
+                fwd, out = fwds[config], outs[config]
+                if spec.kind == "lm":
+                    return lambda: out.update(y=prefill(fwd, ids))
+                return lambda: out.update(y=fwd(**inputs)[0])
+
+            calls = {c: call_of(c) for c in configs}
+            try:
+                rows = time_interleaved(calls, device, args.warmup, args.iters,
+                                        scopes=scopes, graphs=graph_count)  # fmt: skip
+            except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
+                fail(doc, results, f"{phase} {label}", e)
+                continue
+            for config, row in rows.items():
+                if isinstance(row, Exception):
+                    fail(doc, results, f"{config} {phase} {label}", row)
+                    continue
+                row.update(phase=phase, shape=label, batch=shape[0], config=config)
+                row["length"] = shape[1] if spec.kind == "lm" else tokens // shape[0]
+                row["tokens_per_s"] = tokens / (row["median_ms"] / 1000)
+                graphs[config] += row.pop("new_graphs")
+                if config.startswith("compile"):
+                    row["graphs"] = graphs[config]
+                if i == 0 and ref_first is not None and spread is not None:
+                    row["agreement"] = agreement(outs[config]["y"], ref_first, spread, spec)
+                record(doc, results, row)
+            if i == 0 and "eager+kit" in rows and device == "cuda" and not args.no_profile:
+                try:
+                    with scopes["eager+kit"]():
+                        families = profile_families(calls["eager+kit"])
+                    doc["profile"] = {"config": "eager+kit", "phase": phase, "shape": label}
+                    doc["profile"].update(families)
+                    results.save()
+                except Exception as e:  # noqa: BLE001
+                    fail(doc, results, f"eager+kit {phase} {label} profile", e)
+
+
+def measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, device, doc, results):
+    """ms per decode step: the whole model under reduce-overhead (CUDA graphs over a full step)
+    in the compile configurations, eager steps otherwise; one configuration after the other."""
+    from torch._dynamo.utils import counters
+
     for config in configs:
-        use_kit = config.endswith("+kit")
-        base = bases[config]
-        is_compiled = config.startswith("compile")
         torch._dynamo.reset()
         counters.clear()
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
-            if use_kit:
-                stack.enter_context(kit.rope(kit_kernels[config]))
-            fwd = base
-            if is_compiled:
-                fwd = stack.enter_context(compiled(base, spec, args.compile_scope))
-            for i, shape in enumerate(shapes):
-                label = "x".join(map(str, shape))
-                if over_budget(args, doc, results, f"{config} {phase} {label}"):
-                    continue
-                try:
-                    if spec.kind == "lm":
-                        ids = lm_ids(model.config, shape[0], shape[1], device)
-                        out = {}
-
-                        def call(ids=ids, out=out):
-                            out["y"] = prefill(fwd, ids)
-
-                        tokens = shape[0] * shape[1]
-                    else:
-                        inputs = ltx_inputs(model, shape, dtype, device, prompt_tokens)
-                        out = {}
-
-                        def call(inputs=inputs, out=out):
-                            out["y"] = fwd(**inputs)[0]
-
-                        tokens = ltx_tokens(shape)
-                    row = time_calls(call, device, args.warmup, args.iters)
-                    row.update(phase=phase, shape=label, batch=shape[0], config=config)
-                    row["length"] = shape[1] if spec.kind == "lm" else tokens // shape[0]
-                    row["tokens_per_s"] = tokens / (row["median_ms"] / 1000)
-                    if is_compiled:
-                        row["graphs"] = counters["stats"]["unique_graphs"]
-                    if i == 0 and ref_first is not None and spread is not None:
-                        row["agreement"] = agreement(out["y"], ref_first, spread, spec)
-                    record(doc, results, row)
-                    if (
-                        i == 0
-                        and config == "eager+kit"
-                        and device == "cuda"
-                        and not args.no_profile
-                    ):
-                        doc["profile"] = {"config": config, "phase": phase, "shape": label}
-                        doc["profile"].update(profile_families(call))
-                        results.save()
-                except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
-                    fail(doc, results, f"{config} {phase} {label}", e)
-        # Decode: the whole model under reduce-overhead (CUDA graphs over a full step), or eager.
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            if use_kit:
+            if config.endswith("+kit"):
                 stack.enter_context(kit.rope(kit_kernels[config]))
             for shape in decodes:
                 label = "x".join(map(str, shape))
                 if over_budget(args, doc, results, f"{config} decode {label}"):
                     continue
                 try:
-                    step = base
-                    if is_compiled:
-                        step = torch.compile(base, mode="reduce-overhead", dynamic=False)
+                    step = bases[config]
+                    if config.startswith("compile"):
+                        step = torch.compile(step, mode="reduce-overhead", dynamic=False)
                     row = time_decode(step, model, shape, args, device)
                     row.update(phase="decode", shape=label, batch=shape[0], length=shape[1])
                     row["config"] = config
-                    if is_compiled:
+                    if config.startswith("compile"):
                         row["graphs"] = counters["stats"]["unique_graphs"]
                         row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
                     record(doc, results, row)
                 except Exception as e:  # noqa: BLE001
                     fail(doc, results, f"{config} decode {label}", e)
-        # Training: forward, loss and backward, regional compilation as for prefill.
-        if trains:
-            train_base = train_bases[config]
-            with contextlib.ExitStack() as stack:
-                if use_kit:
-                    stack.enter_context(kit.rope(kit_kernels[config]))
-                step = train_base
-                if is_compiled:
-                    step = stack.enter_context(compiled(train_base, spec, args.compile_scope))
-                for shape in trains:
-                    label = "x".join(map(str, shape))
-                    if over_budget(args, doc, results, f"{config} train {label}"):
-                        continue
-                    try:
-                        row = time_train(step, train_base, shape, args, device)
-                        row.update(phase="train", shape=label, batch=shape[0], length=shape[1])
-                        row["config"] = config
-                        row["tokens_per_s"] = shape[0] * shape[1] / (row["median_ms"] / 1000)
-                        if is_compiled:
-                            row["graphs"] = counters["stats"]["unique_graphs"]
-                        record(doc, results, row)
-                    except Exception as e:  # noqa: BLE001
-                        fail(doc, results, f"{config} train {label}", e)
-    doc["speedups"] = speedups(doc["measurements"])
-    results.save()
+
+
+def measure_train(args, spec, train_bases, configs, trains, device, doc, results, scopes):
+    """One training step (forward, causal-LM loss, backward into every parameter's grad,
+    cleared before each step; no optimizer) at each shape, the configurations interleaved;
+    regional compilation as for prefill. The twins share their parameters, so each step starts
+    from the same state."""
+    torch._dynamo.reset()
+    graphs = dict.fromkeys(configs, 0)
+    bases = {c: train_bases[c] for c in configs}
+    params = [p for p in next(iter(bases.values())).parameters() if p.requires_grad]
+    with contextlib.ExitStack() as stack:
+        steps = {
+            c: stack.enter_context(compiled(bases[c], spec, args.compile_scope))
+            if c.startswith("compile")
+            else bases[c]
+            for c in configs
+        }
+        for base in bases.values():
+            base.train()
+            stack.callback(base.train, False)
+        stack.callback(lambda: [setattr(p, "grad", None) for p in params])
+        for shape in trains:
+            label = "x".join(map(str, shape))
+            if over_budget(args, doc, results, f"train {label}"):
+                continue
+            ids = lm_ids(bases[configs[0]].config, shape[0], shape[1], device, seed=4)
+
+            def call_of(config):
+                step = steps[config]
+
+                def call():
+                    for p in params:
+                        p.grad = None
+                    step(input_ids=ids, labels=ids).loss.backward()
+
+                return call
+
+            try:
+                rows = time_interleaved({c: call_of(c) for c in configs}, device, args.warmup,
+                                        args.iters, scopes=scopes, graphs=graph_count)  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                fail(doc, results, f"train {label}", e)
+                continue
+            for config, row in rows.items():
+                if isinstance(row, Exception):
+                    fail(doc, results, f"{config} train {label}", row)
+                    continue
+                row.update(phase="train", shape=label, batch=shape[0], length=shape[1])
+                row["config"] = config
+                row["tokens_per_s"] = shape[0] * shape[1] / (row["median_ms"] / 1000)
+                graphs[config] += row.pop("new_graphs")
+                if config.startswith("compile"):
+                    row["graphs"] = graphs[config]
+                record(doc, results, row)
 
 
 def compile_kernels(value: str, names: list) -> list:
@@ -1306,29 +1424,6 @@ def time_decode(step, prefill_model, shape, args, device) -> dict:
         step(input_ids=tok, position_ids=pos, **kw)
 
     return time_calls(call, device, args.warmup + 2, args.decode_iters, between=advance)
-
-
-def time_train(step, model, shape, args, device) -> dict:
-    """ms per training step at `shape` = batch x length: forward with the inputs as labels (the
-    causal-LM loss), backward into every parameter's grad (cleared before each step), no
-    optimizer. `model` is the module whose parameters `step` (it, or its compiled form) uses."""
-    batch, length = shape
-    ids = lm_ids(model.config, batch, length, device, seed=4)
-    params = [p for p in model.parameters() if p.requires_grad]
-    was_training = model.training
-    model.train()
-
-    def call():
-        for p in params:
-            p.grad = None
-        step(input_ids=ids, labels=ids).loss.backward()
-
-    try:
-        return time_calls(call, device, args.warmup, args.iters)
-    finally:
-        for p in params:
-            p.grad = None
-        model.train(was_training)
 
 
 def record(doc, results, row):

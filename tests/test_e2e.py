@@ -22,6 +22,7 @@ and missing fakes show); inductor's code generation on a 2-core CI machine would
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
@@ -368,3 +369,27 @@ def test_compile_kernels_option():
         e2e.compile_kernels("flash", names)
     with pytest.raises(SystemExit, match="would map nothing"):
         e2e.main(["--model", "llama", "--device", "cpu", "--kernels", "rmsnorm"])
+
+
+def test_time_interleaved_takes_turns_and_keeps_the_others():
+    """The timed calls alternate between the functions, the order rotating every round; each
+    scope is entered around its own function's calls only; a function whose first call raises
+    is reported as that exception while the others are still timed."""
+    log = []
+
+    @contextlib.contextmanager
+    def scope():
+        log.append("[")
+        yield
+        log.append("]")
+
+    def bad():
+        raise RuntimeError("no kernel")
+
+    calls = {"a": lambda: log.append("a"), "b": lambda: log.append("b"), "bad": bad}
+    rows = e2e.time_interleaved(calls, "cpu", warmup=1, iters=4, scopes={"b": scope})
+    assert isinstance(rows["bad"], RuntimeError) and list(rows) == ["a", "b", "bad"]
+    assert [len(rows[n]["times_ms"]) for n in "ab"] == [4, 4]
+    untimed = ["a", "a", "[", "b", "]", "[", "b", "]"]  # first call and one warm-up each
+    rounds = [["a", "[", "b", "]"], ["[", "b", "]", "a"]] * 2
+    assert log == untimed + [x for r in rounds for x in r]
