@@ -1255,22 +1255,10 @@ def measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, promp
                 return lambda: out.update(y=fwd(**inputs)[0])
 
             calls = {c: call_of(c) for c in configs}
-            try:
-                rows = time_interleaved(calls, device, args.warmup, args.iters,
-                                        scopes=scopes, graphs=graph_count)  # fmt: skip
-            except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
-                fail(doc, results, f"{phase} {label}", e)
-                continue
+            length = shape[1] if spec.kind == "lm" else tokens // shape[0]
+            rows = timed_rows(calls, args, device, scopes, graphs, doc, results,
+                              phase, label, shape[0], length)  # fmt: skip
             for config, row in rows.items():
-                if isinstance(row, Exception):
-                    fail(doc, results, f"{config} {phase} {label}", row)
-                    continue
-                row.update(phase=phase, shape=label, batch=shape[0], config=config)
-                row["length"] = shape[1] if spec.kind == "lm" else tokens // shape[0]
-                row["tokens_per_s"] = tokens / (row["median_ms"] / 1000)
-                graphs[config] += row.pop("new_graphs")
-                if config.startswith("compile"):
-                    row["graphs"] = graphs[config]
                 if i == 0 and ref_first is not None and spread is not None:
                     row["agreement"] = agreement(outs[config]["y"], ref_first, spread, spec)
                 record(doc, results, row)
@@ -1352,23 +1340,36 @@ def measure_train(args, spec, train_bases, configs, trains, device, doc, results
 
                 return call
 
-            try:
-                rows = time_interleaved({c: call_of(c) for c in configs}, device, args.warmup,
-                                        args.iters, scopes=scopes, graphs=graph_count)  # fmt: skip
-            except Exception as e:  # noqa: BLE001
-                fail(doc, results, f"train {label}", e)
-                continue
-            for config, row in rows.items():
-                if isinstance(row, Exception):
-                    fail(doc, results, f"{config} train {label}", row)
-                    continue
-                row.update(phase="train", shape=label, batch=shape[0], length=shape[1])
-                row["config"] = config
-                row["tokens_per_s"] = shape[0] * shape[1] / (row["median_ms"] / 1000)
-                graphs[config] += row.pop("new_graphs")
-                if config.startswith("compile"):
-                    row["graphs"] = graphs[config]
+            calls = {c: call_of(c) for c in configs}
+            rows = timed_rows(calls, args, device, scopes, graphs, doc, results,
+                              "train", label, shape[0], shape[1])  # fmt: skip
+            for row in rows.values():
                 record(doc, results, row)
+
+
+def timed_rows(calls, args, device, scopes, graphs, doc, results, phase, label, batch, length):
+    """time_interleaved over the configurations' `calls` at one shape: their rows, labelled
+    (tokens per second; for the compiled ones the graphs so far, added up in `graphs`). A
+    configuration that fails is recorded in the errors and left out; a failure of the rounds
+    loses the shape, not the run."""
+    try:
+        timed = time_interleaved(calls, device, args.warmup, args.iters,
+                                 scopes=scopes, graphs=graph_count)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
+        fail(doc, results, f"{phase} {label}", e)
+        return {}
+    rows = {}
+    for config, row in timed.items():
+        if isinstance(row, Exception):
+            fail(doc, results, f"{config} {phase} {label}", row)
+            continue
+        row.update(phase=phase, shape=label, batch=batch, length=length, config=config)
+        row["tokens_per_s"] = batch * length / (row["median_ms"] / 1000)
+        graphs[config] += row.pop("new_graphs")
+        if config.startswith("compile"):
+            row["graphs"] = graphs[config]
+        rows[config] = row
+    return rows
 
 
 def compile_kernels(value: str, names: list) -> list:
