@@ -772,7 +772,7 @@ def synchronizing_calls(fn) -> dict:
 
 def time_calls(fn, device: str, warmup: int, iters: int, between=None) -> dict:
     """time_interleaved for one function: its row (its first call's exception is raised)."""
-    row = time_interleaved({"": fn}, device, warmup, iters, between=between)[""]
+    row = time_interleaved({"": fn}, device, warmup, iters, between={"": between})[""]
     if isinstance(row, Exception):
         raise row
     return row
@@ -785,8 +785,8 @@ def time_interleaved(calls: dict, device: str, warmup: int, iters: int, between=
     every round), so that clock and thermal drift over the run weigh on every configuration
     alike: timed one after the other, compile and compile+kit at Qwen3-8B 8 x 2048 (380 ms a
     call) drifted by more than the kit changes (results/e2e/NOTES.md). CUDA events around each
-    call on the GPU, perf_counter on the CPU. `between` runs untimed before each call (e.g.
-    advancing a decode position); `scopes` (name -> context manager factory) is entered around
+    call on the GPU, perf_counter on the CPU. `between` (name -> fn or None) runs untimed
+    before each call of that name (e.g. advancing a decode position); `scopes` (name -> context manager factory) is entered around
     each call of that name, outside the timed window; `graphs` counts compiled graphs (each
     row's `new_graphs` is what its calls added).
 
@@ -808,8 +808,8 @@ def time_interleaved(calls: dict, device: str, warmup: int, iters: int, between=
     def run(name, timed: bool):
         s = state[name]
         with scopes.get(name, contextlib.nullcontext)():
-            if between:
-                between()
+            if between and between.get(name):
+                between[name]()
             count = graphs() if graphs else 0
             if not timed:
                 calls[name]()
@@ -867,8 +867,8 @@ def time_interleaved(calls: dict, device: str, warmup: int, iters: int, between=
         if cuda:
             rows[name]["allocator"] = s["allocator"]
             with scopes.get(name, contextlib.nullcontext)():
-                if between:
-                    between()
+                if between and between.get(name):
+                    between[name]()
                 rows[name]["syncs"] = synchronizing_calls(calls[name])
     return {name: rows[name] for name in calls}
 
@@ -1274,11 +1274,30 @@ def measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, promp
 
 
 def measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, device, doc, results):
-    """ms per decode step: the whole model under reduce-overhead (CUDA graphs over a full step)
-    in the compile configurations, eager steps otherwise; one configuration after the other."""
+    """ms per decode step. The eager configurations take turns step by step (time_interleaved:
+    a host-bound eager step follows the host's speed, which drifted by a third within one run);
+    the compile configurations, the whole model under reduce-overhead (CUDA graphs over a full
+    step), run one after the other, each recording graphs of its own."""
     from torch._dynamo.utils import counters
 
-    for config in configs:
+    eager = [c for c in configs if not c.startswith("compile")]
+    scopes = {c: (lambda c=c: kit.rope(kit_kernels[c])) for c in eager if c.endswith("+kit")}
+    for shape in decodes:
+        label = "x".join(map(str, shape))
+        if not eager or over_budget(args, doc, results, f"decode {label}"):
+            continue
+        with torch.no_grad():
+            steps = {c: decode_setup(bases[c], model, shape, args, device) for c in eager}
+            calls = {c: call for c, (call, _) in steps.items()}
+            advances = {c: advance for c, (_, advance) in steps.items()}
+            # reduce-overhead's two recording calls are warm-up here too: the same step count
+            rows = timed_rows(calls, args, device, scopes, dict.fromkeys(eager, 0), doc, results,
+                              "decode", label, shape[0], shape[1], between=advances,
+                              warmup=args.warmup + 2, iters=args.decode_iters)  # fmt: skip
+        for row in rows.values():
+            del row["tokens_per_s"]
+            record(doc, results, row)
+    for config in [c for c in configs if c.startswith("compile")]:
         torch._dynamo.reset()
         counters.clear()
         with contextlib.ExitStack() as stack:
@@ -1290,15 +1309,13 @@ def measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, devic
                 if over_budget(args, doc, results, f"{config} decode {label}"):
                     continue
                 try:
-                    step = bases[config]
-                    if config.startswith("compile"):
-                        step = torch.compile(step, mode="reduce-overhead", dynamic=False)
-                    row = time_decode(step, model, shape, args, device)
+                    step = torch.compile(bases[config], mode="reduce-overhead", dynamic=False)
+                    call, advance = decode_setup(step, model, shape, args, device)
+                    row = time_calls(call, device, args.warmup + 2, args.decode_iters, advance)
                     row.update(phase="decode", shape=label, batch=shape[0], length=shape[1])
                     row["config"] = config
-                    if config.startswith("compile"):
-                        row["graphs"] = counters["stats"]["unique_graphs"]
-                        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
+                    row["graphs"] = counters["stats"]["unique_graphs"]
+                    row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
                     record(doc, results, row)
                 except Exception as e:  # noqa: BLE001
                     fail(doc, results, f"{config} decode {label}", e)
@@ -1347,13 +1364,16 @@ def measure_train(args, spec, train_bases, configs, trains, device, doc, results
                 record(doc, results, row)
 
 
-def timed_rows(calls, args, device, scopes, graphs, doc, results, phase, label, batch, length):
-    """time_interleaved over the configurations' `calls` at one shape: their rows, labelled
-    (tokens per second; for the compiled ones the graphs so far, added up in `graphs`). A
-    configuration that fails is recorded in the errors and left out; a failure of the rounds
-    loses the shape, not the run."""
+def timed_rows(calls, args, device, scopes, graphs, doc, results, phase, label, batch, length,
+               between=None, warmup=None, iters=None):  # fmt: skip
+    """time_interleaved over the configurations' `calls` at one shape (`args`' warm-up and
+    timed calls unless given): their rows, labelled (tokens per second; for the compiled ones
+    the graphs so far, added up in `graphs`). A configuration that fails is recorded in the
+    errors and left out; a failure of the rounds loses the shape, not the run."""
+    warmup = args.warmup if warmup is None else warmup
+    iters = args.iters if iters is None else iters
     try:
-        timed = time_interleaved(calls, device, args.warmup, args.iters,
+        timed = time_interleaved(calls, device, warmup, iters, between=between,
                                  scopes=scopes, graphs=graph_count)  # fmt: skip
     except Exception as e:  # noqa: BLE001 (a failed shape must not lose the others)
         fail(doc, results, f"{phase} {label}", e)
@@ -1404,9 +1424,10 @@ def agreement(y, ref, spread, spec) -> dict:
     return {"vs_fp32": got, "tolerance": tol, "passed": got["max"] <= tol["max"]}
 
 
-def time_decode(step, prefill_model, shape, args, device) -> dict:
-    """ms per decode step at `shape` = batch x context: the cache is filled by the untouched
-    model (eager), then `step` decodes one token per call."""
+def decode_setup(step, prefill_model, shape, args, device):
+    """`step` set up to decode one token per call at `shape` = batch x context: the cache is
+    filled by the untouched model (eager). Returns (call, advance): one step, and the position
+    move before the next (untimed)."""
     batch, context = shape
     # reduce-overhead records on the 3rd call; one more step for time_calls' sync check on CUDA
     steps = 1 + args.warmup + 2 + args.decode_iters + 1
@@ -1424,7 +1445,7 @@ def time_decode(step, prefill_model, shape, args, device) -> dict:
     def call():
         step(input_ids=tok, position_ids=pos, **kw)
 
-    return time_calls(call, device, args.warmup + 2, args.decode_iters, between=advance)
+    return call, advance
 
 
 def record(doc, results, row):
