@@ -20,7 +20,7 @@ generated from one table; each registration passes `add_op_namespace_prefix(...)
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 
@@ -71,10 +71,6 @@ ROUTES: Dict[str, OpRoutes] = {}
 def activate(name: str, x: torch.Tensor, *scalars_and_pdl) -> torch.Tensor:
     """The activation `name` of x, through the route the call needs (ROUTES)."""
     return ROUTES[name].pick(x)(x, *scalars_and_pdl)
-
-
-#: Allocating backward of each activation: BACKWARD[name](grad_out, input, *scalars, enable_pdl).
-BACKWARD: Dict[str, Callable[..., torch.Tensor]] = {}
 
 
 # ---- shape rules and checks shared by the fakes ----
@@ -233,7 +229,6 @@ def _register(spec: _OpSpec) -> None:
         backward_op,
         backward,
     )
-    BACKWARD[name] = backward_op
 
 
 for _spec in _SPECS:
