@@ -64,11 +64,12 @@ blocks``, regional compilation: one block compiles for all layers, seconds inste
 full size) or on the whole model (``--compile-scope model``); compiled decode is always the
 whole model. The first call of each shape is timed separately as ``first_call_s`` (compile +
 one run). Each median comes from CUDA events around single calls after warm-up. Prefill,
-denoise and training interleave the four configurations call by call, so that the GPU's clock
-drift over a run weighs on all of them alike (``time_interleaved``); decode runs one
-configuration after the other (each records CUDA graphs of its own). The JSON is rewritten
-after every measurement, so a run that is killed still leaves what it measured, and no
-measurement starts after ``--budget-s`` (540 s: a GPU call may last 600 s). One torch-profiler run (eager+kit,
+denoise, training and the eager decode steps interleave the configurations call by call, so
+that the GPU's clock and the host's speed drift alike for all of them (``time_interleaved``);
+the compiled decode steps run one configuration after the other (each records CUDA graphs of
+its own). The JSON is rewritten after every measurement, so a run that is killed still leaves
+what it measured, and no measurement starts after ``--budget-s`` (540 s: a GPU call may last
+600 s). One torch-profiler run (eager+kit,
 the first prefill / denoise shape, CUDA only; ``--no-profile`` skips it) gives the GPU time
 share per op family.
 
@@ -1189,9 +1190,9 @@ def measure(args, spec, model, bases, kit, kit_kernels, configs, shapes, decodes
             prompt_tokens, dtype, device, doc, results, trains=(), train_bases=None):  # fmt: skip
     """Times each configuration on its model of `bases` (`train_bases` for training steps);
     `model` is the untouched one, `kit_kernels` the kernels each kit configuration maps in.
-    Prefill / denoise and training interleave the configurations call by call
-    (time_interleaved); decode times one configuration after the other, each with CUDA graphs
-    of its own."""
+    Prefill / denoise, training and the eager decode steps interleave the configurations call
+    by call (time_interleaved); the compiled decode steps run one configuration after the
+    other, each with CUDA graphs of its own."""
     # Regional compilation reuses one compiled block for every layer; should guards still tell
     # the layers apart, each compiles rather than silently falling back to eager after the
     # default limit of 8 ("graphs" in the JSON shows it). The compiled configurations share
