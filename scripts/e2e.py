@@ -1199,17 +1199,26 @@ def measure(args, spec, model, bases, kit, kit_kernels, configs, shapes, decodes
     # the blocks' code, so their graphs add up in one cache.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
-    def scopes():
-        """The kit's rotary swap around each call of a kit configuration (Kit.rope)."""
-        return {c: (lambda c=c: kit.rope(kit_kernels[c])) for c in configs if c.endswith("+kit")}
-
-    measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, prompt_tokens, dtype,
-                    device, doc, results, scopes())  # fmt: skip
-    measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, device, doc, results)
+    # The kit's rotary swap around each call of a kit configuration (Kit.rope).
+    scopes = {c: (lambda c=c: kit.rope(kit_kernels[c])) for c in configs if c.endswith("+kit")}
+    measure_forward(args, spec, model, bases, configs, shapes, ref32, prompt_tokens, dtype, device,
+                    doc, results, scopes)  # fmt: skip
+    measure_decode(args, model, bases, configs, decodes, device, doc, results, scopes)
     if trains:
-        measure_train(args, spec, train_bases, configs, trains, device, doc, results, scopes())
+        measure_train(args, spec, train_bases, configs, trains, device, doc, results, scopes)
     doc["speedups"] = speedups(doc["measurements"])
     results.save()
+
+
+def compiled_models(stack, bases, configs, spec, scope) -> dict:
+    """Each configuration's model of `bases`, the compile ones under compiled() until `stack`
+    closes."""
+    return {
+        c: stack.enter_context(compiled(bases[c], spec, scope))
+        if c.startswith("compile")
+        else bases[c]
+        for c in configs
+    }
 
 
 def graph_count() -> int:
@@ -1218,8 +1227,8 @@ def graph_count() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, prompt_tokens, dtype,
-                    device, doc, results, scopes):  # fmt: skip
+def measure_forward(args, spec, model, bases, configs, shapes, ref32, prompt_tokens, dtype, device,
+                    doc, results, scopes):  # fmt: skip
     """Prefill (language models) or one denoising step (LTX) at each shape, the configurations
     interleaved; compiled ones under compiled() for the whole phase."""
     ref_first = first_shape_reference(spec, ref32, shapes[0]) if shapes else None
@@ -1231,12 +1240,7 @@ def measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, promp
     graphs = dict.fromkeys(configs, 0)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
-        fwds = {
-            c: stack.enter_context(compiled(bases[c], spec, args.compile_scope))
-            if c.startswith("compile")
-            else bases[c]
-            for c in configs
-        }
+        fwds = compiled_models(stack, bases, configs, spec, args.compile_scope)
         for i, shape in enumerate(shapes):
             label = "x".join(map(str, shape))
             if over_budget(args, doc, results, f"{phase} {label}"):
@@ -1274,7 +1278,7 @@ def measure_forward(args, spec, model, bases, kit, configs, shapes, ref32, promp
                     fail(doc, results, f"eager+kit {phase} {label} profile", e)
 
 
-def measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, device, doc, results):
+def measure_decode(args, model, bases, configs, decodes, device, doc, results, scopes):
     """ms per decode step. The eager configurations take turns step by step (time_interleaved:
     a host-bound eager step follows the host's speed, which drifted by a third within one run);
     the compile configurations, the whole model under reduce-overhead (CUDA graphs over a full
@@ -1282,7 +1286,6 @@ def measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, devic
     from torch._dynamo.utils import counters
 
     eager = [c for c in configs if not c.startswith("compile")]
-    scopes = {c: (lambda c=c: kit.rope(kit_kernels[c])) for c in eager if c.endswith("+kit")}
     for shape in decodes:
         label = "x".join(map(str, shape))
         if not eager or over_budget(args, doc, results, f"decode {label}"):
@@ -1303,8 +1306,8 @@ def measure_decode(args, model, bases, kit, kit_kernels, configs, decodes, devic
         counters.clear()
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
-            if config.endswith("+kit"):
-                stack.enter_context(kit.rope(kit_kernels[config]))
+            if config in scopes:
+                stack.enter_context(scopes[config]())
             for shape in decodes:
                 label = "x".join(map(str, shape))
                 if over_budget(args, doc, results, f"{config} decode {label}"):
@@ -1332,12 +1335,7 @@ def measure_train(args, spec, train_bases, configs, trains, device, doc, results
     bases = {c: train_bases[c] for c in configs}
     params = [p for p in next(iter(bases.values())).parameters() if p.requires_grad]
     with contextlib.ExitStack() as stack:
-        steps = {
-            c: stack.enter_context(compiled(bases[c], spec, args.compile_scope))
-            if c.startswith("compile")
-            else bases[c]
-            for c in configs
-        }
+        steps = compiled_models(stack, bases, configs, spec, args.compile_scope)
         for base in bases.values():
             base.train()
             stack.callback(base.train, False)
