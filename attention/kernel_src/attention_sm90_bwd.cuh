@@ -32,7 +32,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cute/tensor.hpp>
+#include "attention_sm90_cute.h"  // first: it configures CuTe
+
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
@@ -125,6 +126,11 @@ struct BwdKernel {
                            Shape<_64, Int<kBlockM / size<1>(DqWarpgroups{})>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
       DqWarpgroups{}));
+  static_assert(size<1>(typename MmaSdP::AtomShape_MNK{}) == kBlockM &&
+                    size<1>(typename MmaDv::AtomShape_MNK{}) == kHeadDim &&
+                    size<1>(typename MmaDk::AtomShape_MNK{}) == kHeadDim &&
+                    size<1>(typename MmaDq::AtomShape_MNK{}) == kBlockM / size<1>(DqWarpgroups{}),
+                "one wgmma across N per k step: include CuTe through attention_sm90_cute.h");
 
   // Tiles as they lie in memory (rows x head dim, head dim contiguous) in 128-byte swizzle atoms;
   // the transposed views read them MN-major.

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cute/tensor.hpp>
+#include "attention_sm90_cute.h"
 #include <cutlass/numeric_types.h>
 
 namespace attention {

@@ -22,7 +22,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cute/tensor.hpp>
+#include "attention_sm90_cute.h"  // first: it configures CuTe
+
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
@@ -122,6 +123,9 @@ struct FwdKernel {
                                                GMMA::Major::K, GMMA::Major::MN>());
   using MmaQK = decltype(make_tiled_mma(AtomQK{}));
   using MmaPV = decltype(make_tiled_mma(AtomPV{}));
+  static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN &&
+                    size<1>(typename MmaPV::AtomShape_MNK{}) == kHeadDim,
+                "one wgmma across N per k step: include CuTe through attention_sm90_cute.h");
 
   // Rows of head_dim elements in 128-byte swizzle atoms where the head dim is a multiple of 64,
   // else (96) in 64-byte ones. Read as (head_dim, keys), the K-major atom is the MN-major one of

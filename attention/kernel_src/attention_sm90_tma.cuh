@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include <cute/tensor.hpp>
+#include "attention_sm90_cute.h"
 
 namespace attention {
 namespace sm90 {
