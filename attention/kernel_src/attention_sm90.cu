@@ -44,6 +44,7 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   a.heads_kv = static_cast<int>(p.heads_kv);
   a.seqlen_q = static_cast<int>(p.seqlen_q);
   a.seqlen_k = static_cast<int>(p.seqlen_k);
+  a.head_dim = static_cast<int>(p.head_dim);
   a.q_row = tma_stride(p.q_row_stride);
   a.q_head = tma_stride(p.q_head_stride);
   a.q_batch = tma_stride(p.q_batch_stride);
@@ -74,15 +75,28 @@ int tile_group(const AttnFwdParams& p, int64_t l2_bytes) {
       tile_group_pairs(pairs, p.heads_q / p.heads_kv, p.seqlen_k, p.head_dim, l2_bytes));
 }
 
-// The head dims with an instance (attention_sm90_instances.h): one list for the rule (supports)
-// and the dispatch (fwd).
+// Head dims up to 32 stay on stage 1, which has instances of 32 and below: through the 64 one
+// they would compute twice the products or more.
+constexpr int64_t kMinHeadDim = 32;
+
+// The head dims with an instance (attention_sm90_instances.h), ascending: one list for the rule
+// (supports) and the dispatch (fwd). A head dim between two of them runs on the instance above,
+// its tensors read as zero-padded (tma_gmem_tensor): the zero columns add nothing to Q K^T and
+// give output columns that are not written.
 template <int... kDims>
 struct HeadDims {
-  static bool contains(int64_t head_dim) { return ((head_dim == kDims) || ...); }
+  // The instance a head dim runs on: the smallest at least as wide, for multiples of 8 (a TMA
+  // descriptor's row strides are multiples of 16 bytes) above kMinHeadDim; 0 for none.
+  static int64_t instance_for(int64_t head_dim) {
+    if (head_dim % 8 != 0 || head_dim <= kMinHeadDim) return 0;
+    int64_t found = 0;
+    (void)((head_dim <= kDims && (found = kDims, true)) || ...);
+    return found;
+  }
   template <class Element>
-  static cudaError_t run(const KernelArgs& a, int64_t head_dim, int sm_count, cudaStream_t stream) {
+  static cudaError_t run(const KernelArgs& a, int64_t instance, int sm_count, cudaStream_t stream) {
     cudaError_t err = cudaErrorInvalidValue;
-    (void)((head_dim == kDims &&
+    (void)((instance == kDims &&
             (err = attention::sm90::run_fwd_instance<Element, kDims>(a, sm_count, stream), true)) ||
            ...);
     return err;
@@ -94,7 +108,7 @@ using InstanceHeadDims = HeadDims<64, 96, 128, 192, 256>;
 
 bool supports(const AttnFwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (!InstanceHeadDims::contains(p.head_dim)) return false;
+  if (InstanceHeadDims::instance_for(p.head_dim) == 0) return false;
   if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr ||
       p.kv_batch_idx != nullptr || p.leftpad_k != nullptr || p.block_table != nullptr) {
     return false;
@@ -123,9 +137,10 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
   if (!supports(p)) return cudaErrorInvalidValue;
   KernelArgs a = kernel_args(p);
   a.tile_group = tile_group(p, l2_bytes);
+  const int64_t instance = InstanceHeadDims::instance_for(p.head_dim);
   return p.dtype == DType::kBFloat16
-             ? InstanceHeadDims::run<cutlass::bfloat16_t>(a, p.head_dim, sm_count, stream)
-             : InstanceHeadDims::run<cutlass::half_t>(a, p.head_dim, sm_count, stream);
+             ? InstanceHeadDims::run<cutlass::bfloat16_t>(a, instance, sm_count, stream)
+             : InstanceHeadDims::run<cutlass::half_t>(a, instance, sm_count, stream);
 }
 
 }  // namespace sm90

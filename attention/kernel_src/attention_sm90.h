@@ -16,7 +16,8 @@ namespace sm90 {
 
 // Whether the Hopper forward computes `p` (attention_params.h semantics), for params that attn_fwd
 // accepts (attention_cuda.h's preconditions). True exactly when all of these hold:
-//   - dtype float16 or bfloat16; head_dim exactly 64, 96, 128, 192 or 256;
+//   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 256 (it runs on the instance
+//     of 64, 96, 128, 192 or 256 at or above it, reading its tensors as zero-padded);
 //   - fixed-length batches: no cu_seqlens_q, cu_seqlens_k, seqused_k, kv_batch_idx, leftpad_k
 //     or block_table;
 //   - no score modifier: softcap == 0, alibi_slopes null;

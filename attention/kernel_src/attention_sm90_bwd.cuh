@@ -175,8 +175,8 @@ struct BwdKernel {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
-  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, kHeadDim>;
-  using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0));
+  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, Int<kHeadDim>>;
+  using GTensor = decltype(gmem_tensor(nullptr, Int<kHeadDim>{}, 0, 0, 0, 0, 0, 0));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, SmemLayoutK{}));
 
@@ -192,10 +192,11 @@ struct BwdKernel {
   static Params make_params(const BwdArgs& a) {
     // A TMA descriptor needs a row even where a dimension is empty (nothing is loaded then).
     const int rows_q = a.seqlen_q > 0 ? a.seqlen_q : 1, rows_k = a.seqlen_k > 0 ? a.seqlen_k : 1;
-    auto gq = gmem_tensor(a.q, rows_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
-    auto gdo = gmem_tensor(a.dout, rows_q, a.heads_q, a.batch, a.do_row, a.do_head, a.do_batch);
-    auto gk = gmem_tensor(a.k, rows_k, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
-    auto gv = gmem_tensor(a.v, rows_k, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
+    constexpr auto d = Int<kHeadDim>{};
+    auto gq = gmem_tensor(a.q, d, rows_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
+    auto gdo = gmem_tensor(a.dout, d, rows_q, a.heads_q, a.batch, a.do_row, a.do_head, a.do_batch);
+    auto gk = gmem_tensor(a.k, d, rows_k, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
+    auto gv = gmem_tensor(a.v, d, rows_k, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
     return {a,
             make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
             make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(SmemLayoutQ{})),

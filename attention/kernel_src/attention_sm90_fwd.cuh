@@ -46,6 +46,9 @@ struct FwdArgs {
   float* lse;  // lse[b * lse_batch + h * lse_head + row] (row stride 1), or null
   int64_t lse_batch, lse_head;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  // The tensors' head dim: the kernel's, or (a multiple of 8) below it, read as zero-padded to
+  // it (tma_gmem_tensor) and written up to it.
+  int head_dim;
   int64_t q_row, q_head, q_batch;
   int64_t k_row, k_head, k_batch;
   int64_t v_row, v_head, v_batch;
@@ -157,8 +160,8 @@ struct FwdKernel {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
-  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, kHeadDim>;
-  using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0));
+  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, int>;
+  using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0, 0));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutK{})));
 
@@ -171,12 +174,13 @@ struct FwdKernel {
   };
 
   static Params make_params(const FwdArgs& a) {
-    auto gq = gmem_tensor(a.q, a.seqlen_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
+    const int d = a.head_dim;
+    auto gq = gmem_tensor(a.q, d, a.seqlen_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
     // No key at all: nothing is loaded (every tile has 0 key blocks), but a TMA descriptor needs
     // a row.
     const int keys = a.seqlen_k > 0 ? a.seqlen_k : 1;
-    auto gk = gmem_tensor(a.k, keys, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
-    auto gv = gmem_tensor(a.v, keys, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
+    auto gk = gmem_tensor(a.k, d, keys, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
+    auto gv = gmem_tensor(a.v, d, keys, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
     return {a, make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
             make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(SmemLayoutK{})),
             make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(SmemLayoutV{})),
@@ -526,11 +530,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
     NamedBarrier::sync(128, kWarpgroups + consumer);  // this warpgroup's slice is written
     constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
+    const int out_chunks = a.head_dim / 8;            // the tensor's: the rest are padding
     Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head;
     for (int idx = tid; idx < 64 * kChunks; idx += 128) {
       const int r = idx / kChunks, chunk = idx % kChunks;
       const int row = row0 + r;
-      if (row < a.seqlen_q) {
+      if (row < a.seqlen_q && chunk < out_chunks) {
         *reinterpret_cast<uint4*>(out + row * a.o_row + chunk * 8) =
             *reinterpret_cast<const uint4*>(&sQw(r, chunk * 8));
       }

@@ -29,13 +29,15 @@ inline bool tma_addressable(int64_t stride, int64_t extent) {
 inline int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 16 / kElementBytes; }
 
 // A global q / k / v / dout tensor as the descriptors see it: (rows, head_dim, heads, batch),
-// head_dim contiguous; strides in elements.
-template <class Element, int kHeadDim>
-CUTE_HOST_DEVICE auto tma_gmem_tensor(const void* p, int rows, int heads, int batch, int64_t row,
-                                      int64_t head, int64_t batch_stride) {
+// head_dim contiguous; strides in elements. `head_dim` is the kernel's (a cute::Int), or the
+// tensor's own where it is narrower than the kernel's tiles: a descriptor fills the columns of
+// a box past the tensor's last one with zeros.
+template <class Element, class HeadDim>
+CUTE_HOST_DEVICE auto tma_gmem_tensor(const void* p, HeadDim head_dim, int rows, int heads,
+                                      int batch, int64_t row, int64_t head, int64_t batch_stride) {
   using namespace cute;
   return make_tensor(make_gmem_ptr(static_cast<const Element*>(p)),
-                     make_shape(rows, Int<kHeadDim>{}, heads, batch),
+                     make_shape(rows, head_dim, heads, batch),
                      make_stride(row, _1{}, head, batch_stride));
 }
 

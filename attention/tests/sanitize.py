@@ -162,7 +162,8 @@ def slot_calls(k, dtype, device):
 def prefill_calls(k, dtype, device):
     """Exact-size prefill calls, causal or not, with GQA and lengths off the tile sizes (on an
     H100 / H200 the Hopper kernel runs them: TMA loads past a tensor's end, the persistent tile
-    hand-out, the epilogue staged in shared memory), plus fewer keys than queries."""
+    hand-out, the epilogue staged in shared memory, head dims between the instances), plus fewer
+    keys than queries."""
     for sq, sk, d in (
         (77, 77, 64),
         (400, 333, 64),
@@ -171,6 +172,8 @@ def prefill_calls(k, dtype, device):
         (150, 201, 96),
         (150, 201, 192),
         (150, 201, 256),
+        (150, 201, 80),  # the 96 instance, columns past 80 zero-filled by TMA
+        (130, 77, 40),  # the 64 instance
     ):
         q = torch.randn(2, sq, 4, d, dtype=dtype, device=device)
         kv = [torch.randn(2, sk, 2, d, dtype=dtype, device=device) for _ in range(2)]

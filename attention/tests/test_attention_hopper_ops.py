@@ -5,11 +5,11 @@ capability 9.0; skipped everywhere else, the CPU included.
   attention::sm90::attn_fwd_sm90_kernel, stage 1's attn_fwd_kernel) for calls inside and
   outside the rule, and with ATTENTION_HOPPER=0 (read at every call).
 - Its results against the float64 reference (attention_cases.py: within twice PyTorch's own error
-  in the dtype), lse included: fp16 and bf16, head dims 64, 96, 128, 192 and 256, causal or not,
-  GQA / MQA,
-  odd lengths, fewer and more queries than keys (causal rows that see no key: out 0, lse +inf),
-  batches of one and of several, strided views of packed tensors; out and lse start as NaN and out
-  is a view into a wider NaN buffer, so an element left unwritten, or a column written past head_dim, fails.
+  in the dtype), lse included: fp16 and bf16, head dims 64, 96, 128, 192 and 256, and 40, 80, 160
+  and 224 between them, causal or not, GQA / MQA, odd lengths, fewer and more queries than keys
+  (causal rows that see no key: out 0, lse +inf), batches of one and of several, strided views of
+  packed tensors; out and lse start as NaN and out is a view into a wider NaN buffer, so an
+  element left unwritten, or a column written past head_dim, fails.
 - Determinism (the same bits on a rerun), and agreement with the stage-1 kernels on the same
   inputs (ATTENTION_HOPPER=0): each is within the bound of the reference, so
   they differ by at most twice the bound.
@@ -79,8 +79,9 @@ def qkv(b, sq, sk, h, hk, d, dtype, seed=0):
 
 # ---- (a) which calls take the Hopper path ----
 
-# name -> (call on a kernel, expected path). Eligible: fp16 / bf16, head dim 64 / 96 / 128 / 192 / 256, fixed
-# length, no softcap / ALiBi / window, num_splits 0 or 1, seqlen_q >= 64.
+# name -> (call on a kernel, expected path). Eligible: fp16 / bf16, head dim a multiple of 8 in
+# 40..256 (36 is padded to 40 by the op), fixed length, no softcap / ALiBi / window, num_splits 0
+# or 1, seqlen_q >= 64.
 B, S, H, HK = 2, 256, 8, 2
 
 
@@ -133,7 +134,10 @@ PATH_CASES = {
     "alibi": (_func(causal=True, alibi=True), "stage1"),
     "head_dim_96": (_func(causal=True, d=96), "hopper"),
     "head_dim_256": (_func(causal=True, d=256), "hopper"),
-    "head_dim_80": (_func(causal=True, d=80), "stage1"),
+    "head_dim_80": (_func(causal=True, d=80), "hopper"),
+    "head_dim_40": (_func(causal=True, d=40), "hopper"),
+    "head_dim_32": (_func(causal=True, d=32), "stage1"),
+    "head_dim_36": (_func(causal=True, d=36), "hopper"),
     "seqlen_q_1": (_func(sq=1), "stage1"),
     "seqlen_q_63": (_func(causal=True, sq=63), "stage1"),
     "num_splits_2": (_eligible(False, num_splits=2), "stage1"),
@@ -164,6 +168,11 @@ CASES = [
     (2, 300, 333, 4, 2, 96),  # 64-byte swizzle atoms
     (1, 200, 333, 4, 1, 192),  # one Q buffer, 112-key blocks
     (2, 300, 250, 2, 2, 256),  # one Q buffer, 80-key blocks
+    # Head dims between the instances: the next one up, columns past the head dim zero-filled
+    (2, 300, 333, 4, 2, 80),
+    (1, 200, 200, 4, 1, 40),
+    (1, 200, 333, 4, 2, 160),
+    (2, 130, 150, 2, 2, 224),
 ]
 
 
@@ -193,7 +202,7 @@ def test_hopper_against_reference(kernel, case, causal):
         batch_check(out, q, k, v, lse, f"{dtype_id(dtype)} causal={causal}", causal=causal)
 
 
-@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("d", [40, 64, 80, 96, 128, 192, 256])
 def test_hopper_strided_views(kernel, d):
     """q, k, v unbound from packed tensors (qkv [B, S, 3, H, D], and kv [B, S, 2, H_kv, D] with q
     sliced out of a wider buffer), k / v as transposes of [B, H_kv, S, D] (transformers' layout)."""
