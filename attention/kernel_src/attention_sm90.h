@@ -42,7 +42,8 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
 // Whether the Hopper backward (attention_sm90_bwd.cuh) computes `p` (attention_params.h
 // semantics). True exactly when all of these hold:
 //   - dtype float16 or bfloat16; head_dim exactly 64 or 128;
-//   - fixed-length batches, no score modifier, no sliding window (as supports() above);
+//   - fixed-length batches and no score modifier (as supports() above); causal or not, with or
+//     without a sliding window (any window_left / window_right);
 //   - fwd.lse set; heads_q a multiple of heads_kv;
 //   - batch, heads and lengths fit in int32, batch * heads_q <= 65535, ceil(seqlen_k / 128) <=
 //     65535;

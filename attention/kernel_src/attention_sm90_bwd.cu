@@ -40,6 +40,16 @@ struct Workspace {
   int64_t rows;        // batch * heads_q * padded rows
 };
 
+// The visible band of `f` in the kernel's terms: causal is a right side of 0 (also under a wider
+// window). A side that hides nothing is unbounded (-1), which also keeps the kernel's int
+// arithmetic clear of huge window sizes: the left one from seqlen_k - 1 (query 0 then sees key
+// 0 and above), the right one from seqlen_q - 1 (the last key is then seen by query 0).
+void set_band(const AttnFwdParams& f, KernelArgs* a) {
+  const int64_t left = f.window_left, right = f.causal ? 0 : f.window_right;
+  a->window_left = left >= 0 && left < f.seqlen_k - 1 ? static_cast<int>(left) : -1;
+  a->window_right = right >= 0 && right < f.seqlen_q - 1 ? static_cast<int>(right) : -1;
+}
+
 // Floats of the dK / dV partials of `splits` splits (none unsplit).
 int64_t partial_floats(const AttnBwdParams& p, int splits) {
   const AttnFwdParams& f = p.fwd;
@@ -132,7 +142,7 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
   a.dv_head = p.dv_head_stride;
   a.dv_batch = p.dv_batch_stride;
   a.softmax_scale = f.softmax_scale;
-  a.causal = f.causal;
+  set_band(f, &a);
   return a;
 }
 
@@ -173,7 +183,6 @@ bool bwd_supports(const AttnBwdParams& p) {
     return false;
   }
   if (f.softcap != 0.0f || f.alibi_slopes != nullptr) return false;
-  if (f.window_left >= 0 || (f.window_right >= 0 && !f.causal)) return false;
   if (f.lse == nullptr || f.heads_kv <= 0 || f.heads_q % f.heads_kv != 0) return false;
   for (const int64_t n : {f.batch, f.heads_q, f.heads_kv, f.seqlen_q, f.seqlen_k}) {
     if (n < 0 || n > kMax32) return false;

@@ -23,7 +23,7 @@
 // Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
 // written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0.
 // Covered: fp16 / bf16, head dims 64 and 128, fixed-length batches with any 16-byte-aligned strides,
-// MQA / GQA, non-causal and causal (bottom-right).
+// MQA / GQA, non-causal, causal (bottom-right) and sliding windows (any left / right band).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -79,7 +79,9 @@ struct BwdArgs {
   int64_t dk_row, dk_head, dk_batch;
   int64_t dv_row, dv_head, dv_batch;
   float softmax_scale;
-  bool causal;
+  // The visible band: key j is seen by query i iff i + diag - window_left <= j <= i + diag +
+  // window_right, diag = seqlen_k - seqlen_q; a negative side is unbounded (causal: right 0).
+  int window_left, window_right;
 };
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
@@ -205,13 +207,19 @@ struct BwdKernel {
             a.softmax_scale * 1.44269504088896340736f};
   }
 
-  // The query blocks key block n_block meets, per query head: [first, m_blocks). Causal (bottom-
-  // right: query i sees key j iff j <= i + seqlen_k - seqlen_q) skips the blocks whose last row
-  // sees none of its keys.
+  // The query blocks key block n_block meets, per query head: [first, end). The band's right
+  // side (causal: bottom-right) skips the blocks before the first row that sees one of its keys,
+  // its left side the blocks after the last.
   CUTE_HOST_DEVICE static int first_query_block(const BwdArgs& a, int n_block) {
-    if (!a.causal) return 0;
-    const int first_row = n_block * kBlockN - (a.seqlen_k - a.seqlen_q);
+    if (a.window_right < 0) return 0;
+    const int first_row = n_block * kBlockN - (a.seqlen_k - a.seqlen_q) - a.window_right;
     return first_row <= 0 ? 0 : first_row / kBlockM;
+  }
+  CUTE_HOST_DEVICE static int end_query_block(const BwdArgs& a, int n_block) {
+    if (a.window_left < 0) return query_blocks(a);
+    const int key_last = min((n_block + 1) * kBlockN, a.seqlen_k) - 1;
+    const int last_row = key_last - (a.seqlen_k - a.seqlen_q) + a.window_left;
+    return last_row < 0 ? 0 : min(query_blocks(a), last_row / kBlockM + 1);
   }
   CUTE_HOST_DEVICE static int query_blocks(const BwdArgs& a) {
     return (a.seqlen_q + kBlockM - 1) / kBlockM;
@@ -250,7 +258,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int heads_per_cta = a.heads_q / a.heads_kv / a.group_splits;
   const int head_first = head_kv * (a.heads_q / a.heads_kv) + split * heads_per_cta;
   const int m_first = Kernel::first_query_block(a, n_block);
-  const int m_count = max(0, Kernel::query_blocks(a) - m_first);
+  const int m_count = max(0, Kernel::end_query_block(a, n_block) - m_first);
   const int iterations = heads_per_cta * m_count;  // (query head, query block) pairs, head outer
 
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Kernel::SmemLayoutQ{});
@@ -406,7 +414,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   clear(tDvrDv);
   clear(tDkrDk);
-  const int diag = a.seqlen_k - a.seqlen_q;  // causal: key j visible to query i iff j <= i + diag
+  const int diag = a.seqlen_k - a.seqlen_q;  // key j visible to query i around j = i + diag
   const int key0 = n_block * kBlockN;
   typename Kernel::PipelineState state;
 
@@ -432,18 +440,27 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     pipe_do.consumer_wait(state);
     issue_sdp(tSrV, tSrDo, tSrDp);
 
-    // P^T while dP^T runs. Only blocks that cross the diagonal need the causal mask.
+    // P^T while dP^T runs. Only blocks that cross an edge of the band need the mask.
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
-    // Key key0 + r is visible from query m_block * kBlockM + c iff c >= r + shift.
-    const bool masked = a.causal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
-    const int shift = key0 - m_block * kBlockM - diag;
+    // Key key0 + r is visible from query m0 + c iff r + lo <= c <= r + hi; where the block lies
+    // inside the band on a side, that side's bound is moved out of reach.
+    const int m0 = m_block * kBlockM;
+    constexpr int kFar = 1 << 28;
+    const int lo = a.window_right >= 0 && key0 + kBlockN - 1 > m0 + diag + a.window_right
+                       ? key0 - m0 - diag - a.window_right
+                       : -kFar;
+    const int hi = a.window_left >= 0 && key0 < m0 + kBlockM - 1 + diag - a.window_left
+                       ? key0 - m0 - diag + a.window_left
+                       : kFar;
+    const bool masked = lo != -kFar || hi != kFar;
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const int col = get<1>(tScS_rc(0, c));
       const float lse = shared.lse_log2[stage][col];
       for (int r = 0; r < size<0>(s_rc); ++r) {
         const float e = exp2_ftz(s_rc(r, c) * params.scale_log2 - lse);
-        s_rc(r, c) = masked && col < get<0>(tScS_rc(r, 0)) + shift ? 0.0f : e;
+        const int row = get<0>(tScS_rc(r, 0));
+        s_rc(r, c) = masked && (col < row + lo || col > row + hi) ? 0.0f : e;
       }
     }
     for (int i = 0; i < size(p_pairs); ++i) {
@@ -628,7 +645,8 @@ int group_splits(const BwdArgs& a, int sm_count) {
   if (group <= 1 || ctas == 0 || sm_count <= 0 || ctas >= 4 * int64_t(sm_count)) return 1;
   int64_t longest = 0, total = 0;  // query blocks met by one key block: the most, the sum
   for (int n = 0; n < n_blocks; ++n) {
-    const int64_t met = std::max(0, Kernel::query_blocks(a) - Kernel::first_query_block(a, n));
+    const int64_t met =
+        std::max(0, Kernel::end_query_block(a, n) - Kernel::first_query_block(a, n));
     longest = std::max(longest, met);
     total += met;
   }

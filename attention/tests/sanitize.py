@@ -190,6 +190,7 @@ def backward_calls(k, dtype, device, deterministic, small):
         (130, 200, 64, (-1, -1)),  # the Hopper backward's too
         (200, 130, 96, (40, 0)),
         (150, 201, 128, (-1, -1)),  # the Hopper backward's, on capability 9.0 with atomics
+        (201, 150, 128, (64, 8)),  # the Hopper backward's, in a band
         (200, 130, 128, (-1, -1)),
         (130, 150, 256, (-1, -1)),  # two warps a key slab
         (70, 100, 192, (30, 5)),  # the 256 instance, zero columns past 192

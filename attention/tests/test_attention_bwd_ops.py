@@ -151,8 +151,8 @@ CASES = [
     (70, 100, 2, 1, 192, False, (30, 5), 10.0, True),  # on CUDA the 256 instance, zero columns
     (65, 80, 2, 2, 100, True, (-1, -1), 0.0, False),  # CUDA: zero-padded copies (head dim 104)
 ]
-# What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128, no
-# window or score modifier; MQA with more keys than queries, causal with rows that see no key.
+# What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128,
+# any window, no score modifier; MQA with more keys than queries, causal with rows that see no key.
 # The Hopper kernel splits a GQA group over several CTAs when one CTA per (key block, kv head,
 # batch) would leave the GPU unevenly loaded (group_splits in attention_sm90_bwd.cuh). On an
 # H100 or H200 (114-132 SMs) the small cases split each group all the way (into one CTA per query
@@ -165,6 +165,13 @@ HOPPER_CASES = [
     (100, 140, 4, 2, 120, True, (-1, -1), 0.0, False),  # zero-padded copies of head dim 128
     (1024, 1024, 32, 8, 128, True, (-1, -1), 0.0, False),
     (1024, 1024, 32, 8, 64, False, (-1, -1), 0.0, False),
+    # Sliding windows: a band on both sides; causal with a left side and more keys than queries;
+    # a right side only with more queries than keys (rows 0-129 see no key); Mistral's window at
+    # Llama's heads (the split group).
+    (200, 130, 4, 2, 128, False, (40, 10), 0.0, False),
+    (150, 300, 4, 1, 64, True, (70, 0), 0.0, False),
+    (300, 150, 4, 2, 128, False, (-1, 20), 0.0, False),
+    (1024, 1024, 32, 8, 128, True, (256, 0), 0.0, False),
 ]
 
 
@@ -341,8 +348,9 @@ def test_bwd_atomic_dq_matches_deterministic(kernel, device, case, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_bwd_hopper_kernel_runs(kernel, device, dtype, head_dim, monkeypatch):
     """Capability 9.0: a deterministic=False backward at head dim 64 or 128 runs the Hopper
-    kernel (its gradients are checked by test_bwd_hopper_cases_against_float64_autograd), and
-    neither deterministic=True nor ATTENTION_HOPPER=0 does."""
+    kernel, with a sliding window too (its gradients are checked by
+    test_bwd_hopper_cases_against_float64_autograd), and neither deterministic=True nor
+    ATTENTION_HOPPER=0 does."""
     if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper backward runs on capability 9.0")
     q = randn((2, 200, 4, head_dim), dtype, device, seed=11).requires_grad_()
@@ -356,6 +364,7 @@ def test_bwd_hopper_kernel_runs(kernel, device, dtype, head_dim, monkeypatch):
         return " ".join(e.name for e in prof.events())
 
     assert "attn_bwd_sm90" in kernels_of()
+    assert "attn_bwd_sm90" in kernels_of(window_size=(40, 0))  # a sliding window too
     assert "attn_bwd_sm90" not in kernels_of(deterministic=True)
     monkeypatch.setenv("ATTENTION_HOPPER", "0")
     assert "attn_bwd_sm90" not in kernels_of()
