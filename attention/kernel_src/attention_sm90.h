@@ -41,7 +41,8 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
 
 // Whether the Hopper backward (attention_sm90_bwd.cuh) computes `p` (attention_params.h
 // semantics). True exactly when all of these hold:
-//   - dtype float16 or bfloat16; head_dim exactly 64 or 128;
+//   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 128 (it runs on the
+//     instance of 64 or 128 at or above it, reading its tensors as zero-padded);
 //   - fixed-length batches and no score modifier (as supports() above); causal or not, with or
 //     without a sliding window (any window_left / window_right);
 //   - fwd.lse set; heads_q a multiple of heads_kv;
@@ -54,9 +55,9 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
 bool bwd_supports(const AttnBwdParams& p);
 
 // The fp32 workspace bwd() needs on a device of sm_count SMs, in floats: batch * heads_q *
-// round_up(seqlen_q, 64) * (head_dim + 2) (the dQ accumulator, lse and D), plus 2 * splits *
-// batch * heads_kv * seqlen_k * head_dim when few CTAs lead the kernel to split each GQA group
-// over `splits` of them (the dK / dV partials).
+// round_up(seqlen_q, 64) * (instance + 2) (the dQ accumulator, lse and D), plus 2 * splits *
+// batch * heads_kv * seqlen_k * instance when few CTAs lead the kernel to split each GQA group
+// over `splits` of them (the dK / dV partials); instance: the kernel's head dim, 64 or 128.
 int64_t bwd_workspace_floats(const AttnBwdParams& p, int sm_count);
 
 // Enqueues the backward of `p` (bwd_supports(p) true) on `stream` for a device of sm_count SMs,

@@ -50,16 +50,24 @@ void set_band(const AttnFwdParams& f, KernelArgs* a) {
   a->window_right = right >= 0 && right < f.seqlen_q - 1 ? static_cast<int>(right) : -1;
 }
 
+// The kernel instance a head dim runs on: 64 or 128, the smallest at least as wide, for multiples
+// of 8 above 32 (the forward's rule, attention_sm90.cu); 0 for none. The tensors are read as
+// zero-padded to it; the workspace tiles and partials have its width.
+int64_t instance_for(int64_t head_dim) {
+  if (head_dim % 8 != 0 || head_dim <= 32 || head_dim > 128) return 0;
+  return head_dim <= 64 ? 64 : 128;
+}
+
 // Floats of the dK / dV partials of `splits` splits (none unsplit).
 int64_t partial_floats(const AttnBwdParams& p, int splits) {
   const AttnFwdParams& f = p.fwd;
-  return splits > 1 ? 2 * splits * f.batch * f.heads_kv * f.seqlen_k * f.head_dim : 0;
+  return splits > 1 ? 2 * splits * f.batch * f.heads_kv * f.seqlen_k * instance_for(f.head_dim) : 0;
 }
 
 Workspace workspace_of(const AttnBwdParams& p, float* base) {
   const AttnFwdParams& f = p.fwd;
   const int64_t rows = f.batch * f.heads_q * padded_rows(f.seqlen_q);
-  return {base, base + rows, base + 2 * rows, base + rows * (2 + f.head_dim), rows};
+  return {base, base + rows, base + 2 * rows, base + rows * (2 + instance_for(f.head_dim)), rows};
 }
 
 // One row of 16 lanes: D = rowsum(dO * O) in fp32, and lse * log2(e); past seqlen_q 0 and +inf
@@ -120,6 +128,7 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
   a.seqlen_q = static_cast<int>(f.seqlen_q);
   a.seqlen_k = static_cast<int>(f.seqlen_k);
   a.seqlen_q_padded = static_cast<int>(padded_rows(f.seqlen_q));
+  a.head_dim = static_cast<int>(f.head_dim);
   a.q_row = tma_stride(f.q_row_stride);
   a.q_head = tma_stride(f.q_head_stride);
   a.q_batch = tma_stride(f.q_batch_stride);
@@ -150,7 +159,7 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
 // tile shape only, and reads no pointer of the arguments).
 int group_splits_of(const AttnBwdParams& p, int sm_count) {
   const KernelArgs a = kernel_args(p, Workspace{}, 1);
-  return p.fwd.head_dim == 64
+  return instance_for(p.fwd.head_dim) == 64
              ? attention::sm90::group_splits<Kernel<cutlass::half_t, 64>>(a, sm_count)
              : attention::sm90::group_splits<Kernel<cutlass::half_t, 128>>(a, sm_count);
 }
@@ -160,7 +169,8 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStre
   const AttnFwdParams& f = p.fwd;
   const int64_t padded = padded_rows(f.seqlen_q);
   if (w.rows > 0) {
-    cudaError_t err = cudaMemsetAsync(w.dq_accum, 0, sizeof(float) * w.rows * f.head_dim, stream);
+    const size_t dq_floats = w.rows * instance_for(f.head_dim);
+    cudaError_t err = cudaMemsetAsync(w.dq_accum, 0, sizeof(float) * dq_floats, stream);
     if (err != cudaSuccess) return err;
     const int64_t blocks = (w.rows * 16 + 255) / 256;
     attn_bwd_sm90_preprocess_kernel<Element>
@@ -168,8 +178,8 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStre
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const KernelArgs a = kernel_args(p, w, splits);
-  return f.head_dim == 64 ? attention::sm90::run_bwd<Kernel<Element, 64>>(a, stream)
-                          : attention::sm90::run_bwd<Kernel<Element, 128>>(a, stream);
+  return instance_for(f.head_dim) == 64 ? attention::sm90::run_bwd<Kernel<Element, 64>>(a, stream)
+                                        : attention::sm90::run_bwd<Kernel<Element, 128>>(a, stream);
 }
 
 }  // namespace
@@ -177,7 +187,7 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStre
 bool bwd_supports(const AttnBwdParams& p) {
   const AttnFwdParams& f = p.fwd;
   if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
-  if (f.head_dim != 64 && f.head_dim != 128) return false;
+  if (instance_for(f.head_dim) == 0) return false;
   if (f.cu_seqlens_q != nullptr || f.cu_seqlens_k != nullptr || f.seqused_k != nullptr ||
       f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || f.block_table != nullptr) {
     return false;
@@ -225,7 +235,7 @@ bool bwd_supports(const AttnBwdParams& p) {
 
 int64_t bwd_workspace_floats(const AttnBwdParams& p, int sm_count) {
   const AttnFwdParams& f = p.fwd;
-  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + f.head_dim) +
+  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + instance_for(f.head_dim)) +
          partial_floats(p, group_splits_of(p, sm_count));
 }
 

@@ -21,9 +21,12 @@
 //     rounds into dq;
 //   - the epilogue scales dK by the softmax scale and writes dK / dV in the input type.
 // Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
-// written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0.
-// Covered: fp16 / bf16, head dims 64 and 128, fixed-length batches with any 16-byte-aligned strides,
-// MQA / GQA, non-causal, causal (bottom-right) and sliding windows (any left / right band).
+// written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0. Columns
+// past a narrower tensor's head dim load as zeros too: they add nothing to S or dP, their dK, dV
+// and dQ columns are zero and not written.
+// Covered: fp16 / bf16, head dims 64 and 128 (and the multiples of 8 from 40 below them),
+// fixed-length batches with any 16-byte-aligned strides, MQA / GQA, non-causal, causal
+// (bottom-right) and sliding windows (any left / right band).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -70,6 +73,10 @@ struct BwdArgs {
   void* dk;
   void* dv;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_padded;
+  // The tensors' head dim: the kernel's, or (a multiple of 8) below it, read as zero-padded to
+  // it (tma_gmem_tensor), their gradients written up to it. The workspace tiles and partials keep
+  // the kernel's head dim.
+  int head_dim;
   int group_splits;  // CTAs sharing the query heads of one kv head's group: a divisor of the group
   int64_t q_row, q_head, q_batch;
   int64_t k_row, k_head, k_batch;
@@ -177,8 +184,8 @@ struct BwdKernel {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
-  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, Int<kHeadDim>>;
-  using GTensor = decltype(gmem_tensor(nullptr, Int<kHeadDim>{}, 0, 0, 0, 0, 0, 0));
+  static constexpr auto gmem_tensor = tma_gmem_tensor<Element, int>;
+  using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0, 0));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, take<0, 2>(SmemLayoutQ{})));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GTensor{}, SmemLayoutK{}));
 
@@ -194,7 +201,7 @@ struct BwdKernel {
   static Params make_params(const BwdArgs& a) {
     // A TMA descriptor needs a row even where a dimension is empty (nothing is loaded then).
     const int rows_q = a.seqlen_q > 0 ? a.seqlen_q : 1, rows_k = a.seqlen_k > 0 ? a.seqlen_k : 1;
-    constexpr auto d = Int<kHeadDim>{};
+    const int d = a.head_dim;
     auto gq = gmem_tensor(a.q, d, rows_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
     auto gdo = gmem_tensor(a.dout, d, rows_q, a.heads_q, a.batch, a.do_row, a.do_head, a.do_batch);
     auto gk = gmem_tensor(a.k, d, rows_k, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
@@ -547,7 +554,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Element* dv = static_cast<Element*>(a.dv) + batch * a.dv_batch + head_kv * a.dv_head;
   for (int i = 0; i < size(tDkrDk); i += 2) {
     const int key = key0 + get<0>(tDkcDk(i)), col = get<1>(tDkcDk(i));
-    if (key < a.seqlen_k) {
+    if (key < a.seqlen_k && col < a.head_dim) {
       *reinterpret_cast<uint32_t*>(dk + key * a.dk_row + col) =
           pack_pair<Element>(tDkrDk(i) * a.softmax_scale, tDkrDk(i + 1) * a.softmax_scale);
       *reinterpret_cast<uint32_t*>(dv + key * a.dv_row + col) =
@@ -586,7 +593,7 @@ __global__ void __launch_bounds__(Kernel::kDqThreads)
   for (int idx = tid; idx < kBlockM * kHeadDim / 2; idx += Kernel::kDqThreads) {
     const int r = idx / (kHeadDim / 2), d = idx % (kHeadDim / 2) * 2;
     const int row = m_block * kBlockM + r;
-    if (row < a.seqlen_q) {
+    if (row < a.seqlen_q && d < a.head_dim) {
       *reinterpret_cast<uint32_t*>(dq + int64_t(row) * a.dq_row + d) =
           pack_pair<Element>(tile[r][d] * a.softmax_scale, tile[r][d + 1] * a.softmax_scale);
     }
@@ -616,6 +623,7 @@ __global__ void __launch_bounds__(256) attn_bwd_sm90_dkv_reduce_kernel(const Bwd
     sum.w += v.w;
   }
   const int col = at % kHeadDim;
+  if (col >= a.head_dim) return;      // padding columns (4 at a time: head_dim is a multiple of 8)
   const int64_t row = at / kHeadDim;  // (batch, kv head, key)
   const int key = row % a.seqlen_k;
   const int64_t bh = row / a.seqlen_k;

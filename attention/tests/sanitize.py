@@ -188,7 +188,8 @@ def backward_calls(k, dtype, device, deterministic, small):
     for sq, sk, d, window in (
         (77, 77, 32, (-1, -1)),
         (130, 200, 64, (-1, -1)),  # the Hopper backward's too
-        (200, 130, 96, (40, 0)),
+        (200, 130, 96, (40, 0)),  # Hopper: the 128 instance, zero-filled columns, a window
+        (150, 130, 40, (-1, -1)),  # Hopper: the 64 instance
         (150, 201, 128, (-1, -1)),  # the Hopper backward's, on capability 9.0 with atomics
         (201, 150, 128, (64, 8)),  # the Hopper backward's, in a band
         (200, 130, 128, (-1, -1)),

@@ -152,7 +152,7 @@ CASES = [
     (65, 80, 2, 2, 100, True, (-1, -1), 0.0, False),  # CUDA: zero-padded copies (head dim 104)
 ]
 # What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128,
-# any window, no score modifier; MQA with more keys than queries, causal with rows that see no key.
+# and the multiples of 8 from 40 below them (zero-padded by TMA), any window, no score modifier; MQA with more keys than queries, causal with rows that see no key.
 # The Hopper kernel splits a GQA group over several CTAs when one CTA per (key block, kv head,
 # batch) would leave the GPU unevenly loaded (group_splits in attention_sm90_bwd.cuh). On an
 # H100 or H200 (114-132 SMs) the small cases split each group all the way (into one CTA per query
@@ -162,7 +162,11 @@ HOPPER_CASES = [
     (200, 130, 4, 2, 128, True, (-1, -1), 0.0, False),
     (150, 150, 4, 2, 64, True, (-1, -1), 0.0, False),
     (77, 300, 2, 1, 64, False, (-1, -1), 0.0, False),
-    (100, 140, 4, 2, 120, True, (-1, -1), 0.0, False),  # zero-padded copies of head dim 128
+    (100, 140, 4, 2, 120, True, (-1, -1), 0.0, False),  # the 128 instance, zero-filled columns
+    (130, 200, 4, 2, 96, False, (-1, -1), 0.0, False),  # Phi-3's head dim, on the 128 instance
+    (200, 130, 4, 1, 80, True, (-1, -1), 0.0, False),
+    (150, 150, 4, 2, 40, True, (-1, -1), 0.0, False),  # the 64 instance
+    (1024, 1024, 32, 8, 96, True, (-1, -1), 0.0, False),  # a split group at head dim 96
     (1024, 1024, 32, 8, 128, True, (-1, -1), 0.0, False),
     (1024, 1024, 32, 8, 64, False, (-1, -1), 0.0, False),
     # Sliding windows: a band on both sides; causal with a left side and more keys than queries;
@@ -344,10 +348,10 @@ def test_bwd_atomic_dq_matches_deterministic(kernel, device, case, monkeypatch):
         )
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_bwd_hopper_kernel_runs(kernel, device, dtype, head_dim, monkeypatch):
-    """Capability 9.0: a deterministic=False backward at head dim 64 or 128 runs the Hopper
+    """Capability 9.0: a deterministic=False backward at head dims 40 to 128 runs the Hopper
     kernel, with a sliding window too (its gradients are checked by
     test_bwd_hopper_cases_against_float64_autograd), and neither deterministic=True nor
     ATTENTION_HOPPER=0 does."""
