@@ -580,7 +580,8 @@ bool attn_fwd_tile_counter_needed(const AttnFwdParams& p) {
   if (!params_ok(p, &empty) || empty) return false;
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return false;
-  return use_hopper(p, dev) && p.causal;
+  // Causal and windowed tiles read unequal numbers of key blocks.
+  return use_hopper(p, dev) && (p.causal || p.window_left >= 0 || p.window_right >= 0);
 }
 
 int64_t attn_bwd_hopper_workspace(const AttnBwdParams& p) {

@@ -59,6 +59,15 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   a.o_batch = p.out_batch_stride;
   a.softmax_scale = p.softmax_scale;
   a.causal = p.causal;
+  // A side at least seqlen_q + seqlen_k wide bounds nothing (supports() keeps that sum in int32).
+  const auto side = [&](int64_t w) {
+    return w < 0 || w >= p.seqlen_q + p.seqlen_k ? -1 : static_cast<int>(w);
+  };
+  a.window_left = side(p.window_left);
+  a.window_right = p.causal ? 0 : side(p.window_right);
+  a.softcap = p.softcap;
+  a.alibi = p.alibi_slopes;
+  a.alibi_batch = p.alibi_batch_stride;
   a.tile_counter = p.tile_counter;
   a.tile_group = 1;  // head by head; fwd() sizes the causal groups
   return a;
@@ -113,13 +122,13 @@ bool supports(const AttnFwdParams& p) {
       p.kv_batch_idx != nullptr || p.leftpad_k != nullptr || p.block_table != nullptr) {
     return false;
   }
-  if (p.softcap != 0.0f || p.alibi_slopes != nullptr) return false;
-  if (p.window_left >= 0 || (p.window_right >= 0 && !p.causal)) return false;
   if (p.num_splits > 1) return false;
   if (p.seqlen_q < kMinSeqlenQ) return false;
   for (const int64_t n : {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k}) {
     if (n < 0 || n > kMax32) return false;
   }
+  // The band's bounds, row + seqlen_k - seqlen_q + window, in int32.
+  if (2 * (p.seqlen_q + p.seqlen_k) > kMax32) return false;
   if (p.batch * p.heads_q > kMax32 / ceil_div(p.seqlen_q, kMinBlockM)) return false;
   const struct {
     int64_t stride, extent;

@@ -1,6 +1,6 @@
 // attention_sm90_fragments.cuh: register-level helpers shared by the Hopper attention forward
 // (attention_sm90_fwd.cuh) and backward (attention_sm90_bwd.cuh): views of a wgmma accumulator
-// fragment, the exp2 they both use and packed conversion to the input type.
+// fragment, the exp2 (and tanh) they use and packed conversion to the input type.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +31,19 @@ CUTE_HOST_DEVICE auto acc_rows_cols(Layout acc) {
                      make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
 }
 
+constexpr float kLog2e = 1.44269504088896340736f, kLn2 = 0.69314718055994530942f;
+
 // exp2 on the MUFU unit, subnormal results flushed to zero (they vanish in the fp32 sums).
 CUTE_DEVICE float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh on the MUFU unit (relative error about 2^-11, below the bf16 / fp16 rounding of P).
+CUTE_DEVICE float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 

@@ -14,7 +14,8 @@
 //   - the epilogue divides by the row sums, stages O in the tile's Q buffer and writes it in
 //     16-byte chunks; the log-sum-exp from registers.
 // Covered: fp16 / bf16, head_dim 64 / 96 / 128 / 192 / 256, fixed-length batches with any strides
-// (16-byte aligned), MQA / GQA, non-causal and causal (bottom-right), any seqlen_q / seqlen_k.
+// (16-byte aligned), MQA / GQA, non-causal, causal (bottom-right) and sliding windows, softcap and
+// ALiBi, any seqlen_q / seqlen_k.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,7 +55,17 @@ struct FwdArgs {
   int64_t v_row, v_head, v_batch;
   int64_t o_row, o_head, o_batch;
   float softmax_scale;
+  // Causal: the query tiles' work is unequal, so they go longest first (TileOrder).
   bool causal;
+  // The visible band (attention_params.h): key j is seen by query i iff i + diag - window_left <=
+  // j <= i + diag + window_right, diag = seqlen_k - seqlen_q; -1 leaves a side unbounded (causal
+  // carries window_right 0). Both below seqlen_q + seqlen_k.
+  int window_left, window_right;
+  // Score modifiers (attention_params.h): softcap 0 for none; alibi null for none, else the
+  // slope of (batch b, head h) at alibi[b * alibi_batch + h].
+  float softcap;
+  const float* alibi;
+  int64_t alibi_batch;
   // (head, batch) pairs of a tile group (TileOrder), chosen by the host: divides heads_q * batch.
   int tile_group;
   // Zeroed by the caller before each launch: CTAs take their next tile from it (atomicAdd), so
@@ -170,7 +181,14 @@ struct FwdKernel {
     TmaQ tma_q;
     TmaK tma_k;
     TmaK tma_v;
-    float scale_log2;  // softmax_scale * log2(e)
+    // The softmax takes scores x in the registers to exp2(x * scale_log2 - max * scale_log2), and
+    // the lse is max * lse_scale + log(sum). Raw dot products: softmax_scale * log2(e) and
+    // softmax_scale. With a score modifier (softcap or ALiBi) the scores are turned into log2
+    // units first (apply_score_mod): 1 and ln(2).
+    float scale_log2, lse_scale;
+    bool score_mod;
+    // softcap: softmax_scale / softcap and softcap * log2(e); else softmax_scale * log2(e), 0.
+    float softcap_scale, softcap_log2;
   };
 
   static Params make_params(const FwdArgs& a) {
@@ -181,10 +199,16 @@ struct FwdKernel {
     const int keys = a.seqlen_k > 0 ? a.seqlen_k : 1;
     auto gk = gmem_tensor(a.k, d, keys, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
     auto gv = gmem_tensor(a.v, d, keys, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
-    return {a, make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
+    const bool score_mod = a.softcap != 0.0f || a.alibi != nullptr;
+    return {a,
+            make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
             make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(SmemLayoutK{})),
             make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(SmemLayoutV{})),
-            a.softmax_scale * 1.44269504088896340736f};
+            score_mod ? 1.0f : a.softmax_scale * kLog2e,
+            score_mod ? kLn2 : a.softmax_scale,
+            score_mod,
+            a.softcap != 0.0f ? a.softmax_scale / a.softcap : a.softmax_scale * kLog2e,
+            a.softcap * kLog2e};
   }
 
   CUTE_HOST_DEVICE static TileOrder tile_order(const FwdArgs& a) {
@@ -193,15 +217,20 @@ struct FwdKernel {
             a.causal ? a.tile_group : 1,    a.causal};
   }
 
-  // Key blocks [0, n_blocks) a query block reads: all of them, or (causal, bottom-right aligned:
-  // query i sees keys j <= i + seqlen_k - seqlen_q) up to its last row's diagonal.
-  CUTE_DEVICE static int key_blocks(const FwdArgs& a, int m_block) {
-    int keys = a.seqlen_k;
-    if (a.causal) {
-      const int last_row = min((m_block + 1) * kBlockM, a.seqlen_q) - 1;
-      keys = max(0, min(keys, last_row + a.seqlen_k - a.seqlen_q + 1));
-    }
-    return (keys + kBlockN - 1) / kBlockN;
+  // The key blocks [begin, end) a query block reads: those holding a key of the band of one of
+  // its rows (all of them without a window); none when no row sees a key.
+  struct KeyBlocks {
+    int begin, end;
+  };
+  CUTE_DEVICE static KeyBlocks key_blocks(const FwdArgs& a, int m_block) {
+    const int diag = a.seqlen_k - a.seqlen_q;
+    const int first_row = m_block * kBlockM;
+    const int last_row = min(first_row + kBlockM, a.seqlen_q) - 1;
+    int lo = 0, hi = a.seqlen_k;  // keys [lo, hi)
+    if (a.window_right >= 0) hi = min(hi, last_row + diag + a.window_right + 1);
+    if (a.window_left >= 0) lo = max(lo, first_row + diag - a.window_left);
+    if (hi <= lo) return {0, 0};
+    return {lo / kBlockN, (hi + kBlockN - 1) / kBlockN};
   }
 };
 
@@ -274,9 +303,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                            ? static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1)
                            : t + static_cast<int>(gridDim.x);
       const TileCoord c = order.at(t);
-      const int n_blocks = Kernel::key_blocks(a, c.m_block);
+      const auto blocks = Kernel::key_blocks(a, c.m_block);
       t = next;
-      if (n_blocks == 0) {  // nothing to load; the consumers write zeros
+      if (blocks.end == blocks.begin) {  // nothing to load; the consumers write zeros
         Barrier::arrive(&shared.q_full[buf]);
         continue;
       }
@@ -295,8 +324,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       TxBarrier::arrive_and_expect_tx(&shared.q_full[buf], kBlockM * kHeadDim * sizeof(Element));
       copy(params.tma_q.with(shared.q_full[buf]), tQg, tQs);
       // Key blocks from the last (the diagonal block of a causal tile, which needs masking)
-      // down to the first, so the consumers mask only their first iteration.
-      for (int n = n_blocks - 1; n >= 0; --n) {
+      // down to the first, so causal consumers mask only their first iteration (and, with a
+      // left window edge, their last ones).
+      for (int n = blocks.end - 1; n >= blocks.begin; --n) {
         pipe_k.producer_acquire(state);
         copy(params.tma_k.with(*pipe_k.producer_get_barrier(state)), tKg(_, n),
              tKs(_, state.index()));
@@ -366,11 +396,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     const int t = shared.tile[buf];
     if (t < 0) break;
     const TileCoord c = order.at(t);
-    const int n_blocks = Kernel::key_blocks(a, c.m_block);
+    const auto blocks = Kernel::key_blocks(a, c.m_block);
+    const int n_blocks = blocks.end - blocks.begin;
     Tensor sQw = local_tile(sQ(_, _, buf), Shape<_64, Int<kHeadDim>>{}, make_coord(consumer, 0));
     Tensor tSrQ = thr_qk.partition_fragment_A(sQw);
     const int row0 = c.m_block * kBlockM + consumer * 64;
-    const int diag = a.seqlen_k - a.seqlen_q;  // causal: key j visible to query i iff j <= i + diag
+    const int diag = a.seqlen_k - a.seqlen_q;  // the band is [i + diag - left, i + diag + right]
     for (int i = 0; i < kRows; ++i) {
       row_max[i] = -INFINITY;
       row_sum[i] = 0.0f;
@@ -400,18 +431,55 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       }
       warpgroup_commit_batch();
     };
-    // Masks keys beyond seqlen_k (the last block) and, causal, right of the diagonal.
-    const auto mask = [&](int n) {
-      const bool edge =
-          (n + 1) * kBlockN > a.seqlen_k || (a.causal && (n + 1) * kBlockN - 1 > row0 + diag);
-      if (!edge) return;
-      for (int i = 0; i < kRows; ++i) {
-        for (int j = 0; j < kCols; ++j) {
-          const int row = row0 + get<0>(tScS_rc(i, j));
-          const int col = n * kBlockN + get<1>(tScS_rc(i, j));
-          if (col >= a.seqlen_k || (a.causal && col > row + diag)) s_rc(i, j) = -INFINITY;
+    // Softcap and ALiBi (params.score_mod): the scores of key block n in log2 units,
+    //   softcap: softcap * log2(e) * tanh(x * softmax_scale / softcap), else x * softmax_scale *
+    //            log2(e);
+    //   ALiBi:   minus slope * log2(e) * |i + diag - j|.
+    // Each is one uniform branch around its loop; the plain path skips the function.
+    const float slope_log2 =
+        a.alibi != nullptr ? a.alibi[c.batch * a.alibi_batch + c.head] * kLog2e : 0.0f;
+    const auto apply_score_mod = [&](int n) {
+      if (a.softcap != 0.0f) {
+        for (int i = 0; i < size(tSrS); ++i) {
+          tSrS(i) = params.softcap_log2 * tanh_approx(tSrS(i) * params.softcap_scale);
+        }
+      } else {
+        for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= params.softcap_scale;
+      }
+      if (a.alibi != nullptr) {
+        for (int i = 0; i < kRows; ++i) {
+          for (int j = 0; j < kCols; ++j) {
+            const int row = row0 + get<0>(tScS_rc(i, j));
+            const int col = n * kBlockN + get<1>(tScS_rc(i, j));
+            s_rc(i, j) -= slope_log2 * static_cast<float>(abs(row + diag - col));
+          }
         }
       }
+    };
+    // Masks keys beyond seqlen_k (the last block) and those outside the band; only blocks that
+    // cross one of those edges for a row of this warpgroup have any.
+    const auto mask = [&](int n) {
+      const int key0 = n * kBlockN;
+      const bool right_edge =
+          a.window_right >= 0 && key0 + kBlockN - 1 > row0 + diag + a.window_right;
+      const bool left_edge = a.window_left >= 0 && key0 < row0 + 63 + diag - a.window_left;
+      if (key0 + kBlockN <= a.seqlen_k && !right_edge && !left_edge) return;
+      // Key key0 + c is visible from row0 + r iff c - r lies in [lo, hi]; a side the block lies
+      // inside is moved out of reach.
+      constexpr int kFar = 1 << 30;
+      const int lo = left_edge ? row0 + diag - a.window_left - key0 : -kFar;
+      const int hi = right_edge ? row0 + diag + a.window_right - key0 : kFar;
+      const int cols = a.seqlen_k - key0;
+      for (int i = 0; i < kRows; ++i) {
+        for (int j = 0; j < kCols; ++j) {
+          const int r = get<0>(tScS_rc(i, j)), col = get<1>(tScS_rc(i, j));
+          if (col >= cols || col - r < lo || col - r > hi) s_rc(i, j) = -INFINITY;
+        }
+      }
+    };
+    const auto score_mod_and_mask = [&](int n) {
+      if (params.score_mod) apply_score_mod(n);
+      mask(n);
     };
     // Online softmax of one block in place (S becomes P); correction[i] = exp2(old max - new
     // max) for the rows' O and sums.
@@ -448,7 +516,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(state);
-        mask(n_blocks - 1 - it);
+        score_mod_and_mask(blocks.end - 1 - it);
         softmax();
         rescale_o();
         convert_p();
@@ -469,7 +537,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       pipe_k.consumer_release(state);
-      mask(n_blocks - 1);
+      score_mod_and_mask(blocks.end - 1);
       softmax();  // O is still 0: no rescale
       convert_p();
       auto state_v = state;  // V of the block whose P is in registers
@@ -486,7 +554,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(state);
-        mask(n_blocks - 1 - it);
+        score_mod_and_mask(blocks.end - 1 - it);
         softmax();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
@@ -525,7 +593,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       }
       const int row = row0 + get<0>(tOcO_rc(i, 0));
       if (a.lse != nullptr && (tid & 3) == 0 && row < a.seqlen_q) {
-        a.lse[lse_base + row] = sum == 0.0f ? INFINITY : row_max[i] * a.softmax_scale + logf(sum);
+        a.lse[lse_base + row] = sum == 0.0f ? INFINITY : row_max[i] * params.lse_scale + logf(sum);
       }
     }
     NamedBarrier::sync(128, kWarpgroups + consumer);  // this warpgroup's slice is written

@@ -163,7 +163,7 @@ def prefill_calls(k, dtype, device):
     """Exact-size prefill calls, causal or not, with GQA and lengths off the tile sizes (on an
     H100 / H200 the Hopper kernel runs them: TMA loads past a tensor's end, the persistent tile
     hand-out, the epilogue staged in shared memory, head dims between the instances), plus fewer
-    keys than queries."""
+    keys than queries, windows and score modifiers."""
     for sq, sk, d in (
         (77, 77, 64),
         (400, 333, 64),
@@ -179,6 +179,13 @@ def prefill_calls(k, dtype, device):
         kv = [torch.randn(2, sk, 2, d, dtype=dtype, device=device) for _ in range(2)]
         for causal in (False, True):
             k.flash_attn_func(q, *kv, causal=causal)
+    # Windows (a band narrower than a key block, one side open), softcap and ALiBi
+    q = torch.randn(2, 300, 4, 128, dtype=dtype, device=device)
+    kv = [torch.randn(2, 333, 2, 128, dtype=dtype, device=device) for _ in range(2)]
+    slopes = torch.rand(2, 4, dtype=torch.float32, device=device)
+    k.flash_attn_func(q, *kv, window_size=(32, 8))
+    k.flash_attn_func(q, *kv, window_size=(100, -1), softcap=2.0)
+    k.flash_attn_func(q, *kv, causal=True, window_size=(64, 0), alibi_slopes=slopes)
 
 
 def backward_calls(k, dtype, device, deterministic, small):

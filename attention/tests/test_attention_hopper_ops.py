@@ -8,7 +8,8 @@ capability 9.0; skipped everywhere else, the CPU included.
   in the dtype), lse included: fp16 and bf16, head dims 64, 96, 128, 192 and 256, and 40, 80, 160
   and 224 between them, causal or not, GQA / MQA, odd lengths, fewer and more queries than keys
   (causal rows that see no key: out 0, lse +inf), batches of one and of several, strided views of
-  packed tensors; out and lse start as NaN and out is a view into a wider NaN buffer, so an
+  packed tensors, sliding windows (one- and two-sided, narrower than a key block), softcap and
+  ALiBi; out and lse start as NaN and out is a view into a wider NaN buffer, so an
   element left unwritten, or a column written past head_dim, fails.
 - Determinism (the same bits on a rerun), and agreement with the stage-1 kernels on the same
   inputs (ATTENTION_HOPPER=0): each is within the bound of the reference, so
@@ -60,12 +61,13 @@ def path_of(names: set) -> str:
     return "hopper" if hopper else "stage1"
 
 
-def attn_fwd(kernel, out, q, k, v, lse, causal, num_splits=0):
-    """The out-param op on a fixed-length batch: no index tensor, no score modifier or window,
-    the default scale."""
+def attn_fwd(
+    kernel, out, q, k, v, lse, causal, num_splits=0, window=(-1, -1), softcap=0.0, slopes=None
+):
+    """The out-param op on a fixed-length batch (no index tensor) at the default scale."""
     kernel.ops.attn_fwd(
-        out, q, k, v, lse, None, None, None, None, None, None, None, 0, 0, q.shape[-1] ** -0.5,
-        0.0, causal, -1, -1, num_splits,
+        out, q, k, v, lse, None, None, None, None, None, None, slopes, 0, 0, q.shape[-1] ** -0.5,
+        softcap, causal, window[0], window[1], num_splits,
     )  # fmt: skip
 
 
@@ -80,8 +82,8 @@ def qkv(b, sq, sk, h, hk, d, dtype, seed=0):
 # ---- (a) which calls take the Hopper path ----
 
 # name -> (call on a kernel, expected path). Eligible: fp16 / bf16, head dim a multiple of 8 in
-# 40..256 (36 is padded to 40 by the op), fixed length, no softcap / ALiBi / window, num_splits 0
-# or 1, seqlen_q >= 64.
+# 40..256 (36 is padded to 40 by the op), fixed length, num_splits 0 or 1, seqlen_q >= 64; any
+# mask and score modifier.
 B, S, H, HK = 2, 256, 8, 2
 
 
@@ -128,10 +130,10 @@ PATH_CASES = {
     "seqlen_q_64": (_eligible(True, sq=64), "hopper"),
     "num_splits_1": (_eligible(False, num_splits=1), "hopper"),
     "flash_attn_func_causal": (_func(causal=True), "hopper"),
-    "softcap": (_func(causal=True, softcap=5.0), "stage1"),
-    "window": (_func(window_size=(32, 0)), "stage1"),
-    "causal_window": (_func(causal=True, window_size=(32, -1)), "stage1"),
-    "alibi": (_func(causal=True, alibi=True), "stage1"),
+    "softcap": (_func(causal=True, softcap=5.0), "hopper"),
+    "window": (_func(window_size=(32, 0)), "hopper"),
+    "causal_window": (_func(causal=True, window_size=(32, -1)), "hopper"),
+    "alibi": (_func(causal=True, alibi=True), "hopper"),
     "head_dim_96": (_func(causal=True, d=96), "hopper"),
     "head_dim_256": (_func(causal=True, d=256), "hopper"),
     "head_dim_80": (_func(causal=True, d=80), "hopper"),
@@ -224,6 +226,55 @@ def test_hopper_strided_views(kernel, d):
             assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
             out, lse = _hopper_call(kernel, q, k, v, False)
             batch_check(out, q, k, v, lse, f"{dtype_id(dtype)} strided")
+
+
+# Masks and score modifiers: name -> (causal, window, softcap, ALiBi slopes per batch). Windows
+# narrower than a key block, wider than the keys, one-sided, and both around the diagonal.
+MODES = {
+    "window": (False, (32, 8), 0.0, False),
+    "window_left": (False, (100, -1), 0.0, False),
+    "window_right": (False, (-1, 3), 0.0, False),
+    "causal_window": (True, (200, -1), 0.0, False),
+    "wide_window": (False, (5000, 5000), 0.0, False),
+    "softcap": (True, (-1, -1), 2.0, False),
+    "alibi": (False, (-1, -1), 0.0, True),
+    "all": (True, (64, 0), 3.0, True),
+}
+MODE_CASES = [
+    (2, 300, 333, 4, 2, 128),
+    (1, 1000, 700, 4, 1, 64),  # more queries than keys: rows left of every window see no key
+    (2, 200, 250, 2, 2, 256),
+    (1, 130, 400, 4, 2, 80),
+]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", MODE_CASES, ids=_case_id)
+def test_hopper_masks_and_score_modifiers(kernel, case, mode):
+    b, sq, sk, h, hk, d = case
+    causal, window, softcap, alibi = MODES[mode]
+    slopes = alibi_slopes(h, "cuda", batch=b) if alibi else None
+    for dtype in (F16, BF16):
+        q, k, v = qkv(b, sq, sk, h, hk, d, dtype, seed=sum(case))
+        buf, out = nan_padded(q.shape, dtype, "cuda")
+        lse = torch.full((b, h, sq), float("nan"), dtype=F32, device="cuda")
+        call = lambda: attn_fwd(  # noqa: E731
+            kernel, out, q, k, v, lse, causal, window=window, softcap=softcap, slopes=slopes
+        )
+        assert path_of(traced(call)[1]) == "hopper"
+        untouched_past(buf, d, "Hopper out")
+        batch_check(
+            out,
+            q,
+            k,
+            v,
+            lse,
+            f"{dtype_id(dtype)} {mode}",
+            causal=causal,
+            window=window,
+            softcap=softcap,
+            slopes=None if slopes is None else list(slopes.unbind(0)),
+        )
 
 
 def test_no_key_at_all(kernel):
