@@ -86,6 +86,8 @@ struct AttnFwdParams {
 
   const int32_t* cu_seqlens_q = nullptr;  // varlen: [batch + 1]
   const int32_t* cu_seqlens_k = nullptr;  // varlen K/V (not with paged)
+  int64_t total_q = 0;                    // varlen: rows of the packed q (and out)
+  int64_t total_k = 0;                    // varlen K/V: rows of the packed k and v
   const int32_t* seqused_k = nullptr;     // [batch] keys used per sequence (cache_seqlens)
   const int32_t* kv_batch_idx = nullptr;  // [batch] cache_batch_idx
   const int32_t* leftpad_k = nullptr;     // [batch] cache_leftpad

@@ -68,6 +68,10 @@ KernelArgs kernel_args(const AttnFwdParams& p) {
   a.softcap = p.softcap;
   a.alibi = p.alibi_slopes;
   a.alibi_batch = p.alibi_batch_stride;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.cu_seqlens_k = p.cu_seqlens_k;
+  a.total_q = static_cast<int>(p.total_q);
+  a.total_k = static_cast<int>(p.total_k);
   a.tile_counter = p.tile_counter;
   a.tile_group = 1;  // head by head; fwd() sizes the causal groups
   return a;
@@ -118,24 +122,31 @@ using InstanceHeadDims = HeadDims<64, 96, 128, 192, 256>;
 bool supports(const AttnFwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
   if (InstanceHeadDims::instance_for(p.head_dim) == 0) return false;
-  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr ||
-      p.kv_batch_idx != nullptr || p.leftpad_k != nullptr || p.block_table != nullptr) {
+  // Fixed-length batches, or varlen with both q and k / v packed.
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen != (p.cu_seqlens_k != nullptr)) return false;
+  if (p.seqused_k != nullptr || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr ||
+      p.block_table != nullptr) {
     return false;
   }
   if (p.num_splits > 1) return false;
   if (p.seqlen_q < kMinSeqlenQ) return false;
-  for (const int64_t n : {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k}) {
+  for (const int64_t n :
+       {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.total_q, p.total_k}) {
     if (n < 0 || n > kMax32) return false;
   }
   // The band's bounds, row + seqlen_k - seqlen_q + window, in int32.
   if (2 * (p.seqlen_q + p.seqlen_k) > kMax32) return false;
   if (p.batch * p.heads_q > kMax32 / ceil_div(p.seqlen_q, kMinBlockM)) return false;
+  // The extents the descriptors take (make_params: varlen tensors are one batch of packed rows).
+  const int64_t batch = varlen ? 1 : p.batch;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const struct {
     int64_t stride, extent;
   } strides[] = {
-      {p.q_batch_stride, p.batch}, {p.q_row_stride, p.seqlen_q}, {p.q_head_stride, p.heads_q},
-      {p.k_batch_stride, p.batch}, {p.k_row_stride, p.seqlen_k}, {p.k_head_stride, p.heads_kv},
-      {p.v_batch_stride, p.batch}, {p.v_row_stride, p.seqlen_k}, {p.v_head_stride, p.heads_kv}};
+      {p.q_batch_stride, batch}, {p.q_row_stride, rows_q}, {p.q_head_stride, p.heads_q},
+      {p.k_batch_stride, batch}, {p.k_row_stride, rows_k}, {p.k_head_stride, p.heads_kv},
+      {p.v_batch_stride, batch}, {p.v_row_stride, rows_k}, {p.v_head_stride, p.heads_kv}};
   for (const auto& st : strides) {
     if (!tma_addressable(st.stride, st.extent)) return false;
   }

@@ -18,12 +18,13 @@ namespace sm90 {
 // accepts (attention_cuda.h's preconditions). True exactly when all of these hold:
 //   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 256 (it runs on the instance
 //     of 64, 96, 128, 192 or 256 at or above it, reading its tensors as zero-padded);
-//   - fixed-length batches: no cu_seqlens_q, cu_seqlens_k, seqused_k, kv_batch_idx, leftpad_k
-//     or block_table;
+//   - fixed-length batches, or varlen ones with both cu_seqlens_q and cu_seqlens_k (total_q and
+//     total_k set); no seqused_k, kv_batch_idx, leftpad_k or block_table;
 //   - any mask and score modifier: causal or not, sliding windows, softcap, ALiBi;
 //   - num_splits 0 or 1 (0, the backend's choice, is no split: this path never splits the keys);
 //   - seqlen_q >= 64: decode-sized queries stay on the stage-1 decode and split-KV kernels;
-//   - batch, heads_q, heads_kv, seqlen_q and seqlen_k fit in int32, and so do the number of
+//   - batch, heads_q, heads_kv, seqlen_q, seqlen_k, total_q and total_k fit in int32, and so do
+//     the number of
 //     64-row query tiles, batch * heads_q * ceil(seqlen_q / 64), and 2 * (seqlen_q + seqlen_k);
 //   - q/k/v strides, in bytes, below 2^40 and nonzero along every dimension of more than one
 //     index (the kernel loads them through TMA descriptors; a broadcast view, stride 0, stays
@@ -41,7 +42,8 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
 // semantics). True exactly when all of these hold:
 //   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 128 (it runs on the
 //     instance of 64 or 128 at or above it, reading its tensors as zero-padded);
-//   - fixed-length batches (as supports() above) and no score modifier (softcap 0, no ALiBi);
+//   - fixed-length batches (no cu_seqlens, seqused_k, kv_batch_idx, leftpad_k or block_table)
+//     and no score modifier (softcap 0, no ALiBi);
 //     causal or not, with or without a sliding window (any window_left / window_right);
 //   - fwd.lse set; heads_q a multiple of heads_kv;
 //   - batch, heads and lengths fit in int32, batch * heads_q <= 65535, ceil(seqlen_k / 128) <=

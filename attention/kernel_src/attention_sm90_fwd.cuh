@@ -14,7 +14,7 @@
 //   - the epilogue divides by the row sums, stages O in the tile's Q buffer and writes it in
 //     16-byte chunks; the log-sum-exp from registers.
 // Covered: fp16 / bf16, head_dim 64 / 96 / 128 / 192 / 256, fixed-length batches with any strides
-// (16-byte aligned), MQA / GQA, non-causal, causal (bottom-right) and sliding windows, softcap and
+// (16-byte aligned) and varlen batches (packed q and k / v), MQA / GQA, non-causal, causal (bottom-right) and sliding windows, softcap and
 // ALiBi, any seqlen_q / seqlen_k.
 #pragma once
 
@@ -68,6 +68,13 @@ struct FwdArgs {
   int64_t alibi_batch;
   // (head, batch) pairs of a tile group (TileOrder), chosen by the host: divides heads_q * batch.
   int tile_group;
+  // Varlen (both null for a fixed-length batch): sequence b is rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) of the packed q and out and rows [cu_seqlens_k[b], cu_seqlens_k[b + 1])
+  // of the packed k and v (batch extent 1; total_q / total_k rows each); seqlen_q and seqlen_k
+  // are the longest lengths. The lse is then [heads_q, total_q].
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int total_q, total_k;
   // Zeroed by the caller before each launch: CTAs take their next tile from it (atomicAdd), so
   // unequal causal tiles balance across SMs. Null: a static round robin over the tiles.
   int* tile_counter;
@@ -81,6 +88,48 @@ struct FwdArgs {
 // are those of one group, whose K / V the host sizes to stay in L2. tile_group 1 is head by head.
 struct TileCoord {
   int m_block, head, head_kv, batch;
+};
+// The sequence of a tile: its lengths, and where its rows start in the packed tensors (varlen;
+// 0 otherwise).
+struct SeqInfo {
+  int seqlen_q, seqlen_k, q_offset, k_offset;
+};
+// What the producer hands the consumers with each Q buffer (m_block -1: no tile left).
+struct Tile {
+  TileCoord c;
+  SeqInfo seq;
+};
+
+// The tiles of a varlen batch, sequence by sequence (query block rank, then head, within one;
+// causal ranks count from the last block), walked by a cursor that only moves forward: each CTA
+// takes increasing tile indices (round robin, or in counter order), so finding the sequence of
+// each costs one step per sequence passed over the whole launch.
+struct VarlenCursor {
+  int batch = 0, first_tile = 0, tiles = -1, m_blocks = 0;
+  SeqInfo seq{};
+  // Moves to the sequence of tile t and returns its coordinates; false when t is past the last.
+  template <int kBlockM>
+  CUTE_DEVICE bool seek(const FwdArgs& a, int t, TileCoord& c) {
+    while (t >= first_tile + max(tiles, 0)) {
+      if (tiles >= 0) {
+        first_tile += tiles;
+        ++batch;
+      }
+      if (batch >= a.batch) return false;
+      seq.q_offset = a.cu_seqlens_q[batch];
+      seq.seqlen_q = a.cu_seqlens_q[batch + 1] - seq.q_offset;
+      seq.k_offset = a.cu_seqlens_k[batch];
+      seq.seqlen_k = a.cu_seqlens_k[batch + 1] - seq.k_offset;
+      m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
+      tiles = m_blocks * a.heads_q;
+    }
+    const int local = t - first_tile, rank = local / a.heads_q;
+    c.head = local - rank * a.heads_q;
+    c.m_block = a.causal ? m_blocks - 1 - rank : rank;
+    c.batch = batch;
+    c.head_kv = c.head / (a.heads_q / a.heads_kv);
+    return true;
+  }
 };
 struct TileOrder {
   int tiles, m_blocks, heads_q, group;  // group: query heads per K / V head
@@ -167,7 +216,9 @@ struct FwdKernel {
     typename Pipeline::SharedStorage pipe_v;
     alignas(8) uint64_t q_full[kQBuffers];
     uint64_t q_empty[kQBuffers];
-    int tile[kQBuffers];  // the tile of each Q buffer (-1: no tile left), written before q_full
+    Tile tile[kQBuffers];  // the tile of each Q buffer, written before q_full
+    // The producer's, kept here rather than in its 24-32 registers (it moves once per tile).
+    VarlenCursor cursor;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
@@ -193,12 +244,14 @@ struct FwdKernel {
 
   static Params make_params(const FwdArgs& a) {
     const int d = a.head_dim;
-    auto gq = gmem_tensor(a.q, d, a.seqlen_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const int queries = varlen ? a.total_q : a.seqlen_q, batch = varlen ? 1 : a.batch;
+    auto gq = gmem_tensor(a.q, d, queries, a.heads_q, batch, a.q_row, a.q_head, a.q_batch);
     // No key at all: nothing is loaded (every tile has 0 key blocks), but a TMA descriptor needs
     // a row.
-    const int keys = a.seqlen_k > 0 ? a.seqlen_k : 1;
-    auto gk = gmem_tensor(a.k, d, keys, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
-    auto gv = gmem_tensor(a.v, d, keys, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
+    const int keys = cute::max(varlen ? a.total_k : a.seqlen_k, 1);
+    auto gk = gmem_tensor(a.k, d, keys, a.heads_kv, batch, a.k_row, a.k_head, a.k_batch);
+    auto gv = gmem_tensor(a.v, d, keys, a.heads_kv, batch, a.v_row, a.v_head, a.v_batch);
     const bool score_mod = a.softcap != 0.0f || a.alibi != nullptr;
     return {a,
             make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
@@ -222,11 +275,11 @@ struct FwdKernel {
   struct KeyBlocks {
     int begin, end;
   };
-  CUTE_DEVICE static KeyBlocks key_blocks(const FwdArgs& a, int m_block) {
-    const int diag = a.seqlen_k - a.seqlen_q;
+  CUTE_DEVICE static KeyBlocks key_blocks(const FwdArgs& a, const SeqInfo& seq, int m_block) {
+    const int diag = seq.seqlen_k - seq.seqlen_q;
     const int first_row = m_block * kBlockM;
-    const int last_row = min(first_row + kBlockM, a.seqlen_q) - 1;
-    int lo = 0, hi = a.seqlen_k;  // keys [lo, hi)
+    const int last_row = min(first_row + kBlockM, seq.seqlen_q) - 1;
+    int lo = 0, hi = seq.seqlen_k;  // keys [lo, hi)
     if (a.window_right >= 0) hi = min(hi, last_row + diag + a.window_right + 1);
     if (a.window_left >= 0) lo = max(lo, first_row + diag - a.window_left);
     if (hi <= lo) return {0, 0};
@@ -281,40 +334,59 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     if (threadIdx.x != 0) return;
+    // Varlen: rows of the packed tensors, batch extent 1.
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const int q_rows = varlen ? a.total_q : a.seqlen_q, k_rows = varlen ? a.total_k : a.seqlen_k;
+    const int batches = varlen ? 1 : a.batch;
     Tensor mQ =
-        params.tma_q.get_tma_tensor(make_shape(a.seqlen_q, Int<kHeadDim>{}, a.heads_q, a.batch));
+        params.tma_q.get_tma_tensor(make_shape(q_rows, Int<kHeadDim>{}, a.heads_q, batches));
     Tensor mK =
-        params.tma_k.get_tma_tensor(make_shape(a.seqlen_k, Int<kHeadDim>{}, a.heads_kv, a.batch));
+        params.tma_k.get_tma_tensor(make_shape(k_rows, Int<kHeadDim>{}, a.heads_kv, batches));
     Tensor mV =
-        params.tma_v.get_tma_tensor(make_shape(a.seqlen_k, Int<kHeadDim>{}, a.heads_kv, a.batch));
+        params.tma_v.get_tma_tensor(make_shape(k_rows, Int<kHeadDim>{}, a.heads_kv, batches));
     auto state = cutlass::make_producer_start_state<Pipeline>();
+    VarlenCursor& cursor = shared.cursor;
+    cursor = VarlenCursor{};
     int t = blockIdx.x;
     for (int q_iter = 0;; ++q_iter) {
       const int buf = q_iter % Kernel::kQBuffers, use = q_iter / Kernel::kQBuffers;
       if (use > 0) Barrier::wait(&shared.q_empty[buf], (use - 1) & 1);
-      if (t >= order.tiles) {  // tell the consumers: no tile left
-        shared.tile[buf] = -1;
+      Tile tile;
+      const bool found = varlen ? cursor.seek<kBlockM>(a, t, tile.c) : t < order.tiles;
+      if (!found) {  // tell the consumers: no tile left
+        shared.tile[buf].c.m_block = -1;
         Barrier::arrive(&shared.q_full[buf]);
         break;
       }
-      shared.tile[buf] = t;
+      if (varlen) {
+        tile.seq = cursor.seq;
+      } else {
+        tile.c = order.at(t);
+        tile.seq = {a.seqlen_q, a.seqlen_k, 0, 0};
+      }
+      shared.tile[buf] = tile;
       // The next tile's index, asked for now: its latency hides behind this tile's loads.
       const int next = a.tile_counter != nullptr
                            ? static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1)
                            : t + static_cast<int>(gridDim.x);
-      const TileCoord c = order.at(t);
-      const auto blocks = Kernel::key_blocks(a, c.m_block);
+      const TileCoord& c = tile.c;
+      const auto blocks = Kernel::key_blocks(a, tile.seq, c.m_block);
       t = next;
       if (blocks.end == blocks.begin) {  // nothing to load; the consumers write zeros
         Barrier::arrive(&shared.q_full[buf]);
         continue;
       }
-      Tensor gQ = local_tile(mQ(_, _, c.head, c.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                             make_coord(c.m_block, 0));
-      Tensor gK = local_tile(mK(_, _, c.head_kv, c.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                             make_coord(_, 0));  // (kBlockN, d, n)
-      Tensor gV = local_tile(mV(_, _, c.head_kv, c.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                             make_coord(_, 0));
+      const int b = varlen ? 0 : c.batch;
+      Tensor gQ =
+          local_tile(domain_offset(make_coord(tile.seq.q_offset, _0{}), mQ(_, _, c.head, b)),
+                     Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(c.m_block, 0));
+      // (kBlockN, d, n)
+      Tensor gK =
+          local_tile(domain_offset(make_coord(tile.seq.k_offset, _0{}), mK(_, _, c.head_kv, b)),
+                     Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+      Tensor gV =
+          local_tile(domain_offset(make_coord(tile.seq.k_offset, _0{}), mV(_, _, c.head_kv, b)),
+                     Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
       auto [tQg, tQs] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sQ(_, _, buf)), group_modes<0, 2>(gQ));
       auto [tKg, tKs] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -393,15 +465,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   for (int q_iter = 0;; ++q_iter) {
     const int buf = q_iter % Kernel::kQBuffers;
     Barrier::wait(&shared.q_full[buf], (q_iter / Kernel::kQBuffers) & 1);
-    const int t = shared.tile[buf];
-    if (t < 0) break;
-    const TileCoord c = order.at(t);
-    const auto blocks = Kernel::key_blocks(a, c.m_block);
+    const Tile tile = shared.tile[buf];
+    if (tile.c.m_block < 0) break;
+    const TileCoord& c = tile.c;
+    const SeqInfo& seq = tile.seq;
+    const auto blocks = Kernel::key_blocks(a, seq, c.m_block);
     const int n_blocks = blocks.end - blocks.begin;
     Tensor sQw = local_tile(sQ(_, _, buf), Shape<_64, Int<kHeadDim>>{}, make_coord(consumer, 0));
     Tensor tSrQ = thr_qk.partition_fragment_A(sQw);
     const int row0 = c.m_block * kBlockM + consumer * 64;
-    const int diag = a.seqlen_k - a.seqlen_q;  // the band is [i + diag - left, i + diag + right]
+    const int diag = seq.seqlen_k - seq.seqlen_q;  // the band: [i + diag - left, i + diag + right]
     for (int i = 0; i < kRows; ++i) {
       row_max[i] = -INFINITY;
       row_sum[i] = 0.0f;
@@ -463,13 +536,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       const bool right_edge =
           a.window_right >= 0 && key0 + kBlockN - 1 > row0 + diag + a.window_right;
       const bool left_edge = a.window_left >= 0 && key0 < row0 + 63 + diag - a.window_left;
-      if (key0 + kBlockN <= a.seqlen_k && !right_edge && !left_edge) return;
+      if (key0 + kBlockN <= seq.seqlen_k && !right_edge && !left_edge) return;
       // Key key0 + c is visible from row0 + r iff c - r lies in [lo, hi]; a side the block lies
       // inside is moved out of reach.
       constexpr int kFar = 1 << 30;
       const int lo = left_edge ? row0 + diag - a.window_left - key0 : -kFar;
       const int hi = right_edge ? row0 + diag + a.window_right - key0 : kFar;
-      const int cols = a.seqlen_k - key0;
+      const int cols = seq.seqlen_k - key0;
       for (int i = 0; i < kRows; ++i) {
         for (int j = 0; j < kCols; ++j) {
           const int r = get<0>(tScS_rc(i, j)), col = get<1>(tScS_rc(i, j));
@@ -577,7 +650,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
     // Epilogue: O / row sum (rows without keys: 0) into this warpgroup's Q slice as pairs, then
     // out in 16-byte rows-contiguous chunks; the log-sum-exp from registers.
-    const int64_t lse_base = c.batch * a.lse_batch + c.head * a.lse_head;
+    const int64_t lse_base = c.batch * a.lse_batch + c.head * a.lse_head + seq.q_offset;
     for (int i = 0; i < kRows; ++i) {
       float sum = row_sum[i];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -592,18 +665,19 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
             pack_pair<Element>(o(i, j) * inv, o(i, j + 1) * inv);
       }
       const int row = row0 + get<0>(tOcO_rc(i, 0));
-      if (a.lse != nullptr && (tid & 3) == 0 && row < a.seqlen_q) {
+      if (a.lse != nullptr && (tid & 3) == 0 && row < seq.seqlen_q) {
         a.lse[lse_base + row] = sum == 0.0f ? INFINITY : row_max[i] * params.lse_scale + logf(sum);
       }
     }
     NamedBarrier::sync(128, kWarpgroups + consumer);  // this warpgroup's slice is written
     constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
     const int out_chunks = a.head_dim / 8;            // the tensor's: the rest are padding
-    Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head;
+    Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head +
+                   int64_t{seq.q_offset} * a.o_row;
     for (int idx = tid; idx < 64 * kChunks; idx += 128) {
       const int r = idx / kChunks, chunk = idx % kChunks;
       const int row = row0 + r;
-      if (row < a.seqlen_q && chunk < out_chunks) {
+      if (row < seq.seqlen_q && chunk < out_chunks) {
         *reinterpret_cast<uint4*>(out + row * a.o_row + chunk * 8) =
             *reinterpret_cast<const uint4*>(&sQw(r, chunk * 8));
       }

@@ -20,6 +20,7 @@ and needs minutes for them, and the small GQA calls already run the same split-g
 """
 
 import argparse
+import itertools
 import os
 from pathlib import Path
 
@@ -163,7 +164,7 @@ def prefill_calls(k, dtype, device):
     """Exact-size prefill calls, causal or not, with GQA and lengths off the tile sizes (on an
     H100 / H200 the Hopper kernel runs them: TMA loads past a tensor's end, the persistent tile
     hand-out, the epilogue staged in shared memory, head dims between the instances), plus fewer
-    keys than queries, windows and score modifiers."""
+    keys than queries, windows and score modifiers, and a varlen batch."""
     for sq, sk, d in (
         (77, 77, 64),
         (400, 333, 64),
@@ -186,6 +187,16 @@ def prefill_calls(k, dtype, device):
     k.flash_attn_func(q, *kv, window_size=(32, 8))
     k.flash_attn_func(q, *kv, window_size=(100, -1), softcap=2.0)
     k.flash_attn_func(q, *kv, causal=True, window_size=(64, 0), alibi_slopes=slopes)
+    # Packed sequences: an empty one, and the last key block of the batch at the tensor's end
+    lens_q, lens_k = [300, 0, 77, 130], [200, 50, 333, 130]
+    cu_q, cu_k = (
+        torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device)
+        for n in (lens_q, lens_k)
+    )
+    q = torch.randn(sum(lens_q), 4, 128, dtype=dtype, device=device)
+    kv = [torch.randn(sum(lens_k), 2, 128, dtype=dtype, device=device) for _ in range(2)]
+    for causal in (False, True):
+        k.flash_attn_varlen_func(q, *kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
 
 
 def backward_calls(k, dtype, device, deterministic, small):

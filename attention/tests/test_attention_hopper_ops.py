@@ -9,7 +9,7 @@ capability 9.0; skipped everywhere else, the CPU included.
   and 224 between them, causal or not, GQA / MQA, odd lengths, fewer and more queries than keys
   (causal rows that see no key: out 0, lse +inf), batches of one and of several, strided views of
   packed tensors, sliding windows (one- and two-sided, narrower than a key block), softcap and
-  ALiBi; out and lse start as NaN and out is a view into a wider NaN buffer, so an
+  ALiBi, varlen batches (empty sequences, key blocks that run into the next sequence's rows); out and lse start as NaN and out is a view into a wider NaN buffer, so an
   element left unwritten, or a column written past head_dim, fails.
 - Determinism (the same bits on a rerun), and agreement with the stage-1 kernels on the same
   inputs (ATTENTION_HOPPER=0): each is within the bound of the reference, so
@@ -32,6 +32,7 @@ from attention_cases import (
     pytorch_attention,
     randn,
     ref_attention,
+    sequences_check,
     untouched_past,
 )
 
@@ -143,7 +144,7 @@ PATH_CASES = {
     "seqlen_q_1": (_func(sq=1), "stage1"),
     "seqlen_q_63": (_func(causal=True, sq=63), "stage1"),
     "num_splits_2": (_eligible(False, num_splits=2), "stage1"),
-    "varlen": (_varlen, "stage1"),
+    "varlen": (_varlen, "hopper"),
     "kvcache_seqlens": (_kvcache, "stage1"),
     "broadcast_kv_batch": (_broadcast_kv, "stage1"),
 }
@@ -274,6 +275,65 @@ def test_hopper_masks_and_score_modifiers(kernel, case, mode):
             window=window,
             softcap=softcap,
             slopes=None if slopes is None else list(slopes.unbind(0)),
+        )
+
+
+# Varlen batches: (query lengths, key lengths, heads_q, heads_kv, head_dim). Empty query and key
+# sequences, one shorter than a tile, lengths off the tiles, and a key block of each sequence that
+# runs into the next one's rows (they must not count).
+VARLEN_CASES = [
+    ([300, 0, 64, 1, 513], [200, 50, 0, 700, 513], 4, 2, 128),
+    ([129, 577, 3], [577, 129, 90], 4, 1, 64),
+    ([250, 81], [333, 80], 2, 2, 256),
+    ([200, 100, 170], [100, 200, 170], 4, 2, 80),
+]
+
+
+def _varlen_id(c):
+    return "q{}_k{}_h{}x{}_d{}".format("-".join(map(str, c[0])), "-".join(map(str, c[1])), *c[2:])
+
+
+@pytest.mark.parametrize("mode", ["plain", "causal", "window", "all"])
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=_varlen_id)
+def test_hopper_varlen(kernel, case, mode):
+    lens_q, lens_k, h, hk, d = case
+    causal, window, softcap, alibi = {
+        "plain": (False, (-1, -1), 0.0, False),
+        "causal": (True, (-1, -1), 0.0, False),
+        "window": (False, (48, 16), 0.0, False),
+        "all": (True, (100, 0), 2.0, True),
+    }[mode]
+    batch = len(lens_q)
+    cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
+    slopes = alibi_slopes(h, "cuda", batch=batch) if alibi else None
+    for dtype in (F16, BF16):
+        q = randn((sum(lens_q), h, d), dtype, "cuda", seed=1)
+        k = randn((sum(lens_k), hk, d), dtype, "cuda", seed=2)
+        v = randn((sum(lens_k), hk, d), dtype, "cuda", seed=3)
+        buf, out = nan_padded(q.shape, dtype, "cuda")
+        lse = torch.full((h, sum(lens_q)), float("nan"), dtype=F32, device="cuda")
+
+        def call():
+            kernel.ops.attn_fwd(
+                out, q, k, v, lse, cu_q, cu_k, None, None, None, None, slopes, max(lens_q),
+                max(lens_k), d**-0.5, softcap, causal, window[0], window[1], 0,
+            )  # fmt: skip
+
+        assert path_of(traced(call)[1]) == "hopper"
+        untouched_past(buf, d, "Hopper varlen out")
+        bounds = list(zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]))
+        sequences_check(
+            list(out.split(lens_q)),
+            list(q.split(lens_q)),
+            list(k.split(lens_k)),
+            list(v.split(lens_k)),
+            d**-0.5,
+            f"{dtype_id(dtype)} varlen {mode}",
+            causal=causal,
+            window=window,
+            softcap=softcap,
+            slopes=None if slopes is None else list(slopes.unbind(0)),
+            lses=[lse[:, a:e] for a, e in bounds],
         )
 
 

@@ -755,6 +755,8 @@ AttnFwdParams make_params(const AttentionCall& c, const Geometry& g) {
   auto ptr = [](const OptTensor& t) { return present(t) ? t->const_data_ptr<int32_t>() : nullptr; };
   p.cu_seqlens_q = ptr(c.cu_seqlens_q);
   p.cu_seqlens_k = ptr(c.cu_seqlens_k);
+  if (g.varlen_q) p.total_q = g.total_q;
+  if (g.varlen_k) p.total_k = g.total_k;
   p.seqused_k = ptr(c.seqused_k);
   p.kv_batch_idx = ptr(c.kv_batch_idx);
   p.leftpad_k = ptr(c.leftpad_k);
