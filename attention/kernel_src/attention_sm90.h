@@ -34,8 +34,8 @@ bool supports(const AttnFwdParams& p);
 
 // Enqueues the forward of `p` (supports(p) true) on `stream` for a device of `sm_count` SMs and
 // `l2_bytes` of L2 (they set the tile order) and returns the launch status. It launches without
-// PDL whatever p.pdl_request asks, and reports nothing to p.errors (a fixed-length batch has no
-// key length to check).
+// PDL whatever p.pdl_request asks, and reports nothing to p.errors (no key length to check: the
+// keys of a sequence are seqlen_k rows, or its cu_seqlens_k difference).
 cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStream_t stream);
 
 // Whether the Hopper backward (attention_sm90_bwd.cuh) computes `p` (attention_params.h
