@@ -57,12 +57,13 @@ def _rope_rows(result: dict) -> bool:
 
 
 def _attention_rows(result: dict) -> bool:
-    """bf16 prefill at head_dim 128 (B * S = 16K tokens, S = 512 .. 16K, causal and not) and
+    """bf16 prefill at head_dim 128 (B * S = 16K tokens, S = 512 .. 16K, causal and not, and the
+    varlen batch of mixed lengths) and
     decode (GQA 32/8, head_dim 128) at batch 1 / 64 and KV length 4K / 32K, and batch 8 at 4K (where
     the split merge in a cluster shows), from a contiguous and a 16-token paged cache."""
     if result["dtype"] != "bfloat16" or result["head_dim"] != 128:
         return False
-    if result["op"] == "prefill":
+    if result["op"] in ("prefill", "varlen"):
         return True
     return (result["batch"], result["seqlen"]) in {
         (1, 4096),
@@ -207,6 +208,12 @@ def _ratio(key: str):
 
 
 def _attention_shape(r: dict) -> str:
+    if r["op"] == "varlen":
+        tokens = sum(r["lengths"])
+        return (
+            f"{r['batch']} sequences, {tokens} tokens (longest {r['seqlen']}) × H{r['heads_q']} × "
+            f"D{r['head_dim']}" + (", causal" if r["causal"] else "")
+        )
     if r["op"] == "prefill":
         return f"B{r['batch']} × S{r['seqlen']} × H{r['heads_q']} × D{r['head_dim']}" + (
             ", causal" if r["causal"] else ""
@@ -220,7 +227,7 @@ def _attention_shape(r: dict) -> str:
 
 
 def _attention_rate(r: dict) -> str:
-    if r["op"] == "prefill":
+    if r["op"] != "decode":
         return f"{r['tflops']['ours']:.0f} TFLOP/s"
     return f"{r['gbs']['ours']:.0f} GB/s"
 

@@ -147,6 +147,31 @@ def test_rmsnorm_table_follows_the_numbers():
     assert "Baselines: b." in table and "† The bytes moved fit in the L2 cache" in table
 
 
+def test_attention_varlen_row_shows_its_sequences():
+    """A varlen row of the attention sweep (packed sequences) renders with its sequence count,
+    tokens and longest length, and its rate in TFLOP/s."""
+    row = {
+        "op": "varlen",
+        "dtype": "bfloat16",
+        "batch": 3,
+        "seqlen": 4096,
+        "head_dim": 128,
+        "heads_q": 32,
+        "heads_kv": 32,
+        "causal": True,
+        "layout": "contiguous",
+        "lengths": [4096, 2048, 128],
+        "us": {"ours": 100.0},
+        "tflops": {"ours": 512.4},
+        "speedup_vs_sdpa_flash": 1.5,
+        "speedup_vs_sdpa_cudnn": None,
+    }
+    assert bench_table.ROW_FILTERS["attention"](row)
+    cells = [fn(row) for _, _, fn in bench_table.COLUMNS["attention"]]
+    assert cells[2] == "3 sequences, 6272 tokens (longest 4096) × H32 × D128, causal"
+    assert cells[4] == "512 TFLOP/s" and cells[6] == "1.50×" and cells[7] == "–"
+
+
 def _readme(*kernels):
     return "# r\n" + "".join(
         f"\n<!-- BEGIN bench:{k} -->\nstale\n<!-- END bench:{k} -->\n" for k in kernels
@@ -509,8 +534,12 @@ def test_attention_sweep_measures_the_readme_rows_first(monkeypatch, request):
     assert decode == {
         (b, kv, lay) for b in sweep.DECODE_BATCH for kv in sweep.DECODE_KV for lay in sweep.LAYOUTS
     }
+    varlen = [c for c in full if c.op == "varlen"]
+    assert {c.causal for c in varlen} == {True, False}
+    assert all(sum(c.lengths) == 16384 and c.seqlen == max(c.lengths) for c in varlen)
+    assert all(c.batch == len(c.lengths) and c.head_dim == 128 for c in varlen)
     shown = [bench_table.ROW_FILTERS["attention"](sweep.asdict(c)) for c in full]
-    assert all(shown[: sum(shown)]) and sum(shown) == 8 + 10
+    assert all(shown[: sum(shown)]) and sum(shown) == 8 + 10 + 2
     assert set(sweep.cases(quick=True)) <= set(full)
     args = sweep.parse_args(["--quick", "--budget-s", "30"])
     assert args.quick and args.budget_s == 30.0

@@ -18,7 +18,9 @@ query rows before timing it, then times ours and three baselines in the same pro
 Sizes: prefill B * S = 16K tokens at S in {512, 2K, 8K, 16K}, 32 heads, head_dim {64, 128, 256,
 192, 96}, causal and not, and causal at S in {2K, 16K} for head dims without an instance of their own
 {80, 160, 40, 224} (CUDA runs the next instantiated head dim, 96 / 192 / 64 / 256; their TFLOP/s
-count the actual head dim); decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1,
+count the actual head dim); a varlen prefill of 12 packed sequences of 128 to 4096 tokens (16K in
+all, head_dim 128, causal and not) through flash_attn_varlen_func, against PyTorch's FlashAttention-2
+varlen op and SDPA cuDNN / efficient on nested (jagged) tensors (non-causal only); decode GQA 32/8 head_dim 128, KV length {1K, 4K, 16K, 32K} x batch {1,
 8, 64} x {contiguous, paged 16, paged 256} (the baselines are timed once per batch and length, on
 the contiguous cache). Reported: time, TFLOP/s (prefill: 4 B H S^2 D, halved when causal), KV GB/s
 and % of the copy ceiling (decode: bytes of K and V read), and at S = 16K the peak memory each
@@ -62,6 +64,8 @@ PREFILL_HEAD_DIMS = [64, 128, 256, 192, 96]  # 192 and 96 last: the issue's grid
 BETWEEN_HEAD_DIMS = [80, 160, 40, 224]
 BETWEEN_SEQLENS = [2048, 16384]
 HEADS = 32
+# A varlen prefill: packed sequences of mixed lengths, 16K tokens in all (head dim 128).
+VARLEN_LENGTHS = (4096, 3000, 2048, 1800, 1536, 1024, 900, 700, 512, 400, 240, 128)
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 32, 8, 128
 DECODE_KV = [1024, 4096, 16384, 32768]
 DECODE_BATCH = [1, 8, 64]
@@ -80,13 +84,17 @@ CONTENDERS = {
     "kernel.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=...)",
     "ours_stage1": "prefill on capability 9.0 only: the same call with ATTENTION_HOPPER=0 (the sm_80+ "
     "kernel where the Hopper kernel would run)",
+    "ours (varlen)": "kernel.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max, max, causal=...) on "
+    "packed [total, H, D]; there sdpa_flash is aten._flash_attention_forward with the cumulative lengths "
+    "(FlashAttention-2 varlen), sdpa_cudnn / sdpa_efficient SDPA on nested (jagged) tensors (non-causal only)",
     "sdpa_flash": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION), [B, H, S, D]",
     "sdpa_cudnn": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION), [B, H, S, D]",
     "sdpa_efficient": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), [B, H, S, D]",
 }
 METHOD = (
     f"GPU time = median of 10 CUDA-graph replays, each of back-to-back calls filling about {REP_MS} ms "
-    "(triton do_bench_cudagraph); prefill FLOPs = 4 B H S^2 D (halved when causal); decode bytes = K and V "
+    "(triton do_bench_cudagraph); prefill FLOPs = 4 B H S^2 D (varlen: 4 H D times the sum of each "
+    "sequence's length squared), halved when causal; decode bytes = K and V "
     "read once (2 B L H_kv D x 2 bytes), % of copy against a 1 GiB device-to-device copy (best of before and "
     "after the sweep, same run); every contender's TFLOP/s and GB/s use those counts; each of our results is "
     f"checked on {SAMPLE_ROWS} sampled query rows against a float32 reference before timing (max error at most "
@@ -102,25 +110,44 @@ BASELINES_NOTE = (
 
 @dataclass(frozen=True)
 class Case:
-    op: str  # "prefill" | "decode"
+    op: str  # "prefill" | "varlen" | "decode"
     dtype: str
-    batch: int
-    seqlen: int  # prefill: S; decode: the KV length
+    batch: int  # varlen: sequences
+    seqlen: int  # prefill: S; varlen: the longest sequence; decode: the KV length
     head_dim: int
     heads_q: int
     heads_kv: int
     causal: bool = True
     layout: str = "contiguous"  # decode: contiguous | paged16 | paged256
+    lengths: tuple = ()  # varlen: each sequence's length
 
     @property
     def label(self) -> str:
+        causal = " causal" if self.causal else ""
         if self.op == "prefill":
-            return f"prefill B{self.batch} S{self.seqlen} H{self.heads_q} D{self.head_dim}{' causal' if self.causal else ''}"
+            return f"prefill B{self.batch} S{self.seqlen} H{self.heads_q} D{self.head_dim}{causal}"
+        if self.op == "varlen":
+            return f"varlen {self.batch} seqs {sum(self.lengths)} tokens H{self.heads_q} D{self.head_dim}{causal}"
         return f"decode B{self.batch} KV{self.seqlen} H{self.heads_q}/{self.heads_kv} D{self.head_dim} {self.layout}"
 
 
 def _prefill(s, d, causal):
     return Case("prefill", "bfloat16", PREFILL_TOKENS // s, s, d, HEADS, HEADS, causal)
+
+
+def _varlen(causal):
+    n, d = len(VARLEN_LENGTHS), HEADLINE_HEAD_DIM
+    return Case(
+        "varlen",
+        "bfloat16",
+        n,
+        max(VARLEN_LENGTHS),
+        d,
+        HEADS,
+        HEADS,
+        causal,
+        lengths=VARLEN_LENGTHS,
+    )
 
 
 def _decode(b, kv, layout):
@@ -131,14 +158,15 @@ def _decode(b, kv, layout):
 
 def cases(quick: bool) -> list[Case]:
     """Every case, in priority order: the README's rows (prefill head_dim 128, decode batch 1 / 64 at
-    4K / 32K and batch 8 at 4K, contiguous and paged 16), the head dims between the instances, then
-    the rest of the grid. A time-budget cut removes the end."""
+    4K / 32K and batch 8 at 4K, contiguous and paged 16, the varlen batch), the head dims between
+    the instances, then the rest of the grid. A time-budget cut removes the end."""
     if quick:
         return [_prefill(s, HEADLINE_HEAD_DIM, True) for s in (2048, 16384)] + [
             _decode(b, 32768, lay) for b in (1, 64) for lay in HEADLINE_LAYOUTS
         ]
     ordered = [_prefill(s, HEADLINE_HEAD_DIM, c) for c in (True, False) for s in PREFILL_SEQLENS]
     ordered += [_decode(b, kv, lay) for b, kv in HEADLINE_DECODE for lay in HEADLINE_LAYOUTS]
+    ordered += [_varlen(c) for c in (True, False)]
     ordered += [_prefill(s, d, True) for d in BETWEEN_HEAD_DIMS for s in BETWEEN_SEQLENS]
     ordered += [
         _prefill(s, d, c)
@@ -164,16 +192,20 @@ def selected(todo: list[Case], match: list[str]) -> list[Case]:
 
 
 def flops(case: Case) -> int:
-    if case.op != "prefill":
+    if case.op == "decode":
         return (
             4 * case.batch * case.heads_q * case.seqlen * case.head_dim
         )  # one query row per sequence
-    f = 4 * case.batch * case.heads_q * case.seqlen * case.seqlen * case.head_dim
+    squares = (
+        sum(n * n for n in case.lengths) if case.op == "varlen" else case.batch * case.seqlen**2
+    )
+    f = 4 * case.heads_q * squares * case.head_dim
     return f // 2 if case.causal else f
 
 
 def kv_bytes(case: Case) -> int:
-    return 2 * case.batch * case.seqlen * case.heads_kv * case.head_dim * 2
+    rows = sum(case.lengths) if case.op == "varlen" else case.batch * case.seqlen
+    return 2 * rows * case.heads_kv * case.head_dim * 2
 
 
 # ---- correctness before timing ----
@@ -308,6 +340,71 @@ def run_prefill(kernel, case: Case) -> dict:
     return result
 
 
+def run_varlen(kernel, case: Case) -> dict:
+    """Packed sequences through flash_attn_varlen_func. Baselines on the same packed rows:
+    sdpa_flash is PyTorch's FlashAttention-2 varlen op (aten._flash_attention_forward with
+    cumulative lengths, what SDPA runs for nested tensors); cuDNN and memory-efficient take the
+    sequences as nested (jagged) tensors [B, H, j, D], which SDPA accepts without a causal mask
+    only. A backend that rejects the call, or whose call a CUDA graph cannot hold, is null."""
+    dtype = getattr(torch, case.dtype)
+    lens = list(case.lengths)
+    offsets = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEVICE)
+    cu = offsets.to(torch.int32)
+    total, longest = sum(lens), max(lens)
+    shape = (total, case.heads_q, case.head_dim)
+    q = torch.randn(shape, dtype=dtype, device=DEVICE)
+    k = torch.randn(shape, dtype=dtype, device=DEVICE)
+    v = V_SCALE * torch.randn(shape, dtype=dtype, device=DEVICE)
+    ours = lambda: kernel.flash_attn_varlen_func(  # noqa: E731
+        q, k, v, cu, cu, longest, longest, causal=case.causal
+    )
+    calls = {"ours": ours}
+    if torch.cuda.get_device_capability() == (9, 0):
+        calls["ours_stage1"] = _stage1(ours)
+
+    def flash_varlen():
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, longest, longest, 0.0, case.causal, False
+        )[0]
+
+    nested = [
+        torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=longest).transpose(1, 2)
+        for t in (q, k, v)
+    ]
+    calls["sdpa_flash"] = flash_varlen
+    calls.update({name: sdpa(name, *nested, case.causal, False) for name in BASELINES[1:]})
+    out = ours()
+    try:
+        flash = flash_varlen()
+    except RuntimeError:
+        flash = None
+    for i in (0, len(lens) - 1):  # the longest sequence and the shortest
+        rows = slice(int(offsets[i]), int(offsets[i + 1]))
+        theirs = None if flash is None else flash[rows]
+        verify(
+            f"{case.label}, sequence {i}",
+            out[rows],
+            theirs,
+            q[rows],
+            k[rows],
+            v[rows],
+            case.causal,
+        )
+    del out, flash
+    us, errors = {}, {}
+    for name, fn in calls.items():
+        try:
+            us[name], err = _timed(fn)
+        except Exception as e:  # noqa: BLE001 (a nested-tensor call a CUDA graph cannot hold)
+            us[name], err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if err:
+            errors[name] = err
+    result = {"us": us}
+    if errors:
+        result["unsupported"] = errors
+    return result
+
+
 def _paged(k, v, block_size):
     b, L, hk, d = k.shape
     per_seq = L // block_size
@@ -369,7 +466,8 @@ def run_decode(kernel, case: Case) -> dict:
 
 
 def run_case(kernel, case: Case, copy_gbs: float) -> dict:
-    result = (run_prefill if case.op == "prefill" else run_decode)(kernel, case)
+    run = {"prefill": run_prefill, "varlen": run_varlen, "decode": run_decode}[case.op]
+    result = run(kernel, case)
     us = result.pop("us")
     f, nbytes = flops(case), kv_bytes(case)
     r = {
@@ -394,7 +492,7 @@ def _summary(r: dict) -> str:
     us = r["us"]["ours"]
     rate = (
         f"{r['tflops']['ours']:7.1f} TFLOP/s"
-        if r["op"] == "prefill"
+        if r["op"] != "decode"
         else (f"{r['gbs']['ours']:6.0f} GB/s ({100 * r['copy_fraction']:5.1f}% copy)")
     )
     vs = "  ".join(
@@ -462,7 +560,7 @@ def main():
     copy_gbs = benchlib.final_copy_ceiling(
         [r for r in results if r["op"] == "decode" and r["gbs"]["ours"]], copy_gbs
     )
-    order = {"prefill": 0, "decode": 1}
+    order = {"prefill": 0, "varlen": 1, "decode": 2}
     results.sort(
         key=lambda r: (
             order[r["op"]],
