@@ -9,7 +9,9 @@ machines (or hours) move by several percent; this puts the copies side by side.
     python attention/benchmarks/probe/sm90_fwd_ab.py /tmp/before attention/kernel_src
 
 (on an sm_90 GPU with CUDA torch and the nvidia-cutlass package). A copy from before 2933ab8
-(whose FwdArgs has no window, modifier or varlen fields) needs PROBE_OLD_ARGS=<its path>.
+(whose FwdArgs has no window, modifier or varlen fields) needs PROBE_OLD_ARGS=<its path>; a copy
+whose kernel has a plain / general template flag, PROBE_PLAIN_KERNEL=<its path> (only the plain
+kernel is built and timed). Several paths: separated by the OS path separator.
 Writes $OUT/sm90_fwd_ab.txt (or /tmp).
 """
 
@@ -44,17 +46,18 @@ ROUNDS = 6
 def build(src: str, head_dim: int):
     src = os.path.abspath(src)
     tag = hashlib.sha1(src.encode()).hexdigest()[:8]
-    plain = (
-        []
-        if src in os.environ.get("PROBE_OLD_ARGS", "").split(os.pathsep)
-        else ["-DPROBE_PLAIN_ARGS"]
-    )
+
+    def listed(var):
+        return src in os.environ.get(var, "").split(os.pathsep)
+
+    flags = [] if listed("PROBE_OLD_ARGS") else ["-DPROBE_PLAIN_ARGS"]
+    flags += ["-DPROBE_PLAIN_KERNEL"] if listed("PROBE_PLAIN_KERNEL") else []
     return load(
         f"sm90_fwd_ab_{tag}_{head_dim}",
         [os.path.join(HERE, "sm90_fwd_ab_binding.cu")],
         extra_include_paths=[src, CUTLASS],
         extra_cuda_cflags=["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr",
-                           f"-DPROBE_HEAD_DIM={head_dim}"] + plain,
+                           f"-DPROBE_HEAD_DIM={head_dim}"] + flags,
         verbose=False,
     )  # fmt: skip
 

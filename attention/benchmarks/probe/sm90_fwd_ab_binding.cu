@@ -1,7 +1,8 @@
 // Probe binding: one instance of the Hopper attention forward (attention_sm90_fwd.cuh, bf16, head
 // dim PROBE_HEAD_DIM) on dense [B, S, H, D] tensors, launched through run_fwd with no checks (a
 // probe). Built once per copy of kernel_src by sm90_fwd_ab.py; PROBE_PLAIN_ARGS sets the
-// FwdArgs fields that copies since 2933ab8 have (no window, modifier or varlen).
+// FwdArgs fields that copies since 2933ab8 have (no window, modifier or varlen), and
+// PROBE_PLAIN_KERNEL launches the plain kernel of a copy with a kGeneral template flag.
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
@@ -58,7 +59,21 @@ void fwd(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor ls
   int device = 0, sms = 0;
   TORCH_CHECK(cudaGetDevice(&device) == cudaSuccess);
   TORCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
+#ifdef PROBE_PLAIN_KERNEL
+  // A copy whose kernel takes <Kernel, kGeneral>: its plain kernel alone (run_fwd would also
+  // compile the general one, doubling the build).
+  const int64_t tiles =
+      int64_t((a.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM) * a.heads_q * a.batch;
+  const auto params = Kernel::make_params(a);
+  auto* kernel = attention::sm90::attn_fwd_sm90_kernel<Kernel, false>;
+  TORCH_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   Kernel::kSmemBytes) == cudaSuccess);
+  const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
+  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  const cudaError_t err = cudaGetLastError();
+#else
   const cudaError_t err = attention::sm90::run_fwd<Kernel>(a, sms, stream);
+#endif
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
 }
 
