@@ -292,6 +292,21 @@ def batch_check(out, q, k, v, lse, what, **opts):
     )
 
 
+def packed_check(out, q, k, v, lens_q, lens_k, what, lse=None, **opts):
+    """A varlen result: out and q [total_q, H, D], k and v [total_k, H_kv, D] packed by lens_q /
+    lens_k (lse [H, total_q]), sequence by sequence, at the default scale of q's head dim."""
+    sequences_check(
+        list(out.split(lens_q)),
+        list(q.split(lens_q)),
+        list(k.split(lens_k)),
+        list(v.split(lens_k)),
+        q.shape[-1] ** -0.5,
+        what,
+        lses=None if lse is None else list(lse.split(lens_q, dim=1)),
+        **opts,
+    )
+
+
 # ---- rotary (flash-attn's apply_rotary_emb, float64) ----
 
 

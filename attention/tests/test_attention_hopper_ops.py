@@ -29,10 +29,10 @@ from attention_cases import (
     cu_seqlens,
     dtype_id,
     nan_padded,
+    packed_check,
     pytorch_attention,
     randn,
     ref_attention,
-    sequences_check,
     untouched_past,
 )
 
@@ -321,19 +321,19 @@ def test_hopper_varlen(kernel, case, mode):
 
         assert path_of(traced(call)[1]) == "hopper"
         untouched_past(buf, d, "Hopper varlen out")
-        bounds = list(zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]))
-        sequences_check(
-            list(out.split(lens_q)),
-            list(q.split(lens_q)),
-            list(k.split(lens_k)),
-            list(v.split(lens_k)),
-            d**-0.5,
+        packed_check(
+            out,
+            q,
+            k,
+            v,
+            lens_q,
+            lens_k,
             f"{dtype_id(dtype)} varlen {mode}",
+            lse,
             causal=causal,
             window=window,
             softcap=softcap,
             slopes=None if slopes is None else list(slopes.unbind(0)),
-            lses=[lse[:, a:e] for a, e in bounds],
         )
 
 

@@ -20,6 +20,7 @@ from attention_cases import (
     dtypes_for,
     lengths,
     nan_padded,
+    packed_check,
     paged_cache,
     randn,
     sequences_check,
@@ -312,18 +313,19 @@ def test_varlen(kernel, device, mode):
             return_attn_probs=True,
         )
         assert lse.shape == (h, sum(lens_q))
-        sequences_check(
-            list(out.split(lens_q)),
-            list(q.split(lens_q)),
-            list(k.split(lens_k)),
-            list(v.split(lens_k)),
-            d**-0.5,
+        packed_check(
+            out,
+            q,
+            k,
+            v,
+            lens_q,
+            lens_k,
             f"{dtype_id(dtype)} varlen {mode}",
+            lse,
             causal=opts.get("causal", False),
             window=window,
             softcap=opts.get("softcap", 0.0),
             slopes=_per_batch(slopes, batch),
-            lses=[lse[:, a:e] for a, e in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:])],
         )
 
 
@@ -734,16 +736,8 @@ def test_head_dims_between_instances(kernel, device, head_dim):
             return_attn_probs=True,
         )  # fmt: skip
         assert out.shape == q.shape
-        sequences_check(
-            list(out.split(lens_q)),
-            list(q.split(lens_q)),
-            list(k.split(lens_k)),
-            list(v.split(lens_k)),
-            d**-0.5,
-            f"{what} varlen",
-            causal=True,
-            window=(16, -1),
-            lses=[lse[:, a:e] for a, e in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:])],
+        packed_check(
+            out, q, k, v, lens_q, lens_k, f"{what} varlen", lse, causal=True, window=(16, -1)
         )
         # the same into out= with 3 packed rows past the sequences: they keep the caller's
         # values (NaN), or with zero_tensors become 0

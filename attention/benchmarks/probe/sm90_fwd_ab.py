@@ -22,6 +22,7 @@ import statistics
 import sys
 
 import torch
+from probe_common import bench
 from torch.utils.cpp_extension import load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,18 +63,6 @@ def build(src: str, head_dim: int):
     )  # fmt: skip
 
 
-def us_per_call(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
-
-
 def main():
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
     if os.environ.get("PROBE_BUILD"):
@@ -104,7 +93,7 @@ def main():
             for c in copies if r % 2 == 0 else copies[::-1]:
                 out, lse = outs[c]
                 call = lambda: mods[(c, d)].fwd(q, k, v, out, lse, causal, counter)  # noqa: E731
-                times[c].append(us_per_call(call, iters))
+                times[c].append(1000 * bench(call, iters))
         line = f"B{b} S{s} D{d} {'causal' if causal else 'full'}: same bits {same}; " + ", ".join(
             f"{c} {statistics.median(t):.1f} us (min {min(t):.1f}, max {max(t):.1f})"
             for c, t in times.items()
