@@ -14,8 +14,8 @@
 //   - the epilogue divides by the row sums, stages O in the tile's Q buffer and writes it in
 //     16-byte chunks; the log-sum-exp from registers.
 // Covered: fp16 / bf16, head_dim 64 / 96 / 128 / 192 / 256, fixed-length batches with any strides
-// (16-byte aligned) and varlen batches (packed q and k / v), MQA / GQA, non-causal, causal (bottom-right) and sliding windows, softcap and
-// ALiBi, any seqlen_q / seqlen_k.
+// (16-byte aligned) and varlen batches (packed q and k / v), MQA / GQA, non-causal, causal
+// (bottom-right) and sliding windows, softcap and ALiBi, any seqlen_q / seqlen_k.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -264,6 +264,12 @@ struct FwdKernel {
             a.softcap * kLog2e};
   }
 
+  // Calls the plain kernel computes: a fixed-length batch, causal or not, no window or modifier.
+  static bool is_plain(const FwdArgs& a) {
+    return a.cu_seqlens_q == nullptr && a.window_left < 0 && (a.causal || a.window_right < 0) &&
+           a.softcap == 0.0f && a.alibi == nullptr;
+  }
+
   CUTE_HOST_DEVICE static TileOrder tile_order(const FwdArgs& a) {
     const int m_blocks = (a.seqlen_q + kBlockM - 1) / kBlockM;
     return {m_blocks * a.heads_q * a.batch, m_blocks, a.heads_q, a.heads_q / a.heads_kv,
@@ -275,19 +281,33 @@ struct FwdKernel {
   struct KeyBlocks {
     int begin, end;
   };
+  // The band's sides (FwdArgs::window_left / _right). The plain kernel has no left side, and
+  // its right one is the causal diagonal, so the compiler drops the left edge's code.
+  template <bool kGeneral>
+  CUTE_DEVICE static int window_left(const FwdArgs& a) {
+    return kGeneral ? a.window_left : -1;
+  }
+  template <bool kGeneral>
+  CUTE_DEVICE static int window_right(const FwdArgs& a) {
+    return kGeneral ? a.window_right : (a.causal ? 0 : -1);
+  }
+  template <bool kGeneral>
   CUTE_DEVICE static KeyBlocks key_blocks(const FwdArgs& a, const SeqInfo& seq, int m_block) {
     const int diag = seq.seqlen_k - seq.seqlen_q;
     const int first_row = m_block * kBlockM;
     const int last_row = min(first_row + kBlockM, seq.seqlen_q) - 1;
+    const int left = window_left<kGeneral>(a), right = window_right<kGeneral>(a);
     int lo = 0, hi = seq.seqlen_k;  // keys [lo, hi)
-    if (a.window_right >= 0) hi = min(hi, last_row + diag + a.window_right + 1);
-    if (a.window_left >= 0) lo = max(lo, first_row + diag - a.window_left);
+    if (right >= 0) hi = min(hi, last_row + diag + right + 1);
+    if (left >= 0) lo = max(lo, first_row + diag - left);
     if (hi <= lo) return {0, 0};
     return {lo / kBlockN, (hi + kBlockN - 1) / kBlockN};
   }
 };
 
-template <class Kernel>
+// kGeneral: windows, softcap, ALiBi and varlen batches; without it (Kernel::is_plain) those are
+// compiled out, and the plain calls run the code they ran before the general path existed.
+template <class Kernel, bool kGeneral>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ typename Kernel::Params params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -335,7 +355,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     // Varlen: rows of the packed tensors, batch extent 1.
-    const bool varlen = a.cu_seqlens_q != nullptr;
+    const bool varlen = kGeneral && a.cu_seqlens_q != nullptr;
     const int q_rows = varlen ? a.total_q : a.seqlen_q, k_rows = varlen ? a.total_k : a.seqlen_k;
     const int batches = varlen ? 1 : a.batch;
     Tensor mQ =
@@ -370,7 +390,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                            ? static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1)
                            : t + static_cast<int>(gridDim.x);
       const TileCoord& c = tile.c;
-      const auto blocks = Kernel::key_blocks(a, tile.seq, c.m_block);
+      const auto blocks = Kernel::template key_blocks<kGeneral>(a, tile.seq, c.m_block);
       t = next;
       if (blocks.end == blocks.begin) {  // nothing to load; the consumers write zeros
         Barrier::arrive(&shared.q_full[buf]);
@@ -468,8 +488,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     const Tile tile = shared.tile[buf];
     if (tile.c.m_block < 0) break;
     const TileCoord& c = tile.c;
-    const SeqInfo& seq = tile.seq;
-    const auto blocks = Kernel::key_blocks(a, seq, c.m_block);
+    // The plain kernel's sequence is the batch's (offsets 0, folded into the addresses).
+    const SeqInfo seq = kGeneral ? tile.seq : SeqInfo{a.seqlen_q, a.seqlen_k, 0, 0};
+    const auto blocks = Kernel::template key_blocks<kGeneral>(a, seq, c.m_block);
+    const int window_left = Kernel::template window_left<kGeneral>(a);
+    const int window_right = Kernel::template window_right<kGeneral>(a);
     const int n_blocks = blocks.end - blocks.begin;
     Tensor sQw = local_tile(sQ(_, _, buf), Shape<_64, Int<kHeadDim>>{}, make_coord(consumer, 0));
     Tensor tSrQ = thr_qk.partition_fragment_A(sQw);
@@ -510,7 +533,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     //   ALiBi:   minus slope * log2(e) * |i + diag - j|.
     // Each is one uniform branch around its loop; the plain path skips the function.
     const float slope_log2 =
-        a.alibi != nullptr ? a.alibi[c.batch * a.alibi_batch + c.head] * kLog2e : 0.0f;
+        kGeneral && a.alibi != nullptr ? a.alibi[c.batch * a.alibi_batch + c.head] * kLog2e : 0.0f;
     const auto apply_score_mod = [&](int n) {
       if (a.softcap != 0.0f) {
         for (int i = 0; i < size(tSrS); ++i) {
@@ -533,15 +556,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     // cross one of those edges for a row of this warpgroup have any.
     const auto mask = [&](int n) {
       const int key0 = n * kBlockN;
-      const bool right_edge =
-          a.window_right >= 0 && key0 + kBlockN - 1 > row0 + diag + a.window_right;
-      const bool left_edge = a.window_left >= 0 && key0 < row0 + 63 + diag - a.window_left;
+      const bool right_edge = window_right >= 0 && key0 + kBlockN - 1 > row0 + diag + window_right;
+      const bool left_edge = window_left >= 0 && key0 < row0 + 63 + diag - window_left;
       if (key0 + kBlockN <= seq.seqlen_k && !right_edge && !left_edge) return;
       // Key key0 + c is visible from row0 + r iff c - r lies in [lo, hi]; a side the block lies
       // inside is moved out of reach.
       constexpr int kFar = 1 << 30;
-      const int lo = left_edge ? row0 + diag - a.window_left - key0 : -kFar;
-      const int hi = right_edge ? row0 + diag + a.window_right - key0 : kFar;
+      const int lo = left_edge ? row0 + diag - window_left - key0 : -kFar;
+      const int hi = right_edge ? row0 + diag + window_right - key0 : kFar;
       const int cols = seq.seqlen_k - key0;
       for (int i = 0; i < kRows; ++i) {
         for (int j = 0; j < kCols; ++j) {
@@ -551,7 +573,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       }
     };
     const auto score_mod_and_mask = [&](int n) {
-      if (params.score_mod) apply_score_mod(n);
+      if (kGeneral && params.score_mod) apply_score_mod(n);
       mask(n);
     };
     // Online softmax of one block in place (S becomes P); correction[i] = exp2(old max - new
@@ -711,7 +733,8 @@ cudaError_t run_fwd(const FwdArgs& args, int sm_count, cudaStream_t stream) {
       int64_t((args.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM) * args.heads_q * args.batch;
   if (tiles > INT32_MAX || sm_count <= 0) return cudaErrorInvalidValue;
   const auto params = Kernel::make_params(args);
-  auto* kernel = attn_fwd_sm90_kernel<Kernel>;
+  auto* kernel = Kernel::is_plain(args) ? attn_fwd_sm90_kernel<Kernel, false>
+                                        : attn_fwd_sm90_kernel<Kernel, true>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
   if (err != cudaSuccess) return err;
