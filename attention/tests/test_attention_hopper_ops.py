@@ -171,6 +171,7 @@ CASES = [
     (2, 300, 333, 4, 2, 96),  # 64-byte swizzle atoms
     (1, 200, 333, 4, 1, 192),  # one Q buffer, 112-key blocks
     (2, 300, 250, 2, 2, 256),  # one Q buffer, 80-key blocks
+    (1, 400, 100, 2, 1, 256),  # one Q buffer, causal tiles without keys (Q freed at the end)
     # Head dims between the instances: the next one up, columns past the head dim zero-filled
     (2, 300, 333, 4, 2, 80),
     (1, 200, 200, 4, 1, 40),
