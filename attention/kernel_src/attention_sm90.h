@@ -42,12 +42,12 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
 // semantics). True exactly when all of these hold:
 //   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 128 (it runs on the
 //     instance of 64 or 128 at or above it, reading its tensors as zero-padded);
-//   - fixed-length batches (no cu_seqlens, seqused_k, kv_batch_idx, leftpad_k or block_table)
-//     and no score modifier (softcap 0, no ALiBi);
+//   - fixed-length batches, or varlen ones with both cu_seqlens_q and cu_seqlens_k (no seqused_k,
+//     kv_batch_idx, leftpad_k or block_table), and no score modifier (softcap 0, no ALiBi);
 //     causal or not, with or without a sliding window (any window_left / window_right);
 //   - fwd.lse set; heads_q a multiple of heads_kv;
-//   - batch, heads and lengths fit in int32, batch * heads_q <= 65535, ceil(seqlen_k / 128) <=
-//     65535;
+//   - batch, heads and lengths (total_q / total_k too) fit in int32, batch * heads_q <= 65535,
+//     ceil(seqlen_k / 128) <= 65535 (varlen: seqlen_q / seqlen_k the longest sequence's);
 //   - q, k, v and dout strides TMA-addressable (as above); out and dout 16-byte aligned with
 //     strides of multiples of 8 elements; dq, dk and dv 4-byte aligned with even strides.
 // It adds dQ with atomics, so its dq may differ in the last bits from call to call: deterministic

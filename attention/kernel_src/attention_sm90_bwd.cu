@@ -71,7 +71,8 @@ Workspace workspace_of(const AttnBwdParams& p, float* base) {
 }
 
 // One row of 16 lanes: D = rowsum(dO * O) in fp32, and lse * log2(e); past seqlen_q 0 and +inf
-// (queries the main kernel loads as zeros must get P = 0).
+// (queries the main kernel loads as zeros, or from the next packed sequence, must get P = 0).
+// Varlen: row i of sequence b is packed row cu_seqlens_q[b] + i, the lse [heads_q, total_q].
 template <class Element>
 __global__ void attn_bwd_sm90_preprocess_kernel(const AttnBwdParams p, Workspace w,
                                                 int64_t padded) {
@@ -82,12 +83,16 @@ __global__ void attn_bwd_sm90_preprocess_kernel(const AttnBwdParams p, Workspace
   if (row >= w.rows) return;  // whole groups of 16 leave together: the shuffles below stay full
   const int64_t i = row % padded, bh = row / padded;
   const int64_t h = bh % f.heads_q, b = bh / f.heads_q;
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  const int64_t q0 = varlen ? f.cu_seqlens_q[b] : 0;
+  const int64_t len = varlen ? f.cu_seqlens_q[b + 1] - q0 : f.seqlen_q;
+  const int64_t bs = varlen ? 0 : b, at = q0 + i;  // batch index and row in the tensors
   float sum = 0.0f;
-  if (i < f.seqlen_q) {
-    const Element* o = static_cast<const Element*>(f.out) + b * f.out_batch_stride +
-                       i * f.out_row_stride + h * f.out_head_stride;
-    const Element* d = static_cast<const Element*>(p.dout) + b * p.dout_batch_stride +
-                       i * p.dout_row_stride + h * p.dout_head_stride;
+  if (i < len) {
+    const Element* o = static_cast<const Element*>(f.out) + bs * f.out_batch_stride +
+                       at * f.out_row_stride + h * f.out_head_stride;
+    const Element* d = static_cast<const Element*>(p.dout) + bs * p.dout_batch_stride +
+                       at * p.dout_row_stride + h * p.dout_head_stride;
     for (int64_t c = lane * 8; c < f.head_dim; c += kLanes * 8) {
       const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
       const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
@@ -101,9 +106,9 @@ __global__ void attn_bwd_sm90_preprocess_kernel(const AttnBwdParams p, Workspace
   }
   if (lane == 0) {
     w.dsum[row] = sum;
-    w.lse_log2[row] = i < f.seqlen_q ? f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i] *
-                                           1.44269504088896340736f
-                                     : INFINITY;
+    w.lse_log2[row] = i < len ? f.lse[bs * f.lse_batch_stride + h * f.lse_head_stride + at] *
+                                    1.44269504088896340736f
+                              : INFINITY;
   }
 }
 
@@ -152,6 +157,10 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
   a.dv_batch = p.dv_batch_stride;
   a.softmax_scale = f.softmax_scale;
   set_band(f, &a);
+  a.cu_seqlens_q = f.cu_seqlens_q;
+  a.cu_seqlens_k = f.cu_seqlens_k;
+  a.total_q = static_cast<int>(f.total_q);
+  a.total_k = static_cast<int>(f.total_k);
   return a;
 }
 
@@ -188,27 +197,33 @@ bool bwd_supports(const AttnBwdParams& p) {
   const AttnFwdParams& f = p.fwd;
   if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
   if (instance_for(f.head_dim) == 0) return false;
-  if (f.cu_seqlens_q != nullptr || f.cu_seqlens_k != nullptr || f.seqused_k != nullptr ||
-      f.kv_batch_idx != nullptr || f.leftpad_k != nullptr || f.block_table != nullptr) {
+  // Fixed-length batches, or varlen with both q and k / v packed.
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  if (varlen != (f.cu_seqlens_k != nullptr)) return false;
+  if (f.seqused_k != nullptr || f.kv_batch_idx != nullptr || f.leftpad_k != nullptr ||
+      f.block_table != nullptr) {
     return false;
   }
   if (f.softcap != 0.0f || f.alibi_slopes != nullptr) return false;
   if (f.lse == nullptr || f.heads_kv <= 0 || f.heads_q % f.heads_kv != 0) return false;
-  for (const int64_t n : {f.batch, f.heads_q, f.heads_kv, f.seqlen_q, f.seqlen_k}) {
+  for (const int64_t n :
+       {f.batch, f.heads_q, f.heads_kv, f.seqlen_q, f.seqlen_k, f.total_q, f.total_k}) {
     if (n < 0 || n > kMax32) return false;
   }
   if (padded_rows(f.seqlen_q) > kMax32 || f.batch * f.heads_kv > kMax32 ||
       f.batch * f.heads_q > 65535 || (f.seqlen_k + 127) / 128 > 65535) {
     return false;
   }
+  // The extents the descriptors take (varlen tensors are one batch of packed rows).
+  const int64_t batch = varlen ? 1 : f.batch;
+  const int64_t rows_q = varlen ? f.total_q : f.seqlen_q, rows_k = varlen ? f.total_k : f.seqlen_k;
   const struct {
     int64_t stride, extent;
-  } loads[] = {{f.q_batch_stride, f.batch},     {f.q_row_stride, f.seqlen_q},
-               {f.q_head_stride, f.heads_q},    {f.k_batch_stride, f.batch},
-               {f.k_row_stride, f.seqlen_k},    {f.k_head_stride, f.heads_kv},
-               {f.v_batch_stride, f.batch},     {f.v_row_stride, f.seqlen_k},
-               {f.v_head_stride, f.heads_kv},   {p.dout_batch_stride, f.batch},
-               {p.dout_row_stride, f.seqlen_q}, {p.dout_head_stride, f.heads_q}};
+  } loads[] = {
+      {f.q_batch_stride, batch},    {f.q_row_stride, rows_q},    {f.q_head_stride, f.heads_q},
+      {f.k_batch_stride, batch},    {f.k_row_stride, rows_k},    {f.k_head_stride, f.heads_kv},
+      {f.v_batch_stride, batch},    {f.v_row_stride, rows_k},    {f.v_head_stride, f.heads_kv},
+      {p.dout_batch_stride, batch}, {p.dout_row_stride, rows_q}, {p.dout_head_stride, f.heads_q}};
   for (const auto& l : loads) {
     if (!tma_addressable(l.stride, l.extent)) return false;
   }

@@ -21,11 +21,13 @@
 //     rounds into dq;
 //   - the epilogue scales dK by the softmax scale and writes dK / dV in the input type.
 // Keys past seqlen_k load as zeros (TMA), so they add nothing to dQ; their dK / dV rows are not
-// written. Queries past seqlen_q load as zeros with lse +inf, so their P and dS are 0. Columns
+// written (varlen: they are the next sequence's rows, and their P is masked to 0). Queries past
+// seqlen_q load as zeros (varlen: the next sequence's rows) with lse +inf, so their P and dS
+// are 0. Columns
 // past a narrower tensor's head dim load as zeros too: they add nothing to S or dP, their dK, dV
 // and dQ columns are zero and not written.
 // Covered: fp16 / bf16, head dims 64 and 128 (and the multiples of 8 from 40 below them),
-// fixed-length batches with any 16-byte-aligned strides, MQA / GQA, non-causal, causal
+// fixed-length batches with any 16-byte-aligned strides and varlen ones, MQA / GQA, non-causal, causal
 // (bottom-right) and sliding windows (any left / right band).
 #pragma once
 
@@ -89,7 +91,27 @@ struct BwdArgs {
   // The visible band: key j is seen by query i iff i + diag - window_left <= j <= i + diag +
   // window_right, diag = seqlen_k - seqlen_q; a negative side is unbounded (causal: right 0).
   int window_left, window_right;
+  // Varlen (both null for a fixed-length batch): sequence b is rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) of the packed q, dout and dq and rows [cu_seqlens_k[b],
+  // cu_seqlens_k[b + 1]) of the packed k, v, dk and dv (batch extent 1; total_q / total_k rows
+  // each). seqlen_q / seqlen_k are the longest lengths, which size the workspace as for a
+  // fixed-length batch of them; the lse is [heads_q, total_q].
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int total_q, total_k;
 };
+
+// One sequence's lengths, and where its rows start in the packed tensors (0 without varlen).
+struct BwdSeq {
+  int seqlen_q, seqlen_k, q_offset, k_offset;
+};
+CUTE_DEVICE BwdSeq bwd_seq(const BwdArgs& a, int batch) {
+  if (a.cu_seqlens_q == nullptr) return {a.seqlen_q, a.seqlen_k, 0, 0};
+  const int q0 = a.cu_seqlens_q[batch], k0 = a.cu_seqlens_k[batch];
+  return {a.cu_seqlens_q[batch + 1] - q0, a.cu_seqlens_k[batch + 1] - k0, q0, k0};
+}
+// The longest lengths (the host's view of a varlen batch: it reads no device memory).
+CUTE_HOST_DEVICE BwdSeq longest_seq(const BwdArgs& a) { return {a.seqlen_q, a.seqlen_k, 0, 0}; }
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct BwdKernel {
@@ -200,12 +222,12 @@ struct BwdKernel {
 
   static Params make_params(const BwdArgs& a) {
     // A TMA descriptor needs a row even where a dimension is empty (nothing is loaded then).
-    const int rows_q = a.seqlen_q > 0 ? a.seqlen_q : 1, rows_k = a.seqlen_k > 0 ? a.seqlen_k : 1;
+    const int rows_q = max(q_rows(a), 1), rows_k = max(k_rows(a), 1), batch = batches(a);
     const int d = a.head_dim;
-    auto gq = gmem_tensor(a.q, d, rows_q, a.heads_q, a.batch, a.q_row, a.q_head, a.q_batch);
-    auto gdo = gmem_tensor(a.dout, d, rows_q, a.heads_q, a.batch, a.do_row, a.do_head, a.do_batch);
-    auto gk = gmem_tensor(a.k, d, rows_k, a.heads_kv, a.batch, a.k_row, a.k_head, a.k_batch);
-    auto gv = gmem_tensor(a.v, d, rows_k, a.heads_kv, a.batch, a.v_row, a.v_head, a.v_batch);
+    auto gq = gmem_tensor(a.q, d, rows_q, a.heads_q, batch, a.q_row, a.q_head, a.q_batch);
+    auto gdo = gmem_tensor(a.dout, d, rows_q, a.heads_q, batch, a.do_row, a.do_head, a.do_batch);
+    auto gk = gmem_tensor(a.k, d, rows_k, a.heads_kv, batch, a.k_row, a.k_head, a.k_batch);
+    auto gv = gmem_tensor(a.v, d, rows_k, a.heads_kv, batch, a.v_row, a.v_head, a.v_batch);
     return {a,
             make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(SmemLayoutQ{})),
             make_tma_copy(SM90_TMA_LOAD{}, gdo, take<0, 2>(SmemLayoutQ{})),
@@ -214,20 +236,33 @@ struct BwdKernel {
             a.softmax_scale * 1.44269504088896340736f};
   }
 
-  // The query blocks key block n_block meets, per query head: [first, end). The band's right
-  // side (causal: bottom-right) skips the blocks before the first row that sees one of its keys,
-  // its left side the blocks after the last.
-  CUTE_HOST_DEVICE static int first_query_block(const BwdArgs& a, int n_block) {
+  // The rows and batch extent of the descriptors: varlen tensors are one batch of packed rows.
+  CUTE_HOST_DEVICE static int q_rows(const BwdArgs& a) {
+    return a.cu_seqlens_q != nullptr ? a.total_q : a.seqlen_q;
+  }
+  CUTE_HOST_DEVICE static int k_rows(const BwdArgs& a) {
+    return a.cu_seqlens_q != nullptr ? a.total_k : a.seqlen_k;
+  }
+  CUTE_HOST_DEVICE static int batches(const BwdArgs& a) {
+    return a.cu_seqlens_q != nullptr ? 1 : a.batch;
+  }
+
+  // The query blocks key block n_block of sequence `s` meets, per query head: [first, end). The
+  // band's right side (causal: bottom-right) skips the blocks before the first row that sees one
+  // of its keys, its left side the blocks after the last.
+  CUTE_HOST_DEVICE static int first_query_block(const BwdArgs& a, const BwdSeq& s, int n_block) {
     if (a.window_right < 0) return 0;
-    const int first_row = n_block * kBlockN - (a.seqlen_k - a.seqlen_q) - a.window_right;
+    const int first_row = n_block * kBlockN - (s.seqlen_k - s.seqlen_q) - a.window_right;
     return first_row <= 0 ? 0 : first_row / kBlockM;
   }
-  CUTE_HOST_DEVICE static int end_query_block(const BwdArgs& a, int n_block) {
-    if (a.window_left < 0) return query_blocks(a);
-    const int key_last = min((n_block + 1) * kBlockN, a.seqlen_k) - 1;
-    const int last_row = key_last - (a.seqlen_k - a.seqlen_q) + a.window_left;
-    return last_row < 0 ? 0 : min(query_blocks(a), last_row / kBlockM + 1);
+  CUTE_HOST_DEVICE static int end_query_block(const BwdArgs& a, const BwdSeq& s, int n_block) {
+    const int blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
+    if (a.window_left < 0) return blocks;
+    const int key_last = min((n_block + 1) * kBlockN, s.seqlen_k) - 1;
+    const int last_row = key_last - (s.seqlen_k - s.seqlen_q) + a.window_left;
+    return last_row < 0 ? 0 : min(blocks, last_row / kBlockM + 1);
   }
+  // Query blocks of the longest sequence: the workspace's tiles per (batch, query head).
   CUTE_HOST_DEVICE static int query_blocks(const BwdArgs& a) {
     return (a.seqlen_q + kBlockM - 1) / kBlockM;
   }
@@ -264,8 +299,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int head_kv = blockIdx.x % pairs % a.heads_kv, batch = blockIdx.x % pairs / a.heads_kv;
   const int heads_per_cta = a.heads_q / a.heads_kv / a.group_splits;
   const int head_first = head_kv * (a.heads_q / a.heads_kv) + split * heads_per_cta;
-  const int m_first = Kernel::first_query_block(a, n_block);
-  const int m_count = max(0, Kernel::end_query_block(a, n_block) - m_first);
+  const bool varlen = a.cu_seqlens_q != nullptr;
+  const BwdSeq seq = bwd_seq(a, batch);
+  // Varlen: the grid has the longest sequence's key blocks; a shorter one's extra CTAs leave
+  // before any barrier (the whole CTA at once), writing nothing.
+  if (varlen && n_block * kBlockN >= seq.seqlen_k) return;
+  const int b = varlen ? 0 : batch;  // the descriptors' batch coordinate
+  const int m_first = Kernel::first_query_block(a, seq, n_block);
+  const int m_count = max(0, Kernel::end_query_block(a, seq, n_block) - m_first);
   const int iterations = heads_per_cta * m_count;  // (query head, query block) pairs, head outer
 
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Kernel::SmemLayoutQ{});
@@ -324,18 +365,20 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       return;
     }
     if (threadIdx.x != 0) return;
-    Tensor mQ = params.tma_q.get_tma_tensor(
-        make_shape(max(a.seqlen_q, 1), Int<kHeadDim>{}, a.heads_q, a.batch));
-    Tensor mDo = params.tma_do.get_tma_tensor(
-        make_shape(max(a.seqlen_q, 1), Int<kHeadDim>{}, a.heads_q, a.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(
-        make_shape(max(a.seqlen_k, 1), Int<kHeadDim>{}, a.heads_kv, a.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(
-        make_shape(max(a.seqlen_k, 1), Int<kHeadDim>{}, a.heads_kv, a.batch));
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(n_block, 0));
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(n_block, 0));
+    const int rows_q = max(Kernel::q_rows(a), 1), rows_k = max(Kernel::k_rows(a), 1);
+    const int batch_extent = Kernel::batches(a);
+    Tensor mQ =
+        params.tma_q.get_tma_tensor(make_shape(rows_q, Int<kHeadDim>{}, a.heads_q, batch_extent));
+    Tensor mDo =
+        params.tma_do.get_tma_tensor(make_shape(rows_q, Int<kHeadDim>{}, a.heads_q, batch_extent));
+    Tensor mK =
+        params.tma_k.get_tma_tensor(make_shape(rows_k, Int<kHeadDim>{}, a.heads_kv, batch_extent));
+    Tensor mV =
+        params.tma_v.get_tma_tensor(make_shape(rows_k, Int<kHeadDim>{}, a.heads_kv, batch_extent));
+    Tensor gK = local_tile(domain_offset(make_coord(seq.k_offset, _0{}), mK(_, _, head_kv, b)),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0));
+    Tensor gV = local_tile(domain_offset(make_coord(seq.k_offset, _0{}), mV(_, _, head_kv, b)),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, 0));
     auto [tKg, tKs] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                     group_modes<0, 2>(gK));
     auto [tVg, tVs] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -347,10 +390,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     auto state = cutlass::make_producer_start_state<Pipeline>();
     for (int it = 0; it < iterations; ++it) {
       const int head = head_first + it / m_count, m_block = m_first + it % m_count;
-      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                             make_coord(m_block, 0));
-      Tensor gDo = local_tile(mDo(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                              make_coord(m_block, 0));
+      Tensor gQ = local_tile(domain_offset(make_coord(seq.q_offset, _0{}), mQ(_, _, head, b)),
+                             Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
+      Tensor gDo = local_tile(domain_offset(make_coord(seq.q_offset, _0{}), mDo(_, _, head, b)),
+                              Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
       auto [tQg, tQs] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));
       auto [tDog, tDos] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
@@ -421,8 +464,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   clear(tDvrDv);
   clear(tDkrDk);
-  const int diag = a.seqlen_k - a.seqlen_q;  // key j visible to query i around j = i + diag
+  const int diag = seq.seqlen_k - seq.seqlen_q;  // key j visible to query i around j = i + diag
   const int key0 = n_block * kBlockN;
+  // Keys of the block past the sequence's end: zeros past a fixed-length tensor (TMA), which
+  // add nothing to dQ, but the next sequence's rows in a varlen batch, whose P must be 0.
+  const int keys_in_block = varlen ? seq.seqlen_k - key0 : kBlockN;
   typename Kernel::PipelineState state;
 
   if (iterations > 0) TxBarrier::wait(&shared.kv_full, 0);
@@ -460,14 +506,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     const int hi = a.window_left >= 0 && key0 < m0 + kBlockM - 1 + diag - a.window_left
                        ? key0 - m0 - diag + a.window_left
                        : kFar;
-    const bool masked = lo != -kFar || hi != kFar;
+    const bool masked = lo != -kFar || hi != kFar || keys_in_block < kBlockN;
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const int col = get<1>(tScS_rc(0, c));
       const float lse = shared.lse_log2[stage][col];
       for (int r = 0; r < size<0>(s_rc); ++r) {
         const float e = exp2_ftz(s_rc(r, c) * params.scale_log2 - lse);
         const int row = get<0>(tScS_rc(r, 0));
-        s_rc(r, c) = masked && (col < row + lo || col > row + hi) ? 0.0f : e;
+        const bool hidden = col < row + lo || col > row + hi || row >= keys_in_block;
+        s_rc(r, c) = masked && hidden ? 0.0f : e;
       }
     }
     for (int i = 0; i < size(p_pairs); ++i) {
@@ -541,7 +588,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     float* dv = dk + int64_t(a.group_splits) * plane;
     for (int i = 0; i < size(tDkrDk); i += 2) {
       const int key = key0 + get<0>(tDkcDk(i)), col = get<1>(tDkcDk(i));
-      if (key < a.seqlen_k) {
+      if (key < seq.seqlen_k) {
         const int64_t at = int64_t(key) * kHeadDim + col;
         *reinterpret_cast<float2*>(dk + at) =
             make_float2(tDkrDk(i) * a.softmax_scale, tDkrDk(i + 1) * a.softmax_scale);
@@ -550,11 +597,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
     return;
   }
-  Element* dk = static_cast<Element*>(a.dk) + batch * a.dk_batch + head_kv * a.dk_head;
-  Element* dv = static_cast<Element*>(a.dv) + batch * a.dv_batch + head_kv * a.dv_head;
+  Element* dk = static_cast<Element*>(a.dk) + b * a.dk_batch + head_kv * a.dk_head +
+                int64_t(seq.k_offset) * a.dk_row;
+  Element* dv = static_cast<Element*>(a.dv) + b * a.dv_batch + head_kv * a.dv_head +
+                int64_t(seq.k_offset) * a.dv_row;
   for (int i = 0; i < size(tDkrDk); i += 2) {
     const int key = key0 + get<0>(tDkcDk(i)), col = get<1>(tDkcDk(i));
-    if (key < a.seqlen_k && col < a.head_dim) {
+    if (key < seq.seqlen_k && col < a.head_dim) {
       *reinterpret_cast<uint32_t*>(dk + key * a.dk_row + col) =
           pack_pair<Element>(tDkrDk(i) * a.softmax_scale, tDkrDk(i + 1) * a.softmax_scale);
       *reinterpret_cast<uint32_t*>(dv + key * a.dv_row + col) =
@@ -589,11 +638,14 @@ __global__ void __launch_bounds__(Kernel::kDqThreads)
     }
   }
   __syncthreads();
-  Element* dq = static_cast<Element*>(a.dq) + batch * a.dq_batch + head * a.dq_head;
+  const BwdSeq seq = bwd_seq(a, batch);
+  const int b = a.cu_seqlens_q != nullptr ? 0 : batch;
+  Element* dq = static_cast<Element*>(a.dq) + b * a.dq_batch + head * a.dq_head +
+                int64_t(seq.q_offset) * a.dq_row;
   for (int idx = tid; idx < kBlockM * kHeadDim / 2; idx += Kernel::kDqThreads) {
     const int r = idx / (kHeadDim / 2), d = idx % (kHeadDim / 2) * 2;
     const int row = m_block * kBlockM + r;
-    if (row < a.seqlen_q && d < a.head_dim) {
+    if (row < seq.seqlen_q && d < a.head_dim) {
       *reinterpret_cast<uint32_t*>(dq + int64_t(row) * a.dq_row + d) =
           pack_pair<Element>(tile[r][d] * a.softmax_scale, tile[r][d + 1] * a.softmax_scale);
     }
@@ -628,10 +680,14 @@ __global__ void __launch_bounds__(256) attn_bwd_sm90_dkv_reduce_kernel(const Bwd
   const int key = row % a.seqlen_k;
   const int64_t bh = row / a.seqlen_k;
   const int head_kv = bh % a.heads_kv, batch = bh / a.heads_kv;
-  Element* dst = is_dv ? static_cast<Element*>(a.dv) + batch * a.dv_batch + head_kv * a.dv_head +
-                             key * a.dv_row + col
-                       : static_cast<Element*>(a.dk) + batch * a.dk_batch + head_kv * a.dk_head +
-                             key * a.dk_row + col;
+  const BwdSeq seq = bwd_seq(a, batch);
+  if (key >= seq.seqlen_k) return;  // varlen: past a shorter sequence (no partial was written)
+  const int b = a.cu_seqlens_q != nullptr ? 0 : batch;
+  const int64_t k_row = int64_t(seq.k_offset) + key;
+  Element* dst = is_dv ? static_cast<Element*>(a.dv) + b * a.dv_batch + head_kv * a.dv_head +
+                             k_row * a.dv_row + col
+                       : static_cast<Element*>(a.dk) + b * a.dk_batch + head_kv * a.dk_head +
+                             k_row * a.dk_row + col;
   reinterpret_cast<uint32_t*>(dst)[0] = pack_pair<Element>(sum.x, sum.y);
   reinterpret_cast<uint32_t*>(dst)[1] = pack_pair<Element>(sum.z, sum.w);
 #endif
@@ -651,10 +707,11 @@ int group_splits(const BwdArgs& a, int sm_count) {
   const int64_t ctas = int64_t(a.batch) * a.heads_kv * n_blocks;
   // Four CTAs an SM or more balance themselves when launched longest first.
   if (group <= 1 || ctas == 0 || sm_count <= 0 || ctas >= 4 * int64_t(sm_count)) return 1;
-  int64_t longest = 0, total = 0;  // query blocks met by one key block: the most, the sum
+  int64_t longest = 0, total = 0;     // query blocks met by one key block: the most, the sum
+  const BwdSeq seq = longest_seq(a);  // varlen: the longest sequence stands for all
   for (int n = 0; n < n_blocks; ++n) {
     const int64_t met =
-        std::max(0, Kernel::end_query_block(a, n) - Kernel::first_query_block(a, n));
+        std::max(0, Kernel::end_query_block(a, seq, n) - Kernel::first_query_block(a, seq, n));
     longest = std::max(longest, met);
     total += met;
   }

@@ -202,7 +202,8 @@ def prefill_calls(k, dtype, device):
 def backward_calls(k, dtype, device, deterministic, small):
     """Exact-size backward calls (dQ, dK, dV through autograd), causal, windowed or not, with
     GQA, every head-dim instance and lengths off the 64-row tiles, plus a varlen batch whose
-    middle sequence has no keys: a row or key tile past a tensor's end leaves its allocation."""
+    middle sequence has no keys (on capability 9.0 with atomics, the Hopper backward's): a row or
+    key tile past a tensor's end leaves its allocation."""
     for sq, sk, d, window in (
         (77, 77, 32, (-1, -1)),
         (130, 200, 64, (-1, -1)),  # the Hopper backward's too

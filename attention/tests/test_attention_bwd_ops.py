@@ -374,6 +374,48 @@ def test_bwd_hopper_kernel_runs(kernel, device, dtype, head_dim, monkeypatch):
     assert "attn_bwd_sm90" not in kernels_of()
 
 
+HOPPER_VARLEN_MODES = {
+    "full": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "window": (False, (60, 20)),
+}
+
+
+@pytest.mark.parametrize("mode", list(HOPPER_VARLEN_MODES))
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128])
+def test_bwd_hopper_varlen(kernel, device, head_dim, mode):
+    """Capability 9.0: a varlen backward (deterministic=False) runs the Hopper kernel, and each
+    sequence's gradients match float64 autograd of it alone: sequences without queries or keys,
+    key blocks that run into the next sequence's rows (which must not count), several 128-key and
+    64-query blocks, GQA."""
+    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper backward runs on capability 9.0")
+    causal, window = HOPPER_VARLEN_MODES[mode]
+    lens_q, lens_k = [130, 0, 77, 1, 300], [200, 50, 0, 129, 260]
+    h, hk = 4, 2
+    dtype = torch.bfloat16
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q = randn((sum(lens_q), h, head_dim), dtype, device, seed=21)
+    k = randn((sum(lens_k), hk, head_dim), dtype, device, seed=22)
+    v = randn((sum(lens_k), hk, head_dim), dtype, device, seed=23)
+    dout = randn((sum(lens_q), h, head_dim), dtype, device, seed=24)
+    opts = dict(scale=head_dim**-0.5, causal=causal, window=window, softcap=0.0, slopes=None)
+    sizes = (cu_q, cu_k, max(lens_q), max(lens_k))
+    out, lse = forward(kernel, q, k, v, opts, *sizes)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        dq, dk, dv = backward(kernel, dout, q, k, v, out, lse, opts, *sizes, deterministic=False)
+        torch.cuda.synchronize()
+    assert "attn_bwd_sm90" in " ".join(e.name for e in prof.events())
+    for i in range(len(lens_q)):
+        rq = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        rk = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        what = f"{mode} d{head_dim} seq {i}"
+        if lens_q[i] == 0 or lens_k[i] == 0:  # no score at all: zero gradients
+            assert not dq[rq].any() and not dk[rk].any() and not dv[rk].any(), what
+            continue
+        assert_grads((dq[rq], dk[rk], dv[rk]), q[rq], k[rk], v[rk], dout[rq], dtype, what, **opts)
+
+
 def test_bwd_errors_name_the_argument(kernel, device):
     q = randn((1, 8, 2, 16), kernel_dtype(device), device)
     opts = dict(scale=0.25, causal=False, window=(-1, -1), softcap=0.0, slopes=None)
