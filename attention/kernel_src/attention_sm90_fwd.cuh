@@ -604,17 +604,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       }
     };
 
-    // With one Q buffer, the next tile's Q can load only once this one's is free: each thread
-    // frees it after its last S GEMM (kEarlyQRelease), so the load overlaps the last P V and the
-    // epilogue, which then writes O from registers instead of staging it in the buffer. With two
-    // buffers the next Q is loading already, and O goes through this one (16-byte stores).
-    constexpr bool kEarlyQRelease = Kernel::kQBuffers == 1 && Kernel::kPingpong;
-    bool q_released = false;
-    const auto release_q = [&] {
-      if (!q_released) Barrier::arrive(&shared.q_empty[buf]);
-      q_released = true;
-    };
-
     if constexpr (!Kernel::kPingpong) {
       for (int it = 0; it < n_blocks; ++it) {
         pipe_k.consumer_wait(state);
@@ -643,7 +632,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       pipe_k.consumer_release(state);
-      if (kEarlyQRelease && n_blocks == 1) release_q();
       score_mod_and_mask(blocks.end - 1);
       softmax();  // O is still 0: no rescale
       convert_p();
@@ -661,7 +649,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(state);
-        if (kEarlyQRelease && it == n_blocks - 1) release_q();
         score_mod_and_mask(blocks.end - 1 - it);
         softmax();
         warpgroup_wait<0>();
@@ -684,11 +671,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
 
     // Epilogue: O / row sum (rows without keys: 0) into this warpgroup's Q slice as pairs, then
-    // out in 16-byte rows-contiguous chunks (kEarlyQRelease: out as pairs from registers); the
-    // log-sum-exp from registers.
+    // out in 16-byte rows-contiguous chunks; the log-sum-exp from registers.
     const int64_t lse_base = c.batch * a.lse_batch + c.head * a.lse_head + seq.q_offset;
-    Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head +
-                   int64_t{seq.q_offset} * a.o_row;
     for (int i = 0; i < kRows; ++i) {
       float sum = row_sum[i];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -696,38 +680,31 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       // A row that saw no key has sum 0: out 0, lse +inf. A NaN score or value makes the sum or
       // O NaN, and both stay NaN (attention_params.h).
       const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-      const int row = row0 + get<0>(tOcO_rc(i, 0));
       for (int j = 0; j < size<1>(o); j += 2) {
         const int r = get<0>(tOcO_rc(i, j)), col = get<1>(tOcO_rc(i, j));
-        const uint32_t pair = pack_pair<Element>(o(i, j) * inv, o(i, j + 1) * inv);
-        if constexpr (kEarlyQRelease) {
-          // col is even and head_dim a multiple of 8: the pair lies inside the row or past it.
-          if (row < seq.seqlen_q && col < a.head_dim) {
-            *reinterpret_cast<uint32_t*>(out + row * a.o_row + col) = pair;
-          }
-        } else {
-          // sQw(r, col) and sQw(r, col + 1) are adjacent (the swizzle moves 16-byte chunks).
-          *reinterpret_cast<uint32_t*>(&sQw(r, col)) = pair;
-        }
+        // sQw(r, col) and sQw(r, col + 1) are adjacent (the swizzle moves 16-byte chunks).
+        *reinterpret_cast<uint32_t*>(&sQw(r, col)) =
+            pack_pair<Element>(o(i, j) * inv, o(i, j + 1) * inv);
       }
+      const int row = row0 + get<0>(tOcO_rc(i, 0));
       if (a.lse != nullptr && (tid & 3) == 0 && row < seq.seqlen_q) {
         a.lse[lse_base + row] = sum == 0.0f ? INFINITY : row_max[i] * params.lse_scale + logf(sum);
       }
     }
-    if constexpr (!kEarlyQRelease) {
-      NamedBarrier::sync(128, kWarpgroups + consumer);  // this warpgroup's slice is written
-      constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
-      const int out_chunks = a.head_dim / 8;            // the tensor's: the rest are padding
-      for (int idx = tid; idx < 64 * kChunks; idx += 128) {
-        const int r = idx / kChunks, chunk = idx % kChunks;
-        const int row = row0 + r;
-        if (row < seq.seqlen_q && chunk < out_chunks) {
-          *reinterpret_cast<uint4*>(out + row * a.o_row + chunk * 8) =
-              *reinterpret_cast<const uint4*>(&sQw(r, chunk * 8));
-        }
+    NamedBarrier::sync(128, kWarpgroups + consumer);  // this warpgroup's slice is written
+    constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
+    const int out_chunks = a.head_dim / 8;            // the tensor's: the rest are padding
+    Element* out = static_cast<Element*>(a.out) + c.batch * a.o_batch + c.head * a.o_head +
+                   int64_t{seq.q_offset} * a.o_row;
+    for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const int row = row0 + r;
+      if (row < seq.seqlen_q && chunk < out_chunks) {
+        *reinterpret_cast<uint4*>(out + row * a.o_row + chunk * 8) =
+            *reinterpret_cast<const uint4*>(&sQw(r, chunk * 8));
       }
     }
-    release_q();  // a tile without keys, or after the staged stores
+    Barrier::arrive(&shared.q_empty[buf]);
   }
 #endif
 }
