@@ -104,7 +104,9 @@ METHOD = (
 BASELINES_NOTE = (
     "PyTorch's SDPA flash (FlashAttention-2), cuDNN and memory-efficient backends, each forced with "
     "torch.nn.attention.sdpa_kernel, on contiguous [B, H, S, D] copies of the same inputs; decode baselines "
-    "read the contiguous cache (SDPA has no paged form)"
+    "read the contiguous cache (SDPA has no paged form); varlen: SDPA flash is PyTorch's FlashAttention-2 "
+    "varlen op on the packed rows, cuDNN and memory-efficient take nested (jagged) tensors, null where "
+    "the backend rejects the call or a CUDA graph cannot hold it"
 )
 
 
