@@ -506,16 +506,24 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     const int hi = a.window_left >= 0 && key0 < m0 + kBlockM - 1 + diag - a.window_left
                        ? key0 - m0 - diag + a.window_left
                        : kFar;
-    const bool masked = lo != -kFar || hi != kFar || keys_in_block < kBlockN;
-    for (int c = 0; c < size<1>(s_rc); ++c) {
-      const int col = get<1>(tScS_rc(0, c));
-      const float lse = shared.lse_log2[stage][col];
-      for (int r = 0; r < size<0>(s_rc); ++r) {
-        const float e = exp2_ftz(s_rc(r, c) * params.scale_log2 - lse);
-        const int row = get<0>(tScS_rc(r, 0));
-        const bool hidden = col < row + lo || col > row + hi || row >= keys_in_block;
-        s_rc(r, c) = masked && hidden ? 0.0f : e;
+    // Two copies of the loop, so that the blocks inside the band (most of them) pay nothing for
+    // the mask's compares and selects: the softmax recompute is on the critical path.
+    const auto p_from_s = [&](auto hidden) {
+      for (int c = 0; c < size<1>(s_rc); ++c) {
+        const int col = get<1>(tScS_rc(0, c));
+        const float lse = shared.lse_log2[stage][col];
+        for (int r = 0; r < size<0>(s_rc); ++r) {
+          const float e = exp2_ftz(s_rc(r, c) * params.scale_log2 - lse);
+          s_rc(r, c) = hidden(get<0>(tScS_rc(r, 0)), col) ? 0.0f : e;
+        }
       }
+    };
+    if (lo != -kFar || hi != kFar || keys_in_block < kBlockN) {
+      p_from_s([&](int row, int col) {
+        return col < row + lo || col > row + hi || row >= keys_in_block;
+      });
+    } else {
+      p_from_s([](int, int) { return false; });
     }
     for (int i = 0; i < size(p_pairs); ++i) {
       p_pairs(i) = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
