@@ -116,6 +116,17 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sl
     return out, lse
 
 
+def heads_first(q, k, v):
+    """One sequence's q [S_q, H, D] and k / v [S_k, H_kv, D] as [H, S, D] each, k and v repeated
+    over each group of H / H_kv query heads."""
+    group = q.shape[1] // k.shape[1]
+    return (
+        q.transpose(0, 1),
+        k.repeat_interleave(group, dim=1).transpose(0, 1),
+        v.repeat_interleave(group, dim=1).transpose(0, 1),
+    )
+
+
 def pytorch_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, slopes=None):
     """PyTorch's own attention in q's dtype, one sequence -> out [S_q, H, D] in that dtype:
     scaled_dot_product_attention (boolean mask, or the ALiBi bias as a float mask in the dtype),
@@ -123,10 +134,8 @@ def pytorch_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0
     key are set to 0 (SDPA gives NaN there)."""
     dtype = q.dtype
     sq, h, d = q.shape
-    sk, hk, _ = k.shape
-    qt = q.transpose(0, 1)  # [H, S_q, D]
-    kt = k.repeat_interleave(h // hk, dim=1).transpose(0, 1)
-    vt = v.repeat_interleave(h // hk, dim=1).transpose(0, 1)
+    sk = k.shape[0]
+    qt, kt, vt = heads_first(q, k, v)  # [H, S, D]
     mask = visible(sq, sk, causal, window).to(q.device)
     b = bias(sq, sk, slopes)
     if softcap:

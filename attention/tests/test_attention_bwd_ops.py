@@ -13,6 +13,7 @@ from attention_cases import (
     bias,
     cu_seqlens,
     dtype_id,
+    heads_first,
     randn,
     visible,
 )
@@ -37,10 +38,8 @@ def formula(q, k, v, scale, causal, window, softcap, slopes):
     """Differentiable attention of one sequence in q's dtype: q [S_q, H, D], k / v [S_k, H_kv, D]
     -> out [S_q, H, D]; rows with no visible key give 0."""
     sq, h, _ = q.shape
-    sk, hk, _ = k.shape
-    qt = q.transpose(0, 1)
-    kt = k.repeat_interleave(h // hk, dim=1).transpose(0, 1)
-    vt = v.repeat_interleave(h // hk, dim=1).transpose(0, 1)
+    sk = k.shape[0]
+    qt, kt, vt = heads_first(q, k, v)
     s = (qt @ kt.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)

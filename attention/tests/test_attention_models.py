@@ -155,6 +155,46 @@ def test_llama_through_attention_interface(kernel, device, dtype, isolated_inter
     )
 
 
+def _gpt_oss(device, attn, dtype):
+    """A random 2-layer GptOssForCausalLM (a sliding-window layer and a full one, 4 experts) with
+    random attention sinks (initialized to zeros, which would hide a wrong sink)."""
+    config = transformers.GptOssConfig(
+        **dict(LM_SIZES, max_position_embeddings=256, intermediate_size=64),
+        head_dim=16 if device == "cpu" else 32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(rope_type="default", rope_theta=150000.0),
+    )
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "sinks"):
+                module.sinks.normal_(0.0, 1.0)
+    model = model.to(device=device if dtype != torch.float64 else "cpu", dtype=dtype)
+    model.set_attn_implementation(attn)
+    model.set_experts_implementation("eager")  # grouped_mm takes no float64
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_id)
+def test_gpt_oss_sinks_through_attention_interface(kernel, device, dtype, isolated_interfaces):
+    """gpt-oss passes its per-head sinks as s_aux: padded prefill and cached decoding against the
+    same model with transformers' eager attention (its own sink formula), float64 as reference."""
+    if dtype not in _dtypes(device):
+        pytest.skip("float32 runs in bfloat16 on CUDA")
+    AttentionInterface.register(NAME, kernel.transformers_attention_forward)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    ids, mask = _inputs(device)
+    ref = _run(_gpt_oss(device, "eager", torch.float64), ids, mask)
+    pytorch = _run(_gpt_oss(device, "eager", dtype), ids, mask)
+    ours = _run(_gpt_oss(device, NAME, dtype), ids, mask)
+    _compare(ours, pytorch, ref, mask, f"gpt-oss {dtype_id(dtype)}")
+
+
 def _kernels_version():
     from importlib.metadata import version
 

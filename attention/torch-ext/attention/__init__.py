@@ -226,11 +226,10 @@ def transformers_attention_forward(
     keyword arguments. float32 activations on CUDA run in bfloat16 (or the autocast dtype) and
     are cast back. ``deterministic`` (keyword; None or absent: the environment variable
     ``FLASH_ATTENTION_DETERMINISTIC=1``, as transformers reads it) picks the backward's dQ as in
-    ``flash_attn_func``. Attention sinks (``s_aux``) and dropout > 0 raise NotImplementedError.
+    ``flash_attn_func``. Attention sinks (``s_aux``, gpt-oss) as in ``flash_attn_func``. dropout > 0
+    raises NotImplementedError.
     """
     op = "transformers_attention_forward"
-    if s_aux is not None:
-        raise NotImplementedError(f"{op}: attention sinks (s_aux) are not supported by this kernel")
     if dropout and module is not None and module.training:
         raise NotImplementedError(
             f"{op}: dropout = {dropout} is not implemented (forward-only kernel)"
@@ -259,6 +258,7 @@ def transformers_attention_forward(
         window_size=window,
         softcap=softcap or 0.0,
         deterministic=bool(deterministic),
+        s_aux=s_aux,
     )
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")

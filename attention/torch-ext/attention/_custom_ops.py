@@ -296,6 +296,56 @@ def lse_like(q: torch.Tensor, varlen: bool) -> torch.Tensor:
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
+def check_sinks(op: str, s_aux: Optional[torch.Tensor], q: torch.Tensor) -> None:
+    """s_aux: None, or one floating-point logit per query head on q's device."""
+    if s_aux is None:
+        return
+    if not isinstance(s_aux, torch.Tensor):
+        raise TypeError(f"{op}: s_aux must be a tensor or None, got {type(s_aux).__name__}")
+    heads = q.shape[-2]
+    if s_aux.dim() != 1 or s_aux.shape[0] != heads:
+        raise ValueError(
+            f"{op}: s_aux must have shape [{heads}] (one sink logit per query head), "
+            f"got {list(s_aux.shape)}"
+        )
+    if not s_aux.is_floating_point():
+        raise TypeError(f"{op}: s_aux must be a floating-point tensor, got {s_aux.dtype}")
+    if s_aux.device != q.device:
+        raise ValueError(f"{op}: s_aux is on {s_aux.device}, q on {q.device}")
+
+
+def with_sinks(
+    out: torch.Tensor, lse: torch.Tensor, s_aux: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention whose softmax has one more logit per query head, s_aux[h] (a sink:
+    gpt-oss's learned logit with no value; FA3's s_aux), from the kernel's (out, lse) without it.
+    With Z = exp(lse), the sink adds exp(s_aux) to each row's sum: lse' = log(Z + exp(s_aux))
+    and out' = out * Z / (Z + exp(s_aux)), computed in float32 from lse, so a large sink cannot
+    overflow. out (the caller's: a kernel's fresh output) is rescaled in place. A row without
+    visible keys (lse +inf by the kernels' convention) gets out 0 and lse' = s_aux. out is
+    [B, S, H, D] with lse [B, H, S], or packed [T, H, D] with lse [H, T]. lse is float32
+    (flash-attn's), so in float64 the result is as exact as float32."""
+    work = torch.promote_types(out.dtype, torch.float32)
+    sink = s_aux.to(work).view(-1, 1)
+    lse = lse.to(work).masked_fill(lse == float("inf"), float("-inf"))
+    lse_sinks = torch.logaddexp(lse, sink)
+    keep = torch.exp(lse - lse_sinks).transpose(-1, -2).unsqueeze(-1)
+    # In place on the kernel's fresh output: one pass that multiplies in float32 and rounds once.
+    return out.mul_(keep), lse_sinks.float()
+
+
+def sink_grad(
+    grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, s_aux: torch.Tensor
+) -> torch.Tensor:
+    """d loss / d s_aux from with_sinks' (out, lse): the sink's probability in a row is
+    exp(s_aux - lse), its value 0, so its softmax gradient is -exp(s_aux - lse) * rowsum(grad_out
+    * out), summed over the rows of each head."""
+    work = torch.promote_types(out.dtype, torch.float32)
+    rowdot = (grad_out.to(work) * out.to(work)).sum(-1).transpose(-1, -2)  # lse's layout
+    d = -torch.exp(s_aux.to(work).view(-1, 1) - lse) * rowdot
+    return d.movedim(-2, 0).reshape(s_aux.shape[0], -1).sum(1).to(s_aux.dtype)
+
+
 # ---- fakes of the C++ ops ----
 
 
@@ -592,6 +642,7 @@ def _attn_func_body(
     num_splits,
     enable_pdl=None,
     deterministic=False,
+    s_aux=None,
 ):
     # deterministic is the backward's (_backward_through below); the forward is deterministic anyway.
     out = output_like(q)
@@ -619,6 +670,8 @@ def _attn_func_body(
         num_splits,
         enable_pdl,
     )
+    if s_aux is not None:
+        return with_sinks(out, lse, s_aux)
     return out, lse
 
 
@@ -631,7 +684,7 @@ _attn_func = torch.library.custom_op(
     schema="(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
     "Tensor? block_table, Tensor? kv_batch_idx, Tensor? leftpad_k, Tensor? alibi_slopes, int max_seqlen_q, "
     "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
-    "int num_splits, bool? enable_pdl=None, bool deterministic=False) -> (Tensor, Tensor)",
+    "int num_splits, bool? enable_pdl=None, bool deterministic=False, Tensor? s_aux=None) -> (Tensor, Tensor)",
 )
 
 
@@ -657,7 +710,9 @@ def _attn_func_fake(
     num_splits,
     enable_pdl=None,
     deterministic=False,
+    s_aux=None,
 ):
+    check_sinks("attn_func", s_aux, q)
     check_attention(
         "attn_func",
         q,
@@ -729,6 +784,7 @@ def _attn_func_backward_fake(grad_out, q, k, v, *rest):
 _CU_Q, _CU_K, _SEQUSED, _TABLE, _KV_IDX, _LEFTPAD, _ALIBI = range(3, 10)
 _MAX_Q, _MAX_K, _SCALE, _SOFTCAP, _CAUSAL, _LEFT, _RIGHT = range(10, 17)
 _DETERMINISTIC = 19  # after num_splits and enable_pdl, which only the forward takes
+_SINKS = 20
 
 
 def _backward_through(attn_backward):
@@ -736,15 +792,18 @@ def _backward_through(attn_backward):
     (what AOT autograd traces) or, in eager autograd, that op's body."""
 
     def backward(ctx, grad_out, grad_lse):
-        # The gradient of lse is not propagated (flash-attn's backward ignores it too).
-        q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
+        # The gradient of lse is not propagated (flash-attn's backward ignores it too). With
+        # sinks, out and lse are those of the softmax that includes them (with_sinks), which is
+        # all the kernels' backward needs for dq, dk and dv.
+        q, k, v, out, lse, cu_q, cu_k, alibi, sinks = ctx.saved_tensors
         if ctx.paged:
             dq, dk, dv = _attn_backward_unsupported(grad_out, q, k, v)
         else:
             dq, dk, dv = attn_backward(
                 grad_out, q, k, v, out, lse, *ctx.optional(cu_q, cu_k, alibi), *ctx.scalars
             )
-        return (dq, dk, dv) + (None,) * 17
+        d_sinks = sink_grad(grad_out, out, lse, sinks) if ctx.has_sinks else None
+        return (dq, dk, dv) + (None,) * 17 + (d_sinks,)
 
     return backward
 
@@ -752,8 +811,10 @@ def _backward_through(attn_backward):
 def _setup_context(ctx, inputs, output):
     present = [inputs[i] is not None for i in (_CU_Q, _CU_K, _ALIBI)]
     placeholder = inputs[0].new_empty(0)  # save_for_backward takes tensors, not None
-    saved = [inputs[i] if inputs[i] is not None else placeholder for i in (_CU_Q, _CU_K, _ALIBI)]
+    optional = (_CU_Q, _CU_K, _ALIBI, _SINKS)
+    saved = [inputs[i] if inputs[i] is not None else placeholder for i in optional]
     ctx.save_for_backward(*inputs[:3], *output, *saved)
+    ctx.has_sinks = inputs[_SINKS] is not None
     ctx.optional = lambda *ts: [t if p else None for t, p in zip(ts, present)]
     ctx.paged = any(inputs[i] is not None for i in (_SEQUSED, _TABLE, _KV_IDX, _LEFTPAD))
     ctx.scalars = [inputs[i] for i in (*range(_MAX_Q, _RIGHT + 1), _DETERMINISTIC)]
@@ -796,12 +857,13 @@ def attention(
     dropout_p: float = 0.0,
     enable_pdl: Optional[bool] = None,
     deterministic: bool = False,
+    s_aux: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, softmax_lse) of the general forward, differentiable through attn_bwd (the paged and
     KV-cache forms raise NotImplementedError in the backward: inference-only). ``deterministic``
     is the backward's: on CUDA False (flash-attn's default) adds dQ into a workspace in a varying
     order, True computes it in a pass of its own, the same bits on every run; the CPU is
-    deterministic either way."""
+    deterministic either way. ``s_aux``: attention sinks (with_sinks), differentiable too."""
     if dropout_p is not None and float(dropout_p) > 0.0:
         raise NotImplementedError(
             f"{op}: dropout_p = {dropout_p} is not implemented: this kernel is forward-only without dropout "
@@ -809,8 +871,9 @@ def attention(
         )
     left, right = window(op, window_size)
     scale = softmax_scale_of(q, softmax_scale)
+    check_sinks(op, s_aux, q)
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, kv_batch_idx)
-    forward = _attn_func_routes.pick(*tensors, leftpad_k, alibi_slopes)
+    forward = _attn_func_routes.pick(*tensors, leftpad_k, alibi_slopes, s_aux)
     return forward(
         q,
         k,
@@ -832,6 +895,7 @@ def attention(
         int(num_splits),
         enable_pdl,
         bool(deterministic),
+        s_aux,
     )
 
 

@@ -24,7 +24,12 @@ Conventions (flash-attn's):
   gradients enabled, so ``torch.no_grad`` is not required for inference).
 - Beyond flash-attn: the public functions take ``enable_pdl: Optional[bool] = None``
   (programmatic dependent launch on CUDA sm_90+; None: the kernels' default, on; False: off;
-  ignored on CPU).
+  ignored on CPU), and FA3's ``s_aux: Optional[Tensor] = None``: attention sinks, one logit per
+  query head ``[H]`` (gpt-oss's ``sinks``) that joins every row's softmax with no value, so the
+  row's weights sum to less than 1. It is differentiable (dq, dk, dv and d s_aux) wherever the
+  backward runs, and ``softmax_lse`` includes it. The kernels compute attention without it and a
+  float32 pass rescales out by Z / (Z + exp(s_aux)) (Z = exp(lse)): one more read and write of
+  out.
 """
 
 from typing import Optional, Tuple, Union
@@ -62,6 +67,7 @@ def flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     enable_pdl: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_func``: q ``[B, S_q, H, D]``, k / v ``[B, S_k, H_kv, D]`` ->
     out ``[B, S_q, H, D]`` (or ``(out, softmax_lse, None)``)."""
@@ -78,6 +84,7 @@ def flash_attn_func(
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
         deterministic=deterministic,
+        s_aux=s_aux,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -101,6 +108,7 @@ def flash_attn_varlen_func(
     enable_pdl: Optional[bool] = None,
     block_table: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_varlen_func``: packed q ``[total_q, H, D]`` and k / v ``[total_k,
     H_kv, D]`` delimited by ``cu_seqlens_q`` / ``cu_seqlens_k`` (int32 ``[B + 1]``).
@@ -136,6 +144,7 @@ def flash_attn_varlen_func(
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
         deterministic=deterministic,
+        s_aux=s_aux,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -163,6 +172,7 @@ def flash_attn_qkvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     enable_pdl: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_qkvpacked_func``: qkv ``[B, S, 3, H, D]`` (views, no copy)."""
     op = "flash_attn_qkvpacked_func"
@@ -180,6 +190,7 @@ def flash_attn_qkvpacked_func(
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
         deterministic=deterministic,
+        s_aux=s_aux,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -196,6 +207,7 @@ def flash_attn_kvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     enable_pdl: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_kvpacked_func``: q ``[B, S_q, H, D]``, kv ``[B, S_k, 2, H_kv, D]``."""
     op = "flash_attn_kvpacked_func"
@@ -213,6 +225,7 @@ def flash_attn_kvpacked_func(
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
         deterministic=deterministic,
+        s_aux=s_aux,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -230,6 +243,7 @@ def flash_attn_varlen_qkvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     enable_pdl: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_varlen_qkvpacked_func``: qkv ``[total, 3, H, D]``."""
     op = "flash_attn_varlen_qkvpacked_func"
@@ -251,6 +265,7 @@ def flash_attn_varlen_qkvpacked_func(
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
         deterministic=deterministic,
+        s_aux=s_aux,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -271,6 +286,7 @@ def flash_attn_varlen_kvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     enable_pdl: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_varlen_kvpacked_func``: q ``[total_q, H, D]``, kv ``[total_k, 2,
     H_kv, D]``."""
@@ -293,6 +309,7 @@ def flash_attn_varlen_kvpacked_func(
         dropout_p=dropout_p,
         enable_pdl=enable_pdl,
         deterministic=deterministic,
+        s_aux=s_aux,
     )
     return _result(out, lse, return_attn_probs)
 
@@ -318,6 +335,7 @@ def flash_attn_with_kvcache(
     num_splits: int = 0,
     return_softmax_lse: bool = False,
     enable_pdl: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
 ):
     """flash-attn ``flash_attn_with_kvcache`` (inference: not differentiable).
 
@@ -345,6 +363,7 @@ def flash_attn_with_kvcache(
         )
     left, right = _custom_ops.window("flash_attn_with_kvcache", window_size)
     scale = _custom_ops.softmax_scale_of(q, softmax_scale)
+    _custom_ops.check_sinks("flash_attn_with_kvcache", s_aux, q)
     out, lse = ops.fwd_kvcache(
         q,
         k_cache,
@@ -368,6 +387,8 @@ def flash_attn_with_kvcache(
         int(num_splits),
         enable_pdl,
     )
+    if s_aux is not None:
+        out, lse = _custom_ops.with_sinks(out, lse, s_aux)
     return (out, lse) if return_softmax_lse else out
 
 
