@@ -203,8 +203,16 @@ COLUMNS = {
 
 
 def _ratio(key: str):
-    """A speedup that may be null (the baseline rejected the shape)."""
-    return lambda r: f"{r[key]:.2f}×" if r.get(key) else "–"
+    """A speedup that may be null (the baseline rejected the shape); † where the baseline was
+    timed by plain launches because a CUDA graph could not hold its call (timed_without_graph)."""
+
+    def cell(r: dict) -> str:
+        if not r.get(key):
+            return "–"
+        eager = key.removeprefix("speedup_vs_") in r.get("timed_without_graph", ())
+        return f"{r[key]:.2f}×" + ("†" if eager else "")
+
+    return cell
 
 
 def _attention_shape(r: dict) -> str:
@@ -430,7 +438,9 @@ NOTES = {
         "contender); a ratio is the baseline's time over ours (above 1: ours is faster), – where the "
         "backend rejects the shape; decode baselines read a contiguous cache; `vs stage 1` (H100 / "
         "H200 prefill) is the sm_80+ kernel on the calls the Hopper kernel takes (ATTENTION_HOPPER=0); "
-        "the last column is the memory each call allocates beyond its inputs."
+        "† marks a baseline timed by plain back-to-back launches (triton do_bench) because a CUDA graph "
+        "cannot hold its call (SDPA cuDNN on nested tensors); the last column is the memory each call "
+        "allocates beyond its inputs."
     ),
     "attention-bwd": (
         "The backward (`torch.autograd.grad` of a stored forward) and the forward + backward of "

@@ -281,22 +281,39 @@ def _timed(fn):
 
 def _timed_all(calls: dict, graph_may_fail=()) -> dict:
     """{"us": each call's time or None, "unsupported": why, for those that rejected the shape}.
-    A call named in graph_may_fail (SDPA on nested tensors) is also null when its CUDA graph
-    cannot be captured; any other call that fails there stops the sweep."""
-    us, errors = {}, {}
+    A call named in graph_may_fail (SDPA on nested tensors: cuDNN's cannot be captured) whose
+    CUDA graph fails is timed by plain back-to-back launches instead (benchlib.wall_time_us:
+    its launch overhead hides behind the GPU time of calls this long) and listed under
+    "timed_without_graph", or null if that fails too; any other call that fails there stops the
+    sweep."""
+    us, errors, eager = {}, {}, []
     for name, fn in calls.items():
         try:
             us[name], err = _timed(fn)
         except Exception as e:  # noqa: BLE001 (capture errors are not all RuntimeErrors)
             if name not in graph_may_fail:
                 raise
-            us[name], err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            us[name], err = _timed_without_graph(fn, e)
+            if us[name] is not None:
+                eager.append(name)
         if err:
             errors[name] = err
     result = {"us": us}
     if errors:
         result["unsupported"] = errors
+    if eager:
+        result["timed_without_graph"] = eager
     return result
+
+
+def _timed_without_graph(fn, capture_error):
+    """(µs, None) by plain launches after a failed graph capture, or (None, both errors)."""
+    why = f"{type(capture_error).__name__}: {str(capture_error).splitlines()[0][:200]}"
+    try:
+        torch.cuda.synchronize()
+        return benchlib.wall_time_us(fn, rep_ms=REP_MS), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{why}; without a graph: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
 def _peak_mib(fn):

@@ -9,6 +9,7 @@ in tests/test_bench_table.py.
 
 from pathlib import Path
 
+import pytest
 import torch
 from attention_cases import BF16, randn, ref_attention
 from attention_fixture import benchmark_fixtures, benchmark_workloads
@@ -72,3 +73,31 @@ def test_sweep_counts(sweep):
     assert sweep.flops(e) == 4 * 8 * 32 * 2048 * 2048 * 80 // 2
     d = sweep.Case("decode", "bfloat16", 64, 32768, 128, 32, 8, layout="paged16")
     assert sweep.kv_bytes(d) == 2 * 64 * 32768 * 8 * 128 * 2
+
+
+def test_sweep_times_a_baseline_without_graph_when_capture_fails(sweep, monkeypatch):
+    """A baseline named in graph_may_fail whose CUDA-graph capture fails is timed by plain
+    launches and listed as such (null, with both errors, if that fails too); any other call's
+    capture failure stops the sweep."""
+
+    def capture_fails():
+        raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(sweep, "_timed", lambda fn: fn())
+    monkeypatch.setattr(sweep.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(sweep.benchlib, "wall_time_us", lambda fn, rep_ms: 7.0)
+    calls = {"ours": lambda: (3.0, None), "sdpa_cudnn": capture_fails}
+    with pytest.raises(RuntimeError, match="during capture"):
+        sweep._timed_all(calls)
+    r = sweep._timed_all(calls, graph_may_fail=("sdpa_cudnn",))
+    assert r["us"] == {"ours": 3.0, "sdpa_cudnn": 7.0}
+    assert r["timed_without_graph"] == ["sdpa_cudnn"] and "unsupported" not in r
+
+    def launch_fails(fn, rep_ms):
+        raise RuntimeError("no nested tensor support")
+
+    monkeypatch.setattr(sweep.benchlib, "wall_time_us", launch_fails)
+    r = sweep._timed_all(calls, graph_may_fail=("sdpa_cudnn",))
+    assert r["us"]["sdpa_cudnn"] is None and "timed_without_graph" not in r
+    assert "during capture" in r["unsupported"]["sdpa_cudnn"]
+    assert "without a graph" in r["unsupported"]["sdpa_cudnn"]
