@@ -216,10 +216,13 @@ def test_hub_route_needs_kernels_0_18_2(kernel, device):
 
 
 @pytest.mark.slow
-def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
+@pytest.mark.parametrize("model_name", ["llama", "gpt_oss"])
+def test_through_the_hub_route(kernel, device, isolated_interfaces, model_name):
     """transformers' own Hub-kernel path (load_and_register_attn_kernel, flash_attention_forward,
     _flash_attention_forward) running our build through LOCAL_KERNELS, with only the kernels
-    version gate lifted when the installed kernels is older than transformers wants."""
+    version gate lifted when the installed kernels is older than transformers wants. gpt-oss:
+    transformers finds ``s_aux`` in our signature and passes its sinks (against its eager
+    attention, which has them too)."""
     import kernels
     from packaging.version import Version
     from transformers.integrations import hub_kernels
@@ -231,8 +234,9 @@ def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
         )
     # Count the calls that reach our functions (transformers looks them up on the module that
     # LOCAL_KERNELS resolves to, which is this fixture's module): where and when transformers
-    # stores them differs between releases, so the test checks that they ran.
-    calls = {"flash_attn_func": 0, "flash_attn_varlen_func": 0}
+    # stores them differs between releases, so the test checks that they ran, and for gpt-oss
+    # that they received the sinks.
+    calls = {"flash_attn_func": 0, "flash_attn_varlen_func": 0, "s_aux": 0}
 
     def counting(name):
         fn = getattr(kernel, name)
@@ -240,15 +244,17 @@ def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
         @functools.wraps(fn)  # transformers inspects the signature
         def wrapper(*args, **kwargs):
             calls[name] += 1
+            calls["s_aux"] += kwargs.get("s_aux") is not None
             return fn(*args, **kwargs)
 
         return wrapper
 
-    for name in calls:
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
         isolated_interfaces.setattr(kernel, name, counting(name))
+    build, baseline = (_model, "sdpa") if model_name == "llama" else (_gpt_oss, "eager")
     dtype = _dtypes(device)[-1]
     ids, mask = _inputs(device)
-    model = _model(device, REPO_ID, dtype)
+    model = build(device, REPO_ID, dtype)
     if REPO_ID not in AttentionInterface._global_mapping:
         import transformers
 
@@ -258,11 +264,13 @@ def test_llama_through_the_hub_route(kernel, device, isolated_interfaces):
         pytest.skip(
             f"transformers {transformers.__version__} did not register {REPO_ID} through its Hub route"
         )
-    ref = _run(_model(device, "sdpa", torch.float64), ids, mask)
-    pytorch = _run(_model(device, "sdpa", dtype), ids, mask)
+    ref = _run(build(device, baseline, torch.float64), ids, mask)
+    pytorch = _run(build(device, baseline, dtype), ids, mask)
     ours = _run(model, ids, mask)
     assert calls["flash_attn_varlen_func"] > 0, f"transformers did not call our kernel: {calls}"
-    _compare(ours, pytorch, ref, mask, "Hub route")
+    if model_name == "gpt_oss":
+        assert calls["s_aux"] > 0, f"transformers did not pass the sinks: {calls}"
+    _compare(ours, pytorch, ref, mask, f"Hub route, {model_name}")
 
 
 # ---- diffusers ----
