@@ -324,3 +324,18 @@ def test_sinks_errors_name_the_argument(kernel, device):
     seqlens = torch.full((1,), 4, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match=r"flash_attn_with_kvcache: s_aux must have shape"):
         kernel.flash_attn_with_kvcache(q, q, q, cache_seqlens=seqlens, s_aux=torch.zeros(3))
+
+
+def test_opcheck_attn_func_with_sinks(kernel, device):
+    """torch.library.opcheck of the allocating op with s_aux: schema, fake, autograd registration
+    and AOT dispatch, with q, k and s_aux requiring grad (the formula's d s_aux included) and
+    without."""
+    dtype = dtypes_for(device)[-1]
+    q = randn((2, 6, 4, 32), dtype, device, 1)
+    k = randn((2, 6, 2, 32), dtype, device, 2)
+    sinks = sinks_for(4, device)
+    head = (None,) * 7 + (0, 0, 0.2, 0.0, True, -1, -1, 0, None, True)
+    for grad in (True, False):
+        leaves = [t.detach().requires_grad_(grad) for t in (q, k, sinks)]
+        args = (leaves[0], leaves[1], leaves[1], *head, leaves[2])
+        torch.library.opcheck(kernel.ops.attn_func.default, args)
