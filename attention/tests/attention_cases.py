@@ -37,6 +37,8 @@ import torch.nn.functional as F
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 FLOOR = 2.0**-20
 LSE_TOL = 2.0**-17
+# The unit roundoff of each dtype (the gradient tests' floor is a multiple of it).
+UNIT = {F32: 2.0**-24, F16: 2.0**-11, BF16: 2.0**-8}
 
 
 def dtype_id(dtype: torch.dtype) -> str:
@@ -127,6 +129,16 @@ def heads_first(q, k, v):
     )
 
 
+def scores(q, k, v, scale, softcap=0.0):
+    """One sequence's scores in q's dtype, differentiable: (s [H, S_q, S_k] = scale * q k^T,
+    softcapped when softcap > 0, and v as [H, S_k, D]), k and v repeated over each group."""
+    qt, kt, vt = heads_first(q, k, v)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    return s, vt
+
+
 def pytorch_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, slopes=None):
     """PyTorch's own attention in q's dtype, one sequence -> out [S_q, H, D] in that dtype:
     scaled_dot_product_attention (boolean mask, or the ALiBi bias as a float mask in the dtype),
@@ -139,8 +151,7 @@ def pytorch_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0
     mask = visible(sq, sk, causal, window).to(q.device)
     b = bias(sq, sk, slopes)
     if softcap:
-        s = (qt @ kt.transpose(-1, -2)) * scale
-        s = softcap * torch.tanh(s / softcap)
+        s, _ = scores(q, k, v, scale, softcap)
         if b is not None:
             s = s + b.to(device=q.device, dtype=dtype)
         s = s.masked_fill(~mask, float("-inf"))

@@ -9,18 +9,18 @@ gradient."""
 import pytest
 import torch
 from attention_cases import (
+    UNIT,
     alibi_slopes,
     bias,
     cu_seqlens,
     dtype_id,
-    heads_first,
     randn,
+    scores,
     visible,
 )
 from attention_fixture import assert_autograd_routes_agree
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 def kernel_dtype(device, dtype=torch.float32):
@@ -37,12 +37,8 @@ def cpu_only_dtype(device, dtype):
 def formula(q, k, v, scale, causal, window, softcap, slopes):
     """Differentiable attention of one sequence in q's dtype: q [S_q, H, D], k / v [S_k, H_kv, D]
     -> out [S_q, H, D]; rows with no visible key give 0."""
-    sq, h, _ = q.shape
-    sk = k.shape[0]
-    qt, kt, vt = heads_first(q, k, v)
-    s = (qt @ kt.transpose(-1, -2)) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[0], k.shape[0]
+    s, vt = scores(q, k, v, scale, softcap)
     b = bias(sq, sk, slopes)
     if b is not None:
         s = s + b.to(s.dtype)

@@ -137,22 +137,29 @@ def test_llama_through_attention_interface(kernel, device, dtype, isolated_inter
     """Works with the pinned kernels 0.17.2: our function registered under a name."""
     if dtype not in _dtypes(device):
         pytest.skip("float32 runs in bfloat16 on CUDA")
+    _register(kernel)
+    ids, mask = _inputs(device)
+    _check_against(
+        _model, "sdpa", device, dtype, ids, mask, f"AttentionInterface {dtype_id(dtype)}"
+    )
+    # unpadded batch: the flash_attn_func path (no mask)
+    _check_against(_model, "sdpa", device, dtype, ids, torch.ones_like(mask), "unpadded", steps=1)
+
+
+def _register(kernel):
+    """Our function and transformers' flash mask function under NAME (isolated_interfaces undoes
+    it after the test)."""
     AttentionInterface.register(NAME, kernel.transformers_attention_forward)
     AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
-    ids, mask = _inputs(device)
-    ref = _run(_model(device, "sdpa", torch.float64), ids, mask)
-    pytorch = _run(_model(device, "sdpa", dtype), ids, mask)
-    ours = _run(_model(device, NAME, dtype), ids, mask)
-    _compare(ours, pytorch, ref, mask, f"AttentionInterface {dtype_id(dtype)}")
-    # unpadded batch: the flash_attn_func path (no mask)
-    full = torch.ones_like(mask)
-    _compare(
-        _run(_model(device, NAME, dtype), ids, full, steps=1),
-        _run(_model(device, "sdpa", dtype), ids, full, steps=1),
-        _run(_model(device, "sdpa", torch.float64), ids, full, steps=1),
-        full,
-        "unpadded",
-    )
+
+
+def _check_against(build, baseline, device, dtype, ids, mask, what, steps=3):
+    """The model of `build` with our attention (NAME) against the same model with `baseline`
+    attention in `dtype`, and in float64 as the reference (_compare)."""
+    ref = _run(build(device, baseline, torch.float64), ids, mask, steps=steps)
+    pytorch = _run(build(device, baseline, dtype), ids, mask, steps=steps)
+    ours = _run(build(device, NAME, dtype), ids, mask, steps=steps)
+    _compare(ours, pytorch, ref, mask, what)
 
 
 def _gpt_oss(device, attn, dtype):
@@ -186,13 +193,9 @@ def test_gpt_oss_sinks_through_attention_interface(kernel, device, dtype, isolat
     same model with transformers' eager attention (its own sink formula), float64 as reference."""
     if dtype not in _dtypes(device):
         pytest.skip("float32 runs in bfloat16 on CUDA")
-    AttentionInterface.register(NAME, kernel.transformers_attention_forward)
-    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    _register(kernel)
     ids, mask = _inputs(device)
-    ref = _run(_gpt_oss(device, "eager", torch.float64), ids, mask)
-    pytorch = _run(_gpt_oss(device, "eager", dtype), ids, mask)
-    ours = _run(_gpt_oss(device, NAME, dtype), ids, mask)
-    _compare(ours, pytorch, ref, mask, f"gpt-oss {dtype_id(dtype)}")
+    _check_against(_gpt_oss, "eager", device, dtype, ids, mask, f"gpt-oss {dtype_id(dtype)}")
 
 
 def _kernels_version():
@@ -440,8 +443,7 @@ def test_llama_training_step(kernel, device, dtype, isolated_interfaces):
     the same dtype, plus a floor of 8 roundoff units of the largest gradient of each tensor."""
     if device == "cuda" and dtype == F32:
         pytest.skip("on CUDA the attention runs float32 activations in bfloat16")
-    AttentionInterface.register(NAME, kernel.transformers_attention_forward)
-    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    _register(kernel)
     ids, _ = _inputs(device)
     full = torch.ones_like(ids)
     ref_loss, ref = _loss_and_grads(_model(device, "sdpa", torch.float64), ids, full)

@@ -18,27 +18,23 @@ import torch.nn.functional as F
 from attention_cases import (
     FLOOR,
     LSE_TOL,
+    UNIT,
     cu_seqlens,
     dtype_id,
     dtypes_for,
     heads_first,
     paged_cache,
     randn,
+    scores,
     visible,
 )
-
-UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 def sink_formula(q, k, v, sinks, scale, causal=False, window=(-1, -1), softcap=0.0):
     """One sequence in q's dtype, differentiable: q [S_q, H, D], k / v [S_k, H_kv, D], sinks [H]
     -> (out [S_q, H, D], lse [H, S_q]). The sink is an extra score column with no value."""
-    sq, h, _ = q.shape
-    sk = k.shape[0]
-    qt, kt, vt = heads_first(q, k, v)
-    s = (qt @ kt.transpose(-1, -2)) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
+    (sq, h, _), sk = q.shape, k.shape[0]
+    s, vt = scores(q, k, v, scale, softcap)
     s = s.masked_fill(~visible(sq, sk, causal, window).to(s.device), float("-inf"))
     s = torch.cat([s, sinks.to(s.dtype).view(h, 1, 1).expand(h, sq, 1)], dim=-1)
     lse = torch.logsumexp(s, dim=-1)
