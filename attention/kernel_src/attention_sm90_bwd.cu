@@ -50,12 +50,25 @@ void set_band(const AttnFwdParams& f, KernelArgs* a) {
   a->window_right = right >= 0 && right < f.seqlen_q - 1 ? static_cast<int>(right) : -1;
 }
 
-// The kernel instance a head dim runs on: 64 or 128, the smallest at least as wide, for multiples
-// of 8 above 32 (the forward's rule, attention_sm90.cu); 0 for none. The tensors are read as
-// zero-padded to it; the workspace tiles and partials have its width.
+// The kernel instance a head dim runs on: 64, 128 or 256, the smallest at least as wide, for
+// multiples of 8 above 32 (the forward's rule, attention_sm90.cu); 0 for none. The tensors are
+// read as zero-padded to it; the workspace tiles and partials have its width.
 int64_t instance_for(int64_t head_dim) {
-  if (head_dim % 8 != 0 || head_dim <= 32 || head_dim > 128) return 0;
-  return head_dim <= 64 ? 64 : 128;
+  if (head_dim % 8 != 0 || head_dim <= 32 || head_dim > 256) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
+// Calls f(Kernel<Element, instance>{}) for the instance of `head_dim` (instance_for).
+template <class Element, class F>
+auto with_instance(int64_t head_dim, F&& f) {
+  switch (instance_for(head_dim)) {
+    case 64:
+      return f(Kernel<Element, 64>{});
+    case 128:
+      return f(Kernel<Element, 128>{});
+    default:
+      return f(Kernel<Element, 256>{});
+  }
 }
 
 // Floats of the dK / dV partials of `splits` splits (none unsplit).
@@ -168,9 +181,9 @@ KernelArgs kernel_args(const AttnBwdParams& p, const Workspace& w, int splits) {
 // tile shape only, and reads no pointer of the arguments).
 int group_splits_of(const AttnBwdParams& p, int sm_count) {
   const KernelArgs a = kernel_args(p, Workspace{}, 1);
-  return instance_for(p.fwd.head_dim) == 64
-             ? attention::sm90::group_splits<Kernel<cutlass::half_t, 64>>(a, sm_count)
-             : attention::sm90::group_splits<Kernel<cutlass::half_t, 128>>(a, sm_count);
+  return with_instance<cutlass::half_t>(p.fwd.head_dim, [&](auto kernel) {
+    return attention::sm90::group_splits<decltype(kernel)>(a, sm_count);
+  });
 }
 
 template <class Element>
@@ -187,8 +200,9 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStre
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const KernelArgs a = kernel_args(p, w, splits);
-  return instance_for(f.head_dim) == 64 ? attention::sm90::run_bwd<Kernel<Element, 64>>(a, stream)
-                                        : attention::sm90::run_bwd<Kernel<Element, 128>>(a, stream);
+  return with_instance<Element>(f.head_dim, [&](auto kernel) {
+    return attention::sm90::run_bwd<decltype(kernel)>(a, stream);
+  });
 }
 
 }  // namespace
@@ -211,7 +225,7 @@ bool bwd_supports(const AttnBwdParams& p) {
     if (n < 0 || n > kMax32) return false;
   }
   if (padded_rows(f.seqlen_q) > kMax32 || f.batch * f.heads_kv > kMax32 ||
-      f.batch * f.heads_q > 65535 || (f.seqlen_k + 127) / 128 > 65535) {
+      f.batch * f.heads_q > 65535 || (f.seqlen_k + 63) / 64 > 65535) {
     return false;
   }
   // The extents the descriptors take (varlen tensors are one batch of packed rows).

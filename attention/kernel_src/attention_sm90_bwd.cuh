@@ -118,48 +118,69 @@ struct BwdKernel {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "dQ^T: 64 rows of the head dim a warpgroup");
-  static_assert(kBlockM == 64 && kBlockN == 128);
-  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  // Two ways to share a block between the two consumer warpgroups:
+  //  - up to head dim 128, 128 keys, 64 per warpgroup in every GEMM but dQ^T; P^T stays in
+  //    registers (the A operand of dV) and dQ^T is staged in shared memory for one bulk reduction;
+  //  - at head dim 256, 64 keys: one warpgroup's dK and dV of 64 keys would take 256 fp32
+  //    registers a thread, so the warpgroups split the head dim of dK / dV (and the queries of S^T
+  //    and dP^T). P^T then goes through shared memory as dS^T does, and dQ^T is added to the
+  //    workspace from registers by 16-byte atomics: its 64 KB tile does not fit beside the Q / dO
+  //    stages.
+  static constexpr bool kSplitHeadDim = kHeadDim > 128;
+  static_assert(
+      kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+      "dQ^T: 64 rows of the head dim a warpgroup; dK / dV: whole 64-column swizzle atoms");
+  static_assert(kBlockM == 64 && kBlockN == (kSplitHeadDim ? 64 : 128));
+  static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // dQ^T = K^T dS^T (kHeadDim x kBlockM) is split between the two consumer warpgroups: along the
-  // head dim at 128 (64 rows each), along the queries at 64 (32 columns each), so that both
-  // issue it and no wgmma sits in a branch (ptxas serializes the wgmmas of a kernel where one
+  // head dim from 128 (64 rows or more each), along the queries at 64 (32 columns each), so that
+  // both issue it and no wgmma sits in a branch (ptxas serializes the wgmmas of a kernel where one
   // does: C7520).
   static constexpr int kDqThreads = kConsumerThreads;
   using DqWarpgroups =
       std::conditional_t<kHeadDim == 64, Layout<Shape<_1, _2, _1>>, Layout<Shape<_2, _1, _1>>>;
   // setmaxnreg within what the launch gives (65536 / 384 = 168 a thread): 24 + 2 x 240 = 3 x 168
-  // at head dim 128, whose consumers hold 128 fp32 of dK / dV a thread; at head dim 64 the
+  // from head dim 128, whose consumers hold 128 fp32 of dK / dV a thread; at head dim 64 the
   // producer warpgroup keeps 56 (ptxas spilled its loops' state at 24), 56 + 2 x 224.
   static constexpr int kProducerRegisters = kHeadDim == 64 ? 56 : 24;
   static constexpr int kConsumerRegisters = kHeadDim == 64 ? 224 : 240;
 
-  // The consumer warpgroups split the M of every GEMM: keys for S^T, dP^T, dV and dK, the head
-  // dim for dQ^T.
-  using WarpgroupsAlongM = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  // Up to head dim 128 the consumer warpgroups split the M of every GEMM: keys for S^T, dP^T, dV
+  // and dK, the head dim for dQ^T. At 256 they split the N of S^T, dP^T (queries), dV and dK
+  // (head dim).
+  using WarpgroupsAlongM = Layout<Shape<_2, _1, _1>>;
+  using WarpgroupsAlongN = Layout<Shape<_1, _2, _1>>;
+  using Warpgroups = std::conditional_t<kSplitHeadDim, WarpgroupsAlongN, WarpgroupsAlongM>;
+  static constexpr int kWarpgroupsN = size<1>(Warpgroups{});
   using MmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
-      WarpgroupsAlongM{}));
-  using MmaDv = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      WarpgroupsAlongM{}));
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<_64, Int<kBlockM / kWarpgroupsN>, Int<kHeadDim>>>(),
+      Warpgroups{}));
+  // dV += P^T dO: P^T from registers, or from shared memory where each warpgroup has half of it.
+  using DkvAtomShape = Shape<_64, Int<kHeadDim / kWarpgroupsN>, Int<kBlockM>>;
+  using MmaDv = std::conditional_t<
+      kSplitHeadDim,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, DkvAtomShape,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Warpgroups{})),
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, DkvAtomShape,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Warpgroups{}))>;
   // dK += dS^T Q with dS^T from shared memory, where dQ^T reads it too: no dS registers live
   // across the GEMMs.
-  using MmaDk = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      WarpgroupsAlongM{}));
+  using MmaDk = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, DkvAtomShape,
+                                                             GMMA::Major::K, GMMA::Major::MN>(),
+                                        Warpgroups{}));
   using MmaDq = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<_64, Int<kBlockM / size<1>(DqWarpgroups{})>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
       DqWarpgroups{}));
-  static_assert(size<1>(typename MmaSdP::AtomShape_MNK{}) == kBlockM &&
-                    size<1>(typename MmaDv::AtomShape_MNK{}) == kHeadDim &&
-                    size<1>(typename MmaDk::AtomShape_MNK{}) == kHeadDim &&
+  static_assert(size<1>(typename MmaSdP::AtomShape_MNK{}) == kBlockM / kWarpgroupsN &&
+                    size<1>(typename MmaDv::AtomShape_MNK{}) == kHeadDim / kWarpgroupsN &&
+                    size<1>(typename MmaDk::AtomShape_MNK{}) == kHeadDim / kWarpgroupsN &&
                     size<1>(typename MmaDq::AtomShape_MNK{}) == kBlockM / size<1>(DqWarpgroups{}),
                 "one wgmma across N per k step: include CuTe through attention_sm90_cute.h");
 
@@ -195,9 +216,11 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
+    // P^T where dV reads it from shared memory (kSplitHeadDim), in dS^T's layout.
+    alignas(1024) cute::array_aligned<Element, kSplitHeadDim ? cosize_v<SmemLayoutDs> : 8> p;
     // This block's dQ^T fragments (BwdArgs::dq_accum's tile order), added to the workspace by
-    // one bulk reduction.
-    alignas(128) float dq[kHeadDim * kBlockM];
+    // one bulk reduction (unless kSplitHeadDim: atomics from registers).
+    alignas(128) float dq[kSplitHeadDim ? 4 : kHeadDim * kBlockM];
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     typename Pipeline::SharedStorage pipe_q;
@@ -205,6 +228,7 @@ struct BwdKernel {
     alignas(8) uint64_t kv_full;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "beyond the shared memory of an SM");
 
   static constexpr auto gmem_tensor = tma_gmem_tensor<Element, int>;
   using GTensor = decltype(gmem_tensor(nullptr, 0, 0, 0, 0, 0, 0, 0));
@@ -318,6 +342,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Kernel::SmemLayoutKt{});
   Tensor sDs = make_tensor(make_smem_ptr(shared.ds.data()), typename Kernel::SmemLayoutDs{});
   Tensor sDsT = make_tensor(make_smem_ptr(shared.ds.data()), typename Kernel::SmemLayoutDsT{});
+  Tensor sPt = make_tensor(make_smem_ptr(shared.p.data()), typename Kernel::SmemLayoutDsT{});
 
   // Q / dO pipelines: the producer's one thread arrives with the transaction bytes (the tile and
   // its lse / D row); every consumer thread releases.
@@ -339,12 +364,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   using cutlass::arch::NamedBarrier;
   constexpr int kDsWritten = 1;  // both warpgroups' dS^T is in shared memory
   constexpr int kDqEmpty = 2, kDqFull = 3;
+  constexpr int kPWritten = 4;  // kSplitHeadDim: both warpgroups' P^T is in shared memory
   constexpr int kDqBarrierThreads = Kernel::kDqThreads + 32;
 
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     if (iterations == 0) return;
-    if (threadIdx.x / 32 == 1) {  // the dQ reducer
+    if constexpr (Kernel::kSplitHeadDim) {
+      if (threadIdx.x != 0) return;      // the consumers add dQ^T themselves
+    } else if (threadIdx.x / 32 == 1) {  // the dQ reducer
       NamedBarrier::arrive(kDqBarrierThreads, kDqEmpty);
       for (int it = 0; it < iterations; ++it) {
         const int head = head_first + it / m_count, m_block = m_first + it % m_count;
@@ -433,6 +461,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   Tensor tDkrDsT = thr_dk.partition_fragment_A(sDsT);  // (MMA, M, K, buffer)
   Tensor tDkrQt = thr_dk.partition_fragment_B(sQt);    // (MMA, N, K, stage)
   Tensor tDvrDot = thr_dv.partition_fragment_B(sDot);
+  Tensor tDvrPt = thr_dv.partition_fragment_A(sPt);  // (MMA, M, K, buffer): kSplitHeadDim
   Tensor tDqrKt = thr_dq.partition_fragment_A(sKt);  // (MMA, M, K)
   Tensor tDqrDs = thr_dq.partition_fragment_B(sDs);  // (MMA, N, K, buffer)
 
@@ -461,6 +490,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto thr_ds_store = ds_store.get_thread_slice(tid);
   Tensor tDsR = thr_ds_store.retile_S(ds);       // (CPY, CPY_M, CPY_N)
   Tensor tDsS = thr_ds_store.partition_D(sDsT);  // (CPY, CPY_M, CPY_N, buffer)
+  Tensor tPR = thr_ds_store.retile_S(p);
+  Tensor tPS = thr_ds_store.partition_D(sPt);
 
   clear(tDvrDv);
   clear(tDkrDk);
@@ -530,14 +561,26 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
 
     // dV += P^T dO now, so that it runs while dS^T is computed.
-    warpgroup_fence_operand(tDvrDv);
-    warpgroup_fence_operand(tDvrP);
-    warpgroup_arrive();
-    for (int k = 0; k < size<2>(tDvrP); ++k) {
-      gemm(mma_dv, tDvrP(_, _, k), tDvrDot(_, _, k, stage), tDvrDv);
+    if constexpr (Kernel::kSplitHeadDim) {
+      copy(ds_store, tPR, tPS(_, _, _, buf));
+      cutlass::arch::fence_view_async_shared();
+      NamedBarrier::sync(kConsumerThreads, kPWritten);
+      warpgroup_fence_operand(tDvrDv);
+      warpgroup_arrive();
+      for (int k = 0; k < size<2>(tDvrPt); ++k) {
+        gemm(mma_dv, tDvrPt(_, _, k, buf), tDvrDot(_, _, k, stage), tDvrDv);
+      }
+      warpgroup_commit_batch();
+    } else {
+      warpgroup_fence_operand(tDvrDv);
+      warpgroup_fence_operand(tDvrP);
+      warpgroup_arrive();
+      for (int k = 0; k < size<2>(tDvrP); ++k) {
+        gemm(mma_dv, tDvrP(_, _, k), tDvrDot(_, _, k, stage), tDvrDv);
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(tDvrP);
     }
-    warpgroup_commit_batch();
-    warpgroup_fence_operand(tDvrP);
     warpgroup_wait<1>();  // dP^T; dV may still run
     warpgroup_fence_operand(tSrDp);
     for (int c = 0; c < size<1>(s_rc); ++c) {
@@ -573,14 +616,27 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDqrDq);
     pipe_do.consumer_release(state);
 
-    NamedBarrier::sync(kDqBarrierThreads, kDqEmpty);
-    float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
-    for (int j = 0; j < size(tDqrDq) / 4; ++j) {
-      dq[j * Kernel::kDqThreads] =
-          make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
+    if constexpr (Kernel::kSplitHeadDim) {
+      const int head = head_first + it / m_count;
+      float4* dq = reinterpret_cast<float4*>(
+                       a.dq_accum +
+                       ((int64_t(batch) * a.heads_q + head) * Kernel::query_blocks(a) + m_block) *
+                           (kHeadDim * kBlockM)) +
+                   tid;
+      for (int j = 0; j < size(tDqrDq) / 4; ++j) {
+        atomicAdd(dq + j * Kernel::kDqThreads, make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1),
+                                                           tDqrDq(4 * j + 2), tDqrDq(4 * j + 3)));
+      }
+    } else {
+      NamedBarrier::sync(kDqBarrierThreads, kDqEmpty);
+      float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
+      for (int j = 0; j < size(tDqrDq) / 4; ++j) {
+        dq[j * Kernel::kDqThreads] =
+            make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1), tDqrDq(4 * j + 2), tDqrDq(4 * j + 3));
+      }
+      cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
+      NamedBarrier::arrive(kDqBarrierThreads, kDqFull);
     }
-    cutlass::arch::fence_view_async_shared();  // read by the bulk reduction (async proxy)
-    NamedBarrier::arrive(kDqBarrierThreads, kDqFull);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDkrDk);
     pipe_q.consumer_release(state);
@@ -630,7 +686,9 @@ __global__ void __launch_bounds__(Kernel::kDqThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Element = typename Kernel::Element;
   constexpr int kBlockM = Kernel::kBlockM, kHeadDim = Kernel::kHeadDim;
-  __shared__ float tile[kBlockM][kHeadDim + 1];  // + 1: the column writes spread over the banks
+  // Rounded on the way in: kBlockM x kHeadDim floats would not fit the static 48 KB at head dim
+  // 256. + 2: the column writes spread over the banks, each row's pairs stay 4-byte aligned.
+  __shared__ alignas(4) Element tile[kBlockM][kHeadDim + 2];
   const int tid = threadIdx.x, m_block = blockIdx.x;
   const int head = blockIdx.y % a.heads_q, batch = blockIdx.y / a.heads_q;
   typename Kernel::MmaDq mma_dq;
@@ -642,7 +700,7 @@ __global__ void __launch_bounds__(Kernel::kDqThreads)
     const float4 v = *reinterpret_cast<const float4*>(src + (j * Kernel::kDqThreads + tid) * 4);
     const float e[4] = {v.x, v.y, v.z, v.w};
     for (int i = 0; i < 4; ++i) {
-      tile[get<1>(coord(4 * j + i))][get<0>(coord(4 * j + i))] = e[i];
+      tile[get<1>(coord(4 * j + i))][get<0>(coord(4 * j + i))] = Element(e[i] * a.softmax_scale);
     }
   }
   __syncthreads();
@@ -655,7 +713,7 @@ __global__ void __launch_bounds__(Kernel::kDqThreads)
     const int row = m_block * kBlockM + r;
     if (row < seq.seqlen_q && d < a.head_dim) {
       *reinterpret_cast<uint32_t*>(dq + int64_t(row) * a.dq_row + d) =
-          pack_pair<Element>(tile[r][d] * a.softmax_scale, tile[r][d + 1] * a.softmax_scale);
+          *reinterpret_cast<const uint32_t*>(&tile[r][d]);
     }
   }
 #endif
@@ -734,7 +792,7 @@ int group_splits(const BwdArgs& a, int sm_count) {
 
 // The configuration each (element type, head dim) runs.
 template <class Element, int kHeadDim>
-using BwdKernelFor = BwdKernel<Element, kHeadDim, 64, 128, 2>;
+using BwdKernelFor = BwdKernel<Element, kHeadDim, 64, kHeadDim <= 128 ? 128 : 64, 2>;
 
 // Launches the kernel for `args` on `stream` (grid: kv heads x batch x group splits, key blocks),
 // then the dk / dv reduction of a split group, then the dq pass (also without keys: dq is then

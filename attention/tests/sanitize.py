@@ -212,8 +212,8 @@ def backward_calls(k, dtype, device, deterministic, small):
         (150, 201, 128, (-1, -1)),  # the Hopper backward's, on capability 9.0 with atomics
         (201, 150, 128, (64, 8)),  # the Hopper backward's, in a band
         (200, 130, 128, (-1, -1)),
-        (130, 150, 256, (-1, -1)),  # two warps a key slab
-        (70, 100, 192, (30, 5)),  # the 256 instance, zero columns past 192
+        (130, 150, 256, (-1, -1)),  # two warps a key slab; Hopper: 64-key blocks, dQ atomics
+        (70, 100, 192, (30, 5)),  # the 256 instance (both backwards), zero columns past 192
         (65, 80, 100, (-1, -1)),  # zero-padded copies of head dim 104
     ):
         q = torch.randn(2, sq, 4, d, dtype=dtype, device=device, requires_grad=True)
@@ -240,15 +240,16 @@ def backward_calls(k, dtype, device, deterministic, small):
     lens_q, lens_k = (70, 3, 129), (65, 0, 140)
     cu_q = torch.tensor([0, 70, 73, 202], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 65, 65, 205], dtype=torch.int32, device=device)
-    q = torch.randn(sum(lens_q), 4, 64, dtype=dtype, device=device, requires_grad=True)
-    kv = [
-        torch.randn(sum(lens_k), 2, 64, dtype=dtype, device=device, requires_grad=True)
-        for _ in range(2)
-    ]
-    out = k.flash_attn_varlen_func(
-        q, *kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, deterministic=deterministic
-    )
-    out.backward(torch.randn_like(out))
+    for d in (64, 256):
+        q = torch.randn(sum(lens_q), 4, d, dtype=dtype, device=device, requires_grad=True)
+        kv = [
+            torch.randn(sum(lens_k), 2, d, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(2)
+        ]
+        out = k.flash_attn_varlen_func(
+            q, *kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, deterministic=deterministic
+        )
+        out.backward(torch.randn_like(out))
 
 
 def main():

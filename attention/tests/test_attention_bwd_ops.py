@@ -146,8 +146,9 @@ CASES = [
     (70, 100, 2, 1, 192, False, (30, 5), 10.0, True),  # on CUDA the 256 instance, zero columns
     (65, 80, 2, 2, 100, True, (-1, -1), 0.0, False),  # CUDA: zero-padded copies (head dim 104)
 ]
-# What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64 and 128,
-# and the multiples of 8 from 40 below them (zero-padded by TMA), any window, no score modifier; MQA with more keys than queries, causal with rows that see no key.
+# What the Hopper backward takes on capability 9.0 (deterministic=False): head dims 64, 128 and
+# 256, and the multiples of 8 from 40 below them (zero-padded by TMA), any window, no score
+# modifier; MQA with more keys than queries, causal with rows that see no key.
 # The Hopper kernel splits a GQA group over several CTAs when one CTA per (key block, kv head,
 # batch) would leave the GPU unevenly loaded (group_splits in attention_sm90_bwd.cuh). On an
 # H100 or H200 (114-132 SMs) the small cases split each group all the way (into one CTA per query
@@ -171,6 +172,15 @@ HOPPER_CASES = [
     (150, 300, 4, 1, 64, True, (70, 0), 0.0, False),
     (300, 150, 4, 2, 128, False, (-1, 20), 0.0, False),
     (1024, 1024, 32, 8, 128, True, (256, 0), 0.0, False),
+    # The 256 instance (64-key blocks, the head dim split between the warpgroups, dQ by atomics):
+    # its own head dim, Gemma's and 192 / 136 zero-padded to it, windows, a split group.
+    (130, 200, 4, 1, 256, False, (-1, -1), 0.0, False),
+    (200, 130, 4, 2, 256, True, (-1, -1), 0.0, False),
+    (150, 150, 4, 2, 192, True, (-1, -1), 0.0, False),
+    (77, 300, 2, 1, 136, False, (-1, -1), 0.0, False),
+    (200, 130, 4, 2, 256, False, (40, 10), 0.0, False),
+    (1024, 1024, 32, 8, 256, True, (-1, -1), 0.0, False),
+    (1024, 1024, 16, 16, 256, False, (-1, -1), 0.0, False),
 ]
 
 
@@ -343,10 +353,10 @@ def test_bwd_atomic_dq_matches_deterministic(kernel, device, case, monkeypatch):
         )
 
 
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 128])
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_bwd_hopper_kernel_runs(kernel, device, dtype, head_dim, monkeypatch):
-    """Capability 9.0: a deterministic=False backward at head dims 40 to 128 runs the Hopper
+    """Capability 9.0: a deterministic=False backward at head dims 40 to 256 runs the Hopper
     kernel, with a sliding window too (its gradients are checked by
     test_bwd_hopper_cases_against_float64_autograd), and neither deterministic=True nor
     ATTENTION_HOPPER=0 does."""
@@ -377,7 +387,7 @@ HOPPER_VARLEN_MODES = {
 
 
 @pytest.mark.parametrize("mode", list(HOPPER_VARLEN_MODES))
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 128])
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 256])
 def test_bwd_hopper_varlen(kernel, device, head_dim, mode):
     """Capability 9.0: a varlen backward (deterministic=False) runs the Hopper kernel, and each
     sequence's gradients match float64 autograd of it alone: sequences without queries or keys,

@@ -1,8 +1,9 @@
 """The Hopper attention backward alone (kernel_src/attention_sm90_bwd.cuh), built in under a
 minute with torch's extension loader instead of the whole kit: gradients against float64 autograd
 of the formula, each error against twice torch's own bf16 autograd error plus a floor (the bound
-of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens, H = 32/8, D = 64, 128
-next to SDPA flash and cuDNN. Writes $OUT/sm90_bwd_probe.json (or /tmp).
+of tests/test_attention_bwd_ops.py), then backward times at B*S = 16K tokens, H = 32/8, D = 64, 128,
+256 (PROBE_DIMS=256,128 picks) next to SDPA flash and cuDNN. Writes $OUT/sm90_bwd_probe.json (or
+/tmp).
 
     python attention/benchmarks/probe/sm90_bwd_probe.py      (on an sm_90 GPU with CUDA torch)
 
@@ -60,10 +61,9 @@ CASES = [  # B, Sq, Sk, H, Hk, causal
     (1, 389, 517, 8, 2, True),
 ]
 dev = "cuda"
+DIMS = [int(d) for d in os.environ.get("PROBE_DIMS", "64,128,256").split(",")]
 results = []
-CHECKS = [
-    (dt, D, case) for dt in (torch.bfloat16, torch.float16) for D in (64, 128) for case in CASES
-]
+CHECKS = [(dt, D, case) for dt in (torch.bfloat16, torch.float16) for D in DIMS for case in CASES]
 for dt, D, case in [] if os.environ.get("PROBE_TIMING_ONLY") else CHECKS:
     B, sq, sk, h, hk, causal = case
     g = torch.Generator(device="cpu").manual_seed(sq + sk)
@@ -104,7 +104,7 @@ for dt, D, case in [] if os.environ.get("PROBE_TIMING_ONLY") else CHECKS:
 
 timing = []
 dt = torch.bfloat16
-for D, S, causal in [(d, s, c) for d in (128, 64) for s in (2048, 8192) for c in (True, False)]:
+for D, S, causal in [(d, s, c) for d in DIMS for s in (512, 2048, 8192) for c in (True, False)]:
     B, H, HK = 16384 // S, 32, 8
     q = torch.randn(B, S, H, D, device=dev, dtype=dt)
     k = torch.randn(B, S, HK, D, device=dev, dtype=dt)

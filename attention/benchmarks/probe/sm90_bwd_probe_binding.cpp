@@ -10,8 +10,10 @@ bool bwd(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor ls
   const attention::AttnBwdParams p =
       dense_bwd_params(q, k, v, out, lse, dout, dq, dk, dv, scale, causal);
   if (!attention::cuda::sm90::bwd_supports(p)) return false;
-  auto ws = at::empty({attention::cuda::sm90::bwd_workspace_floats(p)}, lse.options());
-  auto err = attention::cuda::sm90::bwd(p, ws.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  auto ws = at::empty({attention::cuda::sm90::bwd_workspace_floats(p, sms)}, lse.options());
+  auto err =
+      attention::cuda::sm90::bwd(p, sms, ws.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
   return true;
 }
