@@ -2,8 +2,8 @@
 // params it takes, the workspace, and the three launches of a call: the preprocess pass (lse in
 // the log2 domain and D = rowsum(dO * O), padded to whole query tiles), the main kernel
 // (attention_sm90_bwd.cuh), and the passes its run_bwd launches after it: the sum of the dK / dV
-// partials of a split group, and the conversion of the fp32 dQ workspace into dq. Built for 9.0a
-// only, like attention_sm90.cu.
+// partials of a split group, and the conversion of the fp32 dQ workspace into dq; at head dim 256
+// the dQ pass (attention_sm90_bwd_dq.cuh) instead. Built for 9.0a only, like attention_sm90.cu.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 
 #include "attention_sm90.h"
 #include "attention_sm90_bwd.cuh"
+#include "attention_sm90_bwd_dq.cuh"
 #include "attention_sm90_tma.cuh"
 
 namespace attention {
@@ -23,10 +24,13 @@ using KernelArgs = attention::sm90::BwdArgs;
 template <class Element, int kHeadDim>
 using Kernel = attention::sm90::BwdKernelFor<Element, kHeadDim>;
 
-constexpr int64_t kBlockM = 64;  // the kernel's query tile: the padding of the workspace rows
+// The padding of the workspace rows: the query tiles of the main kernel (64) and the dQ pass (128).
+constexpr int64_t kRowPadding = 128;
 constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
 
-int64_t padded_rows(int64_t seqlen_q) { return (seqlen_q + kBlockM - 1) / kBlockM * kBlockM; }
+int64_t padded_rows(int64_t seqlen_q) {
+  return (seqlen_q + kRowPadding - 1) / kRowPadding * kRowPadding;
+}
 
 // The strides a TMA descriptor takes (attention_sm90_tma.cuh).
 using ::attention::sm90::tma_addressable;
@@ -35,7 +39,8 @@ using ::attention::sm90::tma_stride;
 struct Workspace {
   float* lse_log2;     // [batch][heads_q][padded rows]
   float* dsum;         // same
-  float* dq_accum;     // [batch][heads_q][padded rows / 64][head_dim x 64] (BwdArgs::dq_accum)
+  float* dq_accum;     // [batch][heads_q][padded rows / 64][head_dim x 64] (BwdArgs::dq_accum),
+                       // up to head dim 128 (the dQ pass needs none)
   float* dkv_partial;  // BwdArgs::dkv_partial, when the group is split
   int64_t rows;        // batch * heads_q * padded rows
 };
@@ -71,6 +76,12 @@ auto with_instance(int64_t head_dim, F&& f) {
   }
 }
 
+// Floats of the dQ workspace a row (the dQ pass at 256 needs none).
+int64_t dq_accum_width(int64_t head_dim) {
+  const int64_t instance = instance_for(head_dim);
+  return instance <= 128 ? instance : 0;
+}
+
 // Floats of the dK / dV partials of `splits` splits (none unsplit).
 int64_t partial_floats(const AttnBwdParams& p, int splits) {
   const AttnFwdParams& f = p.fwd;
@@ -80,7 +91,7 @@ int64_t partial_floats(const AttnBwdParams& p, int splits) {
 Workspace workspace_of(const AttnBwdParams& p, float* base) {
   const AttnFwdParams& f = p.fwd;
   const int64_t rows = f.batch * f.heads_q * padded_rows(f.seqlen_q);
-  return {base, base + rows, base + 2 * rows, base + rows * (2 + instance_for(f.head_dim)), rows};
+  return {base, base + rows, base + 2 * rows, base + rows * (2 + dq_accum_width(f.head_dim)), rows};
 }
 
 // One row of 16 lanes: D = rowsum(dO * O) in fp32, and lse * log2(e); past seqlen_q 0 and +inf
@@ -191,8 +202,10 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStre
   const AttnFwdParams& f = p.fwd;
   const int64_t padded = padded_rows(f.seqlen_q);
   if (w.rows > 0) {
-    const size_t dq_floats = w.rows * instance_for(f.head_dim);
-    cudaError_t err = cudaMemsetAsync(w.dq_accum, 0, sizeof(float) * dq_floats, stream);
+    const size_t dq_floats = w.rows * dq_accum_width(f.head_dim);
+    cudaError_t err = dq_floats > 0
+                          ? cudaMemsetAsync(w.dq_accum, 0, sizeof(float) * dq_floats, stream)
+                          : cudaSuccess;
     if (err != cudaSuccess) return err;
     const int64_t blocks = (w.rows * 16 + 255) / 256;
     attn_bwd_sm90_preprocess_kernel<Element>
@@ -200,9 +213,11 @@ cudaError_t run(const AttnBwdParams& p, const Workspace& w, int splits, cudaStre
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const KernelArgs a = kernel_args(p, w, splits);
-  return with_instance<Element>(f.head_dim, [&](auto kernel) {
+  const cudaError_t err = with_instance<Element>(f.head_dim, [&](auto kernel) {
     return attention::sm90::run_bwd<decltype(kernel)>(a, stream);
   });
+  if (err != cudaSuccess || instance_for(f.head_dim) != 256) return err;
+  return attention::sm90::run_dq_pass<attention::sm90::BwdDqKernel<Element, 256>>(a, stream);
 }
 
 }  // namespace
@@ -225,7 +240,8 @@ bool bwd_supports(const AttnBwdParams& p) {
     if (n < 0 || n > kMax32) return false;
   }
   if (padded_rows(f.seqlen_q) > kMax32 || f.batch * f.heads_kv > kMax32 ||
-      f.batch * f.heads_q > 65535 || (f.seqlen_k + 63) / 64 > 65535) {
+      f.batch * f.heads_q > 65535 || (f.seqlen_k + 63) / 64 > 65535 ||
+      (f.seqlen_q + 127) / 128 > 65535) {
     return false;
   }
   // The extents the descriptors take (varlen tensors are one batch of packed rows).
@@ -264,7 +280,7 @@ bool bwd_supports(const AttnBwdParams& p) {
 
 int64_t bwd_workspace_floats(const AttnBwdParams& p, int sm_count) {
   const AttnFwdParams& f = p.fwd;
-  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + instance_for(f.head_dim)) +
+  return f.batch * f.heads_q * padded_rows(f.seqlen_q) * (2 + dq_accum_width(f.head_dim)) +
          partial_floats(p, group_splits_of(p, sm_count));
 }
 

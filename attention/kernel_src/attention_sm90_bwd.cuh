@@ -123,9 +123,9 @@ struct BwdKernel {
   //    registers (the A operand of dV) and dQ^T is staged in shared memory for one bulk reduction;
   //  - at head dim 256, 64 keys: one warpgroup's dK and dV of 64 keys would take 256 fp32
   //    registers a thread, so the warpgroups split the head dim of dK / dV (and the queries of S^T
-  //    and dP^T). P^T then goes through shared memory as dS^T does, and dQ^T is added to the
-  //    workspace from registers by 16-byte atomics: its 64 KB tile does not fit beside the Q / dO
-  //    stages.
+  //    and dP^T). P^T then goes through shared memory as dS^T does. dQ is left to a pass of its
+  //    own (attention_sm90_bwd_dq.cuh): adding 64 KB of it per block of 64 x 64 into the
+  //    workspace would take longer than the GEMMs.
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static_assert(
       kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
@@ -219,7 +219,7 @@ struct BwdKernel {
     // P^T where dV reads it from shared memory (kSplitHeadDim), in dS^T's layout.
     alignas(1024) cute::array_aligned<Element, kSplitHeadDim ? cosize_v<SmemLayoutDs> : 8> p;
     // This block's dQ^T fragments (BwdArgs::dq_accum's tile order), added to the workspace by
-    // one bulk reduction (unless kSplitHeadDim: atomics from registers).
+    // one bulk reduction (none with kSplitHeadDim).
     alignas(128) float dq[kSplitHeadDim ? 4 : kHeadDim * kBlockM];
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
@@ -370,9 +370,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     if (iterations == 0) return;
-    if constexpr (Kernel::kSplitHeadDim) {
-      if (threadIdx.x != 0) return;      // the consumers add dQ^T themselves
-    } else if (threadIdx.x / 32 == 1) {  // the dQ reducer
+    if (!Kernel::kSplitHeadDim && threadIdx.x / 32 == 1) {  // the dQ reducer
       NamedBarrier::arrive(kDqBarrierThreads, kDqEmpty);
       for (int it = 0; it < iterations; ++it) {
         const int head = head_first + it / m_count, m_block = m_first + it % m_count;
@@ -596,14 +594,16 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
     // dQ^T = K^T dS^T over the block's keys (each warpgroup half of it: DqWarpgroups), then
     // dK += dS^T Q, which runs while dQ^T is added to the workspace.
-    warpgroup_fence_operand(tDqrDq);
-    warpgroup_arrive();
-    mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-    for (int k = 0; k < size<2>(tDqrKt); ++k) {
-      gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
-      mma_dq.accumulate_ = GMMA::ScaleOut::One;
+    if constexpr (!Kernel::kSplitHeadDim) {
+      warpgroup_fence_operand(tDqrDq);
+      warpgroup_arrive();
+      mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+      for (int k = 0; k < size<2>(tDqrKt); ++k) {
+        gemm(mma_dq, tDqrKt(_, _, k), tDqrDs(_, _, k, buf), tDqrDq);
+        mma_dq.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
     }
-    warpgroup_commit_batch();
     warpgroup_fence_operand(tDkrDk);
     warpgroup_arrive();
     for (int k = 0; k < size<2>(tDkrDsT); ++k) {
@@ -616,18 +616,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     warpgroup_fence_operand(tDqrDq);
     pipe_do.consumer_release(state);
 
-    if constexpr (Kernel::kSplitHeadDim) {
-      const int head = head_first + it / m_count;
-      float4* dq = reinterpret_cast<float4*>(
-                       a.dq_accum +
-                       ((int64_t(batch) * a.heads_q + head) * Kernel::query_blocks(a) + m_block) *
-                           (kHeadDim * kBlockM)) +
-                   tid;
-      for (int j = 0; j < size(tDqrDq) / 4; ++j) {
-        atomicAdd(dq + j * Kernel::kDqThreads, make_float4(tDqrDq(4 * j), tDqrDq(4 * j + 1),
-                                                           tDqrDq(4 * j + 2), tDqrDq(4 * j + 3)));
-      }
-    } else {
+    if constexpr (!Kernel::kSplitHeadDim) {
       NamedBarrier::sync(kDqBarrierThreads, kDqEmpty);
       float4* dq = reinterpret_cast<float4*>(shared.dq) + tid;
       for (int j = 0; j < size(tDqrDq) / 4; ++j) {
@@ -821,7 +810,8 @@ cudaError_t run_bwd(const BwdArgs& args, cudaStream_t stream) {
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
   }
-  if (args.seqlen_q == 0) return cudaSuccess;
+  // With kSplitHeadDim the caller runs the dQ pass (attention_sm90_bwd_dq.cuh) instead.
+  if (args.seqlen_q == 0 || Kernel::kSplitHeadDim) return cudaSuccess;
   const dim3 dq_grid(static_cast<unsigned>(Kernel::query_blocks(args)),
                      static_cast<unsigned>(int64_t(args.batch) * args.heads_q));
   attn_bwd_sm90_dq_kernel<Kernel><<<dq_grid, Kernel::kDqThreads, 0, stream>>>(args);
