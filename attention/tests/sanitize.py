@@ -17,6 +17,7 @@ converted). Not collected by pytest (no test_ prefix).
 `--device cpu` runs the same calls on the CPU build, where each bad call raises at once.
 `--small` leaves out the Llama-sized backward calls: racecheck checks every shared-memory access
 and needs minutes for them, and the small GQA calls already run the same split-group code.
+`--backward-only` runs the backward calls alone (a change to the backward kernels).
 """
 
 import argparse
@@ -256,12 +257,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--small", action="store_true", help="no Llama-sized backward calls")
+    parser.add_argument("--backward-only", action="store_true", help="the backward calls alone")
     args = parser.parse_args()
     k = kernels.get_local_kernel(
         Path(__file__).resolve().parent.parent / "build", backend=args.device
     )
     for dtype in (torch.bfloat16, torch.float16):
-        for run in (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls):
+        forward = (kvcache_calls, append_calls, varlen_calls, slot_calls, prefill_calls)
+        for run in () if args.backward_only else forward:
             run(k, dtype, args.device)
         # both schedules of the CUDA backward
         for deterministic in (True, False):
