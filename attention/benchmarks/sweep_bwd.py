@@ -10,11 +10,10 @@ before timing it, then times two things per contender in the same process:
   fwd_bwd   the forward and that backward together (a training step's attention)
 
 Contenders: ours (flash_attn_func on q [B, S, 32, D], k / v [B, S, 8, D] bf16, deterministic=False
-as by default: on capability 9.0 the Hopper backward at head dims 64 and 128) and SDPA's flash,
+as by default: on capability 9.0 the Hopper backward) and SDPA's flash,
 cuDNN and memory-efficient backends on [B, H, S, D] copies, with enable_gqa=True, or with K/V
 expanded to 32 heads beforehand where a backend rejects GQA (noted per row in gqa_mode). A backend
-that rejects a shape is recorded as null with its error. Head dim 256 runs our mma.sync backward
-(the Hopper one takes 64 and 128).
+that rejects a shape is recorded as null with its error.
 
 Sizes (issue 31): B * S = 16K tokens, S in {512, 2K, 8K, 16K}, head dims 128, 64, 256 (in that
 order), causal and not, GQA 32/8. TFLOP/s count the backward as 2.5x the forward's FLOPs
@@ -65,7 +64,7 @@ BASELINES = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 CONTENDERS = {
     "ours": "kernel.flash_attn_func(q, k, v, causal=...) on q [B, S, 32, D], k / v [B, S, 8, D], "
     "then torch.autograd.grad; deterministic=False (the default): the Hopper backward on "
-    "capability 9.0 at head dims 64 and 128, the mma.sync kernels with atomic dQ elsewhere",
+    "capability 9.0 at head dims 64, 128 and 256, the mma.sync kernels with atomic dQ elsewhere",
     "sdpa_flash": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION), [B, H, S, D]",
     "sdpa_cudnn": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION), [B, H, S, D]",
     "sdpa_efficient": "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), [B, H, S, D]",

@@ -64,8 +64,9 @@ cudaError_t attn_bwd(const AttnBwdParams& params, float* dsum, int64_t q_rows, c
 // 99 KB).
 int64_t attn_bwd_max_head_dim();
 
-// The Hopper backward (attention_sm90.h: wgmma, TMA; fixed-length fp16 / bf16 at head dim 64 or 128,
-// causal or not, GQA; dQ added by bulk reductions, so not deterministic). Returns the floats of
+// The Hopper backward (attention_sm90.h: wgmma, TMA; fp16 / bf16 at head dims 40 to 256, dense or
+// varlen, causal or not, GQA; dQ added by bulk reductions up to head dim 128, so not
+// deterministic). Returns the floats of
 // fp32 workspace it needs for `params` on the current device: nonzero exactly when it takes them
 // (capability 9.0, params.fwd.allow_hopper, sm90::bwd_supports). Callers that do not need the same
 // bits on every run call attn_bwd_hopper with that workspace (any contents, 16-byte aligned)

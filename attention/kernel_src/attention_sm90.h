@@ -40,24 +40,26 @@ cudaError_t fwd(const AttnFwdParams& p, int sm_count, int64_t l2_bytes, cudaStre
 
 // Whether the Hopper backward (attention_sm90_bwd.cuh) computes `p` (attention_params.h
 // semantics). True exactly when all of these hold:
-//   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 128 (it runs on the
-//     instance of 64 or 128 at or above it, reading its tensors as zero-padded);
+//   - dtype float16 or bfloat16; head_dim a multiple of 8 from 40 to 256 (it runs on the
+//     instance of 64, 128 or 256 at or above it, reading its tensors as zero-padded);
 //   - fixed-length batches, or varlen ones with both cu_seqlens_q and cu_seqlens_k (no seqused_k,
 //     kv_batch_idx, leftpad_k or block_table), and no score modifier (softcap 0, no ALiBi);
 //     causal or not, with or without a sliding window (any window_left / window_right);
 //   - fwd.lse set; heads_q a multiple of heads_kv;
 //   - batch, heads and lengths (total_q / total_k too) fit in int32, batch * heads_q <= 65535,
-//     ceil(seqlen_k / 128) <= 65535 (varlen: seqlen_q / seqlen_k the longest sequence's);
+//     ceil(seqlen_k / 64) and ceil(seqlen_q / 128) <= 65535 (varlen: seqlen_q / seqlen_k the
+//     longest sequence's);
 //   - q, k, v and dout strides TMA-addressable (as above); out and dout 16-byte aligned with
 //     strides of multiples of 8 elements; dq, dk and dv 4-byte aligned with even strides.
-// It adds dQ with atomics, so its dq may differ in the last bits from call to call: deterministic
-// calls take the mma.sync backward (attention_cuda.h).
+// Up to head dim 128 it adds dQ with atomics, so its dq may differ in the last bits from call to
+// call: deterministic calls take the mma.sync backward (attention_cuda.h).
 bool bwd_supports(const AttnBwdParams& p);
 
 // The fp32 workspace bwd() needs on a device of sm_count SMs, in floats: batch * heads_q *
-// round_up(seqlen_q, 64) * (instance + 2) (the dQ accumulator, lse and D), plus 2 * splits *
+// round_up(seqlen_q, 128) * (accumulator + 2) (the dQ accumulator, lse and D), plus 2 * splits *
 // batch * heads_kv * seqlen_k * instance when few CTAs lead the kernel to split each GQA group
-// over `splits` of them (the dK / dV partials); instance: the kernel's head dim, 64 or 128.
+// over `splits` of them (the dK / dV partials); instance: the kernel's head dim, 64, 128 or 256;
+// accumulator: the instance up to 128, 0 at 256 (its dQ pass needs none).
 int64_t bwd_workspace_floats(const AttnBwdParams& p, int sm_count);
 
 // Enqueues the backward of `p` (bwd_supports(p) true) on `stream` for a device of sm_count SMs,

@@ -26,7 +26,9 @@
 // are 0. Columns
 // past a narrower tensor's head dim load as zeros too: they add nothing to S or dP, their dK, dV
 // and dQ columns are zero and not written.
-// Covered: fp16 / bf16, head dims 64 and 128 (and the multiples of 8 from 40 below them),
+// Head dim 256 shares a block differently and leaves dQ to a pass of its own (BwdKernel's
+// kSplitHeadDim, attention_sm90_bwd_dq.cuh).
+// Covered: fp16 / bf16, head dims 64, 128 and 256 (and the multiples of 8 from 40 below them),
 // fixed-length batches with any 16-byte-aligned strides and varlen ones, MQA / GQA, non-causal, causal
 // (bottom-right) and sliding windows (any left / right band).
 #pragma once

@@ -11,7 +11,7 @@ Conventions (flash-attn's):
   ``alibi_slopes`` float32 ``[H]`` or ``[B, H]``; ``deterministic`` (default False, as in
   flash-attn) is the backward's: on CUDA False adds dQ into an fp32 workspace in a varying order
   (faster; dQ may differ in its last bits from run to run; on H100 / H200 the Hopper kernel takes
-  head dims 40 to 128, with dK and dV of other bits than True's), True computes dQ in a pass of
+  head dims 40 to 256, with dK and dV of other bits than True's), True computes dQ in a pass of
   its own (the same bits on every run).
   The forward, and the CPU backward, are deterministic either way.
 - ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: the log-sum-exp ``[B, H, S_q]``
