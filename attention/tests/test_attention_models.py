@@ -281,7 +281,8 @@ def test_through_the_hub_route(kernel, device, isolated_interfaces, model_name):
 
 @pytest.fixture
 def diffusers_hub(kernel, monkeypatch):
-    """diffusers' flash_hub / flash_varlen_hub backends served by our package through
+    """diffusers' flash_hub / flash_varlen_hub backends served by our package, and its
+    _flash_3_hub / _flash_3_varlen_hub backends by its ``fa3``, through
     ``use_with_diffusers()``, the recipe of the card, with loading from the Hub made to fail:
     the backends must not need it. diffusers' registry entries and active backend are restored
     after the test."""
@@ -303,64 +304,101 @@ def diffusers_hub(kernel, monkeypatch):
         raise AssertionError(f"diffusers tried to load a kernel: get_kernel{args}")
 
     monkeypatch.setattr(kernels, "get_kernel", no_download)
-    assert kernel.use_with_diffusers() == ["flash_hub", "flash_varlen_hub"]
+    assert kernel.use_with_diffusers() == [
+        "flash_hub",
+        "flash_varlen_hub",
+        "_flash_3_hub",
+        "_flash_3_varlen_hub",
+    ]
     return ad
 
 
-def test_diffusers_flash_hub(kernel, device, diffusers_hub):
+# Per backend pair (dense, varlen): diffusers' backend names, the function the dense backend calls
+# (in `kernel`), the context-parallel forward / backward ops of each (in diffusers'
+# attention_dispatch) and the keyword that asks the dense backend for the lse. The FA3 backends call FA3's
+# flash_attn_func with its keywords (qv, descales, num_splits, pack_gqa, sm_margin) and their
+# context-parallel ops FA3's _flash_attn_forward / _flash_attn_backward with its positional lists.
+HUBS = {
+    "fa2": (
+        ("FLASH_HUB", "FLASH_VARLEN_HUB"),
+        "flash_attn_func",
+        ("_flash_attention_hub_forward_op", "_flash_attention_hub_backward_op"),
+        ("_flash_varlen_attention_hub_forward_op", "_flash_varlen_attention_hub_backward_op"),
+        "return_lse",
+    ),
+    "fa3": (
+        ("_FLASH_3_HUB", "_FLASH_3_VARLEN_HUB"),
+        "fa3.flash_attn_func",
+        ("_flash_attention_3_hub_forward_op", "_flash_attention_3_hub_backward_op"),
+        ("_flash_attention_3_varlen_hub_forward_op", "_flash_attention_3_varlen_hub_backward_op"),
+        "return_attn_probs",
+    ),
+}
+
+
+def _attr(root, path: str):
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+@pytest.mark.parametrize("hub", list(HUBS))
+def test_diffusers_flash_hub(kernel, device, diffusers_hub, hub):
     ad = diffusers_hub
-    dtype = BF16
+    (dense, _), function, (forward_op, backward_op), _, lse_keyword = HUBS[hub]
+    backend = getattr(ad.AttentionBackendName, dense)
     b, s, h, d = 2, 33, 4, 64
-    q, k, v = (randn((b, s, h, d), dtype, device, seed=i) for i in range(3))
-    cfg = ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB]
-    assert cfg.kernel_fn is kernel.flash_attn_func
-    assert cfg.wrapped_forward_fn is kernel.flash_attn_interface._flash_attn_forward
-    out = ad.dispatch_attention_fn(
-        q, k, v, is_causal=True, backend=ad.AttentionBackendName.FLASH_HUB
-    )
+    q, k, v = (randn((b, s, h, d), BF16, device, seed=i) for i in range(3))
+    cfg = ad._HUB_KERNELS_REGISTRY[backend]
+    assert cfg.kernel_fn is _attr(kernel, function)
+    interface = kernel.fa3 if hub == "fa3" else kernel.flash_attn_interface
+    assert cfg.wrapped_forward_fn is interface._flash_attn_forward
+    out = ad.dispatch_attention_fn(q, k, v, is_causal=True, backend=backend)
     want = kernel.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(out, want)
     out, lse = ad.dispatch_attention_fn(
-        q, k, v, backend=ad.AttentionBackendName.FLASH_HUB, attention_kwargs={"return_lse": True}
+        q, k, v, backend=backend, attention_kwargs={lse_keyword: True}
     )
     assert out.shape == q.shape and lse.shape == (b, h, s)
-    # the context-parallel forward op calls flash_attn_interface._flash_attn_forward itself
+    _context_parallel_ops(kernel, ad, forward_op, backward_op, q, k, v, None, causal=True)
+
+
+def _context_parallel_ops(kernel, ad, forward_op, backward_op, q, k, v, mask, causal):
+    """diffusers' context-parallel forward op (it calls the private forward) against
+    flash_attn_func on each batch row's visible keys (`mask` [B, S_k] or None), and its backward
+    op (the private backward) against autograd through flash_attn_func."""
+    b, s, h, _ = q.shape
     saved = []
     ctx = types.SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
-    out_cp, lse_cp = ad._flash_attention_hub_forward_op(
-        ctx, q, k, v, None, 0.0, True, None, False, True
-    )
-    assert torch.equal(out_cp, want) and lse_cp.shape == (b, s, h)
+    out, lse = getattr(ad, forward_op)(ctx, q, k, v, mask, 0.0, causal, None, False, True)
+    assert lse.shape == (b, s, h)
     ctx.saved_tensors = tuple(saved)
-    grad = torch.ones_like(out_cp)
-    # ... and its backward calls flash_attn_interface._wrapped_flash_attn_backward
-    grads = ad._flash_attention_hub_backward_op(ctx, grad)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    kernel.flash_attn_func(*leaves, causal=True).backward(grad)
-    for got, leaf in zip(grads, leaves):
-        assert torch.equal(got, leaf.grad)
+    grad = torch.ones_like(out)
+    grads = getattr(ad, backward_op)(ctx, grad)
+    for i in range(b):
+        n = k.shape[1] if mask is None else int(mask[i].sum())
+        leaves = [t[i : i + 1, : (s if t is q else n)].clone().requires_grad_() for t in (q, k, v)]
+        want = kernel.flash_attn_func(*leaves, causal=causal)
+        assert torch.equal(out[i : i + 1], want)
+        want.backward(grad[i : i + 1])
+        for got, leaf in zip(grads, leaves):
+            assert torch.equal(got[i : i + 1, : leaf.shape[1]], leaf.grad)
 
 
-def test_diffusers_flash_varlen_hub(kernel, device, diffusers_hub):
+@pytest.mark.parametrize("hub", list(HUBS))
+def test_diffusers_flash_varlen_hub(kernel, device, diffusers_hub, hub):
     ad = diffusers_hub
-    dtype = BF16
+    backend = getattr(ad.AttentionBackendName, HUBS[hub][0][1])
     b, sq, sk, h, d = 2, 9, 20, 4, 64
-    q = randn((b, sq, h, d), dtype, device, seed=1)
-    k, v = (randn((b, sk, h, d), dtype, device, seed=i) for i in (2, 3))
+    q = randn((b, sq, h, d), BF16, device, seed=1)
+    k, v = (randn((b, sk, h, d), BF16, device, seed=i) for i in (2, 3))
     mask = torch.ones(b, sk, dtype=torch.bool, device=device)
     mask[1, 12:] = False  # the second sequence has 12 keys
-    out = ad.dispatch_attention_fn(
-        q, k, v, attn_mask=mask, backend=ad.AttentionBackendName.FLASH_VARLEN_HUB
-    )
+    out = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend=backend)
     for i, n in enumerate((sk, 12)):
         want = kernel.flash_attn_func(q[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n])
         assert torch.equal(out[i : i + 1], want)
-    saved = []
-    ctx = types.SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
-    out_cp, lse_cp = ad._flash_varlen_attention_hub_forward_op(
-        ctx, q, k, v, None, 0.0, False, None, False, True
-    )
-    assert out_cp.shape == q.shape and lse_cp.shape == (b, sq, h)
+    _context_parallel_ops(kernel, ad, *HUBS[hub][3], q, k, v, mask, causal=False)
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_id)

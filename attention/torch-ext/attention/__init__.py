@@ -22,16 +22,20 @@ no key gives out = 0 and lse = +inf.
 * diffusers: the ``flash_hub`` / ``flash_varlen_hub`` backends call ``flash_attn_func`` /
   ``flash_attn_varlen_func`` and ``flash_attn_interface._flash_attn_forward`` /
   ``_flash_attn_varlen_forward`` (also exported as ``_wrapped_flash_attn_forward``);
-  ``use_with_diffusers()`` makes both backends use this package (diffusers itself would load
-  ``kernels-community/flash-attn2`` version 3).
+  ``use_with_diffusers()`` makes them, and the ``_flash_3_hub`` / ``_flash_3_varlen_hub``
+  backends through ``fa3``, use this package (diffusers itself would load
+  ``kernels-community/flash-attn2`` version 3 and ``kernels-community/flash-attn3``).
+* FlashAttention-3: ``fa3`` has FA3's ``flash_attn_func`` / ``flash_attn_varlen_func`` (its
+  parameters and return convention) and its private ``_flash_attn_forward`` /
+  ``_flash_attn_backward``.
 
 dtypes: float16 and bfloat16 on CUDA (head_dim up to 256), float32 too on the CPU (any
 head_dim). ``dropout_p > 0`` raises NotImplementedError. A backward runs through the dense and
 varlen functions (on CUDA for head dims up to 256; 128 on GPUs with 99 KB of shared memory a
 block: sm_86, sm_89, sm_120); their
 ``deterministic`` (default False, as in flash-attn) picks the CUDA backward: False adds dQ into
-an fp32 workspace in a varying order (faster; on H100 / H200 the Hopper kernel takes head dims 64
-and 128), True gives the same bits on every run. The KV-cache and paged forms are
+an fp32 workspace in a varying order (faster; on H100 / H200 the Hopper kernel takes head dims 40
+to 256), True gives the same bits on every run. The KV-cache and paged forms are
 inference-only. Every function traces with ``torch.compile(fullgraph=True)``.
 """
 
@@ -40,7 +44,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import _custom_ops, _reference, bert_padding, flash_attn_interface
+from . import _custom_ops, _reference, bert_padding, fa3, flash_attn_interface
 from ._ops import ops
 from .flash_attn_interface import (
     flash_attn_func,
@@ -66,6 +70,8 @@ __all__ = [
     "flash_attn_with_kvcache",
     "flash_attn_interface",
     "bert_padding",
+    # FlashAttention-3's API
+    "fa3",
     # CUDA index errors found on the device
     "check_kvcache_errors",
     # transformers AttentionInterface
@@ -299,16 +305,19 @@ def transformers_attention_forward(
 
 def use_with_diffusers() -> List[str]:
     """Make diffusers' ``flash_hub`` and ``flash_varlen_hub`` attention backends call this
-    package, in this process; returns the backend names.
+    package, and its ``_flash_3_hub`` and ``_flash_3_varlen_hub`` backends this package's ``fa3``
+    (FlashAttention-3's API), in this process; returns the backend names.
 
     diffusers hard-codes the kernel those backends load (``kernels-community/flash-attn2``,
-    ``version=3``, after a Hub query of the publisher's trust unless
-    ``DIFFUSERS_TRUST_REMOTE_KERNELS=true``) and loads it only while its backend entry still lacks
-    the functions. This fills each entry with the functions its attribute paths name, resolved
-    on this package (the same lookup diffusers does on the kernel it downloads), so
-    ``set_attention_backend("flash_hub")`` then loads nothing: no repository, version or network
-    is involved. Call it before ``set_attention_backend`` / ``attention_backend``; it replaces a
-    kernel loaded earlier. Raises RuntimeError when the installed diffusers has no such entries.
+    ``version=3``, and ``kernels-community/flash-attn3``, after a Hub query of the publisher's
+    trust unless ``DIFFUSERS_TRUST_REMOTE_KERNELS=true``) and loads it only while its backend
+    entry still lacks the functions. This fills each entry with the functions its attribute paths
+    name, resolved on this package or on ``fa3`` (the same lookup diffusers does on the kernel it
+    downloads), so ``set_attention_backend("flash_hub")`` then loads nothing: no repository,
+    version or network is involved. Call it before ``set_attention_backend`` /
+    ``attention_backend``; it replaces a kernel loaded earlier. Raises RuntimeError when the
+    installed diffusers has no flash_hub / flash_varlen_hub entries (the FA3 ones are filled
+    where they exist).
     """
     import sys
 
@@ -323,19 +332,25 @@ def use_with_diffusers() -> List[str]:
             f"registry to fill (written against diffusers 0.42): {exc}"
         ) from exc
     package = sys.modules[__name__]
+    targets = [package] * len(names)
+    for fa3_name in ("_FLASH_3_HUB", "_FLASH_3_VARLEN_HUB"):
+        name = getattr(ad.AttentionBackendName, fa3_name, None)
+        if name in ad._HUB_KERNELS_REGISTRY:
+            names.append(name)
+            configs.append(ad._HUB_KERNELS_REGISTRY[name])
+            targets.append(fa3)
 
-    def resolve(path: str):
-        target = package
+    def resolve(target, path: str):
         for attr in path.split("."):
             target = getattr(target, attr)
         return target
 
-    for config in configs:
-        config.kernel_fn = resolve(config.function_attr)
+    for config, target in zip(configs, targets):
+        config.kernel_fn = resolve(target, config.function_attr)
         if config.wrapped_forward_attr is not None:
-            config.wrapped_forward_fn = resolve(config.wrapped_forward_attr)
+            config.wrapped_forward_fn = resolve(target, config.wrapped_forward_attr)
         if config.wrapped_backward_attr is not None:
-            config.wrapped_backward_fn = resolve(config.wrapped_backward_attr)
+            config.wrapped_backward_fn = resolve(target, config.wrapped_backward_attr)
     return [name.value for name in names]
 
 
@@ -353,6 +368,11 @@ _public_errors.wrap_public(
         "_wrapped_flash_attn_forward",
         "_wrapped_flash_attn_varlen_forward",
     ],
+    add_op_namespace_prefix,
+)
+_public_errors.wrap_public(
+    [vars(fa3)],
+    [*fa3.__all__, "_flash_attn_forward", "_flash_attn_backward"],
     add_op_namespace_prefix,
 )
 _public_errors.wrap_public([globals()], __all__, add_op_namespace_prefix)
