@@ -136,10 +136,10 @@ struct BwdKernel {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // dQ^T = K^T dS^T (kHeadDim x kBlockM) is split between the two consumer warpgroups: along the
-  // head dim from 128 (64 rows or more each), along the queries at 64 (32 columns each), so that
-  // both issue it and no wgmma sits in a branch (ptxas serializes the wgmmas of a kernel where one
-  // does: C7520).
+  // dQ^T = K^T dS^T (kHeadDim x kBlockM; not at 256, which has its dQ pass) is split between the
+  // two consumer warpgroups: along the head dim at 128 (64 rows each), along the queries at 64 (32
+  // columns each), so that both issue it and no wgmma sits in a branch (ptxas serializes the
+  // wgmmas of a kernel where one does: C7520).
   static constexpr int kDqThreads = kConsumerThreads;
   using DqWarpgroups =
       std::conditional_t<kHeadDim == 64, Layout<Shape<_1, _2, _1>>, Layout<Shape<_2, _1, _1>>>;
