@@ -201,6 +201,66 @@ def test_fa3_unsupported_arguments_raise_naming_them(kernel, device, name, kwarg
         kernel.fa3._flash_attn_forward(q, k, v, *(None,) * 11, cu_q, *(None,) * 8, 0.125, False)
 
 
+def test_fa3_qkvpacked(kernel, device):
+    dtype = dtypes_for(device)[-1]
+    b, s, h, hk, d = 2, 21, 4, 2, 32
+    qkv = randn((b, s, 3, h, d), dtype, device, seed=11)
+    out, lse = kernel.fa3.flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    want, want_lse, _ = kernel.flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    # num_heads_q: the query heads, then the key heads, then the value heads (GQA)
+    packed = randn((b, s, h + 2 * hk, d), dtype, device, seed=12)
+    out = kernel.fa3.flash_attn_qkvpacked_func(packed, causal=True, num_heads_q=h)
+    q, k, v = packed.split([h, hk, hk], dim=2)
+    assert torch.equal(out, kernel.flash_attn_func(q, k, v, causal=True))
+    with pytest.raises(ValueError, match=r"^flash_attn_qkvpacked_func: with num_heads_q=3"):
+        kernel.fa3.flash_attn_qkvpacked_func(packed, num_heads_q=3)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_fa3_with_kvcache_is_the_fa2_function(kernel, device, paged):
+    """New keys appended into the caches in place and attended to, with page_table standing for
+    flash-attn 2's block_table: the same caches and outputs as the flash-attn 2 function."""
+    dtype = dtypes_for(device)[-1]
+    b, h, hk, d, new = 2, 4, 2, 64, 3
+    q = randn((b, new, h, d), dtype, device, seed=13)
+    k_new, v_new = (randn((b, new, hk, d), dtype, device, seed=i) for i in (14, 15))
+    seqlens = torch.tensor([5, 17], dtype=torch.int32, device=device)
+    if paged:
+        block = 16
+        k_cache, v_cache = (randn((4, block, hk, d), dtype, device, seed=i) for i in (16, 17))
+        table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32, device=device)
+    else:
+        k_cache, v_cache = (randn((b, 32, hk, d), dtype, device, seed=i) for i in (16, 17))
+        table = None
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    out, lse = kernel.fa3.flash_attn_with_kvcache(
+        q,
+        *caches[0],
+        k_new,
+        v_new,
+        cache_seqlens=seqlens,
+        page_table=table,
+        causal=True,
+        return_softmax_lse=True,
+    )
+    want, want_lse = kernel.flash_attn_with_kvcache(
+        q,
+        *caches[1],
+        k_new,
+        v_new,
+        cache_seqlens=seqlens,
+        block_table=table,
+        causal=True,
+        return_softmax_lse=True,
+    )
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert all(torch.equal(x, y) for x, y in zip(*caches))
+    assert not torch.equal(caches[0][0], k_cache)  # the new keys were written
+    with pytest.raises(NotImplementedError, match="^flash_attn_with_kvcache: cu_seqlens_q"):
+        kernel.fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cu_seqlens_q=seqlens)
+
+
 def test_fa3_compiles_without_graph_breaks(kernel, device):
     q, k, v = _qkv(device, dtypes_for(device)[-1])
 

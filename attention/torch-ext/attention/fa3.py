@@ -7,10 +7,14 @@ What differs from the flash-attn 2 functions of this package (``flash_attn_inter
 - FA3's parameter order (``softmax_scale`` fourth, no ``dropout_p`` or ``alibi_slopes``) and
   return convention: ``out``, or ``(out, softmax_lse)`` with ``return_attn_probs=True``;
 - ``num_splits``, ``pack_gqa`` and ``sm_margin`` are FA3's scheduling hints: accepted, and the
-  kernels choose for themselves;
+  kernels choose for themselves (``flash_attn_with_kvcache`` passes ``num_splits`` on as the
+  split-KV count, as the flash-attn 2 one takes it);
 - ``s_aux`` (attention sinks, vllm-flash-attn3's) as in the flash-attn 2 functions;
 - not available, each a NotImplementedError naming it: ``qv``, ``q_descale`` / ``k_descale`` /
   ``v_descale`` (FA3's fp8 forward), ``attention_chunk``, ``seqused_q``.
+``flash_attn_qkvpacked_func`` and ``flash_attn_with_kvcache`` (``page_table`` for flash-attn 2's
+``block_table``) complete FA3's public functions but ``flash_attn_combine`` and
+``get_scheduler_metadata``, which serve its own split scheduling.
 The private ``_flash_attn_forward`` / ``_flash_attn_backward`` take FA3's argument lists (what
 diffusers' context-parallel ops call); ``flash_attn_interface`` names this module, so the
 attribute paths of FA3's kernel (``flash_attn_interface._flash_attn_forward``) resolve here too.
@@ -23,7 +27,12 @@ import torch
 
 from . import flash_attn_interface as _fa2
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_with_kvcache",
+]
 
 # FA3's kernel package exposes these functions at its top level and in its flash_attn_interface
 # submodule; here both are this module.
@@ -149,6 +158,133 @@ def flash_attn_varlen_func(
         s_aux=s_aux,
     )
     return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: Tuple[Optional[int], Optional[int]] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    num_heads_q: Optional[int] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+):
+    """FA3 ``flash_attn_qkvpacked_func``: qkv ``[B, S, 3, H, D]``, or with ``num_heads_q`` ``[B,
+    S, H + 2 H_kv, D]`` (the query heads, then the key heads, then the value heads; GQA). Views,
+    no copy. Returns out, or ``(out, softmax_lse)`` with ``return_attn_probs``."""
+    op = "flash_attn_qkvpacked_func"
+    _unsupported(
+        op,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        attention_chunk=attention_chunk,
+    )
+    if num_heads_q is None:
+        if qkv.dim() != 5 or qkv.shape[2] != 3:
+            raise ValueError(f"{op}: qkv must be [B, S, 3, H, D], got {list(qkv.shape)}")
+        q, k, v = qkv.unbind(2)
+    else:
+        heads_kv = (qkv.shape[2] - num_heads_q) // 2 if qkv.dim() == 4 else -1
+        if heads_kv <= 0 or num_heads_q + 2 * heads_kv != qkv.shape[2]:
+            raise ValueError(
+                f"{op}: with num_heads_q={num_heads_q}, qkv must be [B, S, num_heads_q + 2 H_kv, "
+                f"D], got {list(qkv.shape)}"
+            )
+        q, k, v = qkv.split([num_heads_q, heads_kv, heads_kv], dim=2)
+    return flash_attn_func(
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        window_size=window_size,
+        softcap=softcap,
+        deterministic=deterministic,
+        return_attn_probs=return_attn_probs,
+    )
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    qv: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens=None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[Optional[int], Optional[int]] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    pack_gqa: Optional[bool] = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    s_aux: Optional[torch.Tensor] = None,
+):
+    """FA3 ``flash_attn_with_kvcache`` (inference): the flash-attn 2 function of this package
+    (``flash_attn_interface.flash_attn_with_kvcache``: appends ``k`` / ``v`` into the caches in
+    place, rotary, ``cache_batch_idx``, ``cache_leftpad``, paged caches) under FA3's names:
+    ``page_table`` is flash-attn 2's ``block_table``, ``num_splits`` the split-KV count (0: the
+    kernel's choice). Returns out, or ``(out, softmax_lse)`` with ``return_softmax_lse``. Packed
+    queries (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``) and ``rotary_seqlens`` are
+    not supported."""
+    _unsupported(
+        "flash_attn_with_kvcache",
+        qv=qv,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k_new=cu_seqlens_k_new,
+        max_seqlen_q=max_seqlen_q,
+        rotary_seqlens=rotary_seqlens,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        attention_chunk=attention_chunk,
+        scheduler_metadata=scheduler_metadata,
+    )
+    return _fa2.flash_attn_with_kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        cache_seqlens=cache_seqlens,
+        cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad,
+        block_table=page_table,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+        rotary_interleaved=rotary_interleaved,
+        num_splits=num_splits,
+        return_softmax_lse=return_softmax_lse,
+        s_aux=s_aux,
+    )
 
 
 def _flash_attn_forward(
