@@ -1,5 +1,6 @@
-"""Attention forward kernels with flash-attn 2's Python API, vLLM's paged KV-cache writers, and the
-entry points transformers and diffusers load from a Hub kernel.
+"""Attention kernels (forward and backward) with flash-attn 2's and FlashAttention-3's Python APIs,
+vLLM's paged KV-cache writers, and the entry points transformers and diffusers load from a Hub
+kernel.
 
 Math (kernel_src/attention_params.h): per query row i and visible key j, s_j = softmax_scale *
 <q_i, k_j>, optionally softcapped (softcap * tanh(s_j / softcap)) and biased by ALiBi
