@@ -199,6 +199,11 @@ def test_fa3_unsupported_arguments_raise_naming_them(kernel, device, name, kwarg
         kernel.fa3.flash_attn_varlen_func(pq, pk, pv, cu_q, cu_k, 7, 7, seqused_q=cu_q[1:])
     with pytest.raises(NotImplementedError, match="^_flash_attn_forward: page_table"):
         kernel.fa3._flash_attn_forward(q, k, v, *(None,) * 11, cu_q, *(None,) * 8, 0.125, False)
+    # key lengths without packed sequences: the dense forward has none to honour
+    with pytest.raises(
+        NotImplementedError, match="^_flash_attn_forward without cu_seqlens_q: seqused_k"
+    ):
+        kernel.fa3._flash_attn_forward(q, k, v, *(None,) * 8, cu_q, *(None,) * 11, 0.125, False)
 
 
 def test_fa3_qkvpacked(kernel, device):

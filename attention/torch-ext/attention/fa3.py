@@ -348,26 +348,26 @@ def _flash_attn_forward(
         scheduler_metadata=scheduler_metadata,
     )
     if cu_seqlens_q is None:
-        result, lse, _, _ = _fa2._flash_attn_forward(
-            q, k, v, 0.0, softmax_scale, causal, window_size_left, window_size_right, softcap
-        )
+        # the flash-attn 2 dense forward has no key lengths: a dense seqused_k must not be dropped
+        _unsupported(f"{op} without cu_seqlens_q", seqused_k=seqused_k)
+        forward, packed, lengths = _fa2._flash_attn_forward, (), {}
     else:
-        result, lse, _, _ = _fa2._flash_attn_varlen_forward(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            0.0,
-            softmax_scale,
-            causal,
-            window_size_left,
-            window_size_right,
-            softcap,
-            seqused_k=seqused_k,
-        )
+        forward = _fa2._flash_attn_varlen_forward
+        packed = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        lengths = {"seqused_k": seqused_k}
+    result, lse, _, _ = forward(
+        q,
+        k,
+        v,
+        *packed,
+        0.0,
+        softmax_scale,
+        causal,
+        window_size_left,
+        window_size_right,
+        softcap,
+        **lengths,
+    )
     if out is not None:
         out.copy_(result)
         result = out
@@ -405,47 +405,28 @@ def _flash_attn_backward(
     _unsupported(op, seqused_q=seqused_q, seqused_k=seqused_k)
     dq, dk, dv = (torch.empty_like(x) if g is None else g for g, x in ((dq, q), (dk, k), (dv, v)))
     if cu_seqlens_q is None:
-        softmax_d = _fa2._flash_attn_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            softmax_lse,
-            dq,
-            dk,
-            dv,
-            0.0,
-            softmax_scale,
-            causal,
-            window_size_left,
-            window_size_right,
-            softcap,
-            None,
-            deterministic,
-        )
+        backward, packed = _fa2._flash_attn_backward, ()
     else:
-        softmax_d = _fa2._flash_attn_varlen_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            softmax_lse,
-            dq,
-            dk,
-            dv,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            0.0,
-            softmax_scale,
-            causal,
-            window_size_left,
-            window_size_right,
-            softcap,
-            None,
-            deterministic,
-        )
+        backward = _fa2._flash_attn_varlen_backward
+        packed = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    softmax_d = backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        softmax_lse,
+        dq,
+        dk,
+        dv,
+        *packed,
+        0.0,
+        softmax_scale,
+        causal,
+        window_size_left,
+        window_size_right,
+        softcap,
+        None,
+        deterministic,
+    )
     return dq, dk, dv, softmax_d
