@@ -3,6 +3,8 @@
     compute-sanitizer --tool memcheck --error-exitcode 9 python quant/tests/sanitize.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python quant/tests/sanitize.py
 
+    compute-sanitizer --tool memcheck --error-exitcode 9 python quant/tests/sanitize.py --int4-only
+
 Each tensor is an exact-size allocation (PyTorch's caching allocator is switched off), so a read
 or write past a row, a scale vector or the output leaves its allocation and memcheck reports it.
 The shapes put M, N and K off every tile size: partial tiles in both modes, the swapped decode
@@ -12,6 +14,7 @@ tiles, the blockwise scale rows that need padding. Both GEMM families run: the H
 """
 
 import os
+import sys
 from pathlib import Path
 
 # Before CUDA starts: every tensor its own cudaMalloc, so memcheck sees a tensor's exact end.
@@ -69,11 +72,44 @@ def run_quantize_ops(quant) -> None:
             quant.per_token_group_quant_fp8(x, 8)
 
 
+# int4 (M, K, N, group size): both main loops (M <= 8 plain streams through registers, 16-token
+# tiles and the gated form through the shared-memory ring), split K (N of one tile, long K, splits
+# that start inside a group), partial token tiles, groups of 16 to 128.
+INT4_SHAPES = [
+    (1, 2048, 64, 128),
+    (1, 1104, 64, 48),
+    (5, 400, 192, 16),
+    (12, 1024, 128, 64),
+    (40, 208, 256, 16),
+]
+
+
+def run_int4(quant) -> None:
+    for m, k, n, group in INT4_SHAPES:
+        for dtype in (torch.bfloat16, torch.float16):
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            codes = torch.randint(0, 16, (k, n), device="cuda", dtype=torch.uint8)
+            w = quant.int4_pack(codes)
+            scales = (torch.rand(k // group, n, device="cuda") * 0.01 + 1e-3).to(dtype)
+            zeros = torch.randint(0, 16, (k // group, n), device="cuda").to(dtype)
+            bias = torch.randn(n, device="cuda", dtype=dtype)
+            quant.w4a16_gemm(a, w, scales)
+            quant.w4a16_gemm(a, w, scales, zeros, bias=bias, activation="gelu")
+            if n % 128 == 0:
+                quant.w4a16_gemm_gated(a, w, scales, zeros, bias=bias)
+            quant.int4_unpack(w)
+
+
 def main() -> None:
     quant = kernels.get_local_kernel(
         Path(__file__).resolve().parent.parent / "build", backend="cuda"
     )
     torch.manual_seed(0)
+    run_int4(quant)
+    if "--int4-only" in sys.argv:
+        torch.cuda.synchronize()
+        print("quant sanitize: the int4 kernels ran")
+        return
     run_quantize_ops(quant)
     for path in ("auto", "sm80"):
         quant.ops._set_scaled_mm_path(path)
