@@ -39,8 +39,6 @@ constexpr int kTileN = static_cast<int>(w4::kTileN);
 // A split of K keeps at least this many 16-k steps per warp (fewer and the pipeline's fill and
 // the reduction cost more than the streaming they spread).
 constexpr int64_t kMinStepsPerWarp = 8;
-// The grid aims at this many CTAs per SM, enough bytes in flight to cover DRAM latency.
-constexpr int kCtasPerSm = 4;
 // Steps in flight per warp in the stream main loop (4 and 8 measured slower: benchmarks/NOTES.md).
 constexpr int kStreamDepth = 6;
 
@@ -201,7 +199,9 @@ struct Shape {
   static constexpr int kTokens8 = kTokens8_;
   static constexpr int kTokens = 8 * kTokens8;
   static constexpr bool kStream = kTiles == 1 && kTokens8 == 1;
-  // CTAs per SM the registers must allow (the ring's as before it had a sibling).
+  // CTAs per SM: the kernel's register budget (__launch_bounds__), and the wave the host's
+  // split of K fills. The accumulators of two tiles and 16 tokens take more than half the
+  // registers a CTA gets at 4 per SM.
   static constexpr int kMinCtas = kTiles == 1 ? 4 : kTokens8 == 1 ? 3 : 2;
   static constexpr int kStages = 8 / (kTiles * kTokens8) >= 4 ? 8 / (kTiles * kTokens8) : 4;
   // One ring stage of a warp: each lane's 16 bytes of each weight tile, then its two 32-bit
@@ -641,6 +641,16 @@ int64_t output_tiles(const W4A16GemmParams& p) {
 // Tokens per CTA: 8 when M <= 8 (one mma per 16 columns), else 16.
 int tile_tokens(const W4A16GemmParams& p) { return p.m <= 8 ? 8 : 16; }
 
+// The CTAs per SM of the instance that runs p (its register budget: Shape::kMinCtas). The split
+// of K aims at one full wave of them: enough bytes in flight to cover DRAM latency, no second
+// wave (the gated form at 4 CTAs per SM split gate_up 4096 -> 28672 at M = 1 in two and ran
+// 1.13 waves: 26.2 us, against 22.9 in one split).
+int ctas_per_sm(const W4A16GemmParams& p) {
+  const bool wide = tile_tokens(p) == 16;
+  if (p.gated) return wide ? Shape<2, 2>::kMinCtas : Shape<2, 1>::kMinCtas;
+  return wide ? Shape<1, 2>::kMinCtas : Shape<1, 1>::kMinCtas;
+}
+
 // The workspace: one counter per output tile, then (from the next 16 bytes) the partials, one
 // tokens x 64 float tile per weight tile, split and tile of tokens.
 size_t counter_bytes(int64_t tiles) {
@@ -689,8 +699,8 @@ cudaError_t w4_unpack(const W4PackParams& p, cudaStream_t stream) {
 
 W4A16Plan w4a16_plan(const W4A16GemmParams& p, int sm_count) {
   const int64_t tiles = output_tiles(p), steps = p.k / w4::kTileK;
-  // Split K until the grid has kCtasPerSm CTAs per SM, while each warp keeps kMinStepsPerWarp.
-  const int64_t by_grid = kCtasPerSm * static_cast<int64_t>(sm_count) / (tiles > 0 ? tiles : 1);
+  // Split K until the grid fills the SMs once, while each warp keeps kMinStepsPerWarp.
+  const int64_t by_grid = ctas_per_sm(p) * static_cast<int64_t>(sm_count) / (tiles > 0 ? tiles : 1);
   const int64_t by_steps = steps / (kWarps * kMinStepsPerWarp);
   const int64_t splits = by_grid < by_steps ? by_grid : by_steps;
   W4A16Plan plan{splits > 1 ? static_cast<int>(splits) : 1, 0};
