@@ -56,6 +56,17 @@ def _unsupported(op: str, **given) -> None:
             )
 
 
+def _fp8_and_chunks(q_descale, k_descale, v_descale, attention_chunk) -> dict:
+    """The FA3 arguments no entry point here honours (the fp8 forward's descales, chunked
+    attention), for _unsupported."""
+    return {
+        "q_descale": q_descale,
+        "k_descale": k_descale,
+        "v_descale": v_descale,
+        "attention_chunk": attention_chunk,
+    }
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -81,10 +92,7 @@ def flash_attn_func(
     _unsupported(
         "flash_attn_func",
         qv=qv,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
-        attention_chunk=attention_chunk,
+        **_fp8_and_chunks(q_descale, k_descale, v_descale, attention_chunk),
     )
     out, lse, _ = _fa2.flash_attn_func(
         q,
@@ -135,10 +143,7 @@ def flash_attn_varlen_func(
         "flash_attn_varlen_func",
         seqused_q=seqused_q,
         qv=qv,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
-        attention_chunk=attention_chunk,
+        **_fp8_and_chunks(q_descale, k_descale, v_descale, attention_chunk),
     )
     out, lse, _ = _fa2.flash_attn_varlen_func(
         q,
@@ -181,10 +186,7 @@ def flash_attn_qkvpacked_func(
     op = "flash_attn_qkvpacked_func"
     _unsupported(
         op,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
-        attention_chunk=attention_chunk,
+        **_fp8_and_chunks(q_descale, k_descale, v_descale, attention_chunk),
     )
     if num_heads_q is None:
         if qkv.dim() != 5 or qkv.shape[2] != 3:
@@ -258,10 +260,7 @@ def flash_attn_with_kvcache(
         cu_seqlens_k_new=cu_seqlens_k_new,
         max_seqlen_q=max_seqlen_q,
         rotary_seqlens=rotary_seqlens,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
-        attention_chunk=attention_chunk,
+        **_fp8_and_chunks(q_descale, k_descale, v_descale, attention_chunk),
         scheduler_metadata=scheduler_metadata,
     )
     return _fa2.flash_attn_with_kvcache(
@@ -341,10 +340,7 @@ def _flash_attn_forward(
         rotary_cos=rotary_cos,
         rotary_sin=rotary_sin,
         seqlens_rotary=seqlens_rotary,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
-        attention_chunk=attention_chunk,
+        **_fp8_and_chunks(q_descale, k_descale, v_descale, attention_chunk),
         scheduler_metadata=scheduler_metadata,
     )
     if cu_seqlens_q is None:
