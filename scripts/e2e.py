@@ -73,6 +73,18 @@ what it measured, and no measurement starts after ``--budget-s`` (540 s: a GPU c
 the first prefill / denoise shape, CUDA only; ``--no-profile`` skips it) gives the GPU time
 share per op family.
 
+Int4 weights (``--quant int4``, language models): the same run, but the variant set against
+eager and compile is the model's twin whose linears (all but lm_head) are the quant package's
+int4 ``QuantizedLinear`` (``replace_linear_with_quantized(model, "int4", group_size=...)``,
+round to nearest, symmetric): ``INT4_CONFIGS`` = eager, eager+int4, compile, compile+int4.
+Decode only unless ``--shapes`` names prefill shapes (the int4 GEMM is decode-first: above 16
+tokens it converts the weight again for every 16). The check compares the int4 twin with the
+float32 model that holds its dequantized weights (exact: (q - z) s), within K times the error of
+that model in bf16, as the kit's check does with the model's own weights.
+
+    python scripts/e2e.py --model llama --device cuda --size full --quant int4 \
+        --out results/e2e/llama-int4.json
+
 JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
 
     {
@@ -83,6 +95,9 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
                       "torch", "cuda", "transformers", "diffusers", "kernels", "python"},
       "kit": {"<kernel>": {"build": "<build id>", "variant", "version", "commit", "dirty"}},
       "kit_compile": ["<kernel>", ...],               # the kernels compile+kit maps in
+                                                      # (None with --quant int4)
+      "configs": ["eager", ...],                      # the configurations this run measured
+      "quant": None | {"quant": "int4", "group_size", "replaced": n, "skipped": {name: why}},
       "model_config": {...},                          # the model's config as a dict
       "routes": {"rmsnorm": {class: count}, "activation": {class: count},
                  "rope": "<what was swapped>", "attention": "<how>"},
@@ -95,7 +110,7 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
            "kit_vs_bf16": {"max", "mean"}, "tolerance": {"max", "mean"}, "passed": bool}]},
       "measurements": [
           {"phase": "prefill"|"decode"|"denoise", "shape": "1x2048", "batch", "length",
-           "config": "eager"|"eager+kit"|"compile"|"compile+kit",
+           "config": "eager"|"eager+kit"|"compile"|"compile+kit" (or "eager+int4", "compile+int4"),
            "median_ms", "min_ms", "times_ms": [...], "first_call_s",
            "host_ms" (median time until a call returns to Python, before the GPU wait),
            "allocator" (CUDA: growth of the caching allocator's counters over the timed calls),
@@ -108,6 +123,7 @@ JSON schema (``schema: "e2e/1"``; times in ms unless named ``_s``):
       "speedups": [{"phase", "shape", "kit_vs_eager": eager / eager+kit,
                     "compile_kit_vs_compile": compile / compile+kit,
                     "compile_kit_vs_eager": eager / compile+kit}],   # >1: faster with the kit
+                                                      # (--quant int4: int4_vs_eager, ...)
       "profile": {"config", "phase", "shape", "total_us",    # profile_tools.family_table
                   "families": {"attention"|"gemm"|"rmsnorm"|"rope"|"activation"|"other":
                                {"us", "share", "launches", "top": [{"name", "us", "launches"}]}}},
@@ -141,6 +157,9 @@ KERNELS = ("rmsnorm", "rope", "activation", "attention")
 ORG = "open-kernels"
 ATTENTION_NAME = "open_kernels_attention"
 CONFIGS = ("eager", "eager+kit", "compile", "compile+kit")
+# --quant int4 (language models): the untouched model against its twin whose linears (all but
+# lm_head) are the quant package's int4 QuantizedLinear, rounded to nearest in groups.
+INT4_CONFIGS = ("eager", "eager+int4", "compile", "compile+int4")
 # The kit kernels compile+kit maps in. Under torch.compile, Inductor fuses RMSNorm, RoPE and the
 # activation with their neighbours (a residual add, the q / k norm, the gate multiply), which
 # opaque custom ops prevent; mapped in alone under compile they gave 0.97-1.02x (Llama-3-8B,
@@ -667,6 +686,61 @@ def run_check(spec, model32, kit: Kit, shape, dtype, device, prompt_tokens, deco
     return cases, model, kit_model, ref32
 
 
+def int4_twin(model, quant, group_size: int):
+    """A twin of `model` whose linears, all but lm_head, are the quant package's int4
+    QuantizedLinear (round to nearest, symmetric, groups of `group_size`); and the report of
+    replace_linear_with_quantized (what was replaced, what was left and why)."""
+    q_model = twin(model)
+    report = quant.replace_linear_with_quantized(
+        q_model, "int4", skip=("lm_head",), group_size=group_size
+    )
+    if not report.num_replaced:
+        raise SystemExit(f"--quant int4 replaced no linear: {report}")
+    return q_model, report
+
+
+def dequantized_weight(quant, layer) -> torch.Tensor:
+    """The float32 weight [N, K] that an int4 QuantizedLinear multiplies by: (q - z) s, exact in
+    float32 (a 5-bit integer times a 16-bit scale)."""
+    codes = quant.int4_unpack(layer.weight).float()  # [K, N]
+    s = layer.weight_scale.float().repeat_interleave(layer.group_size, 0)
+    z = 8.0 if layer.weight_zero is None else layer.weight_zero.float()
+    if layer.weight_zero is not None:
+        z = z.repeat_interleave(layer.group_size, 0)
+    w = (codes - z) * s
+    if layer.perm is not None:
+        unsorted = torch.empty_like(w)
+        unsorted[layer.perm.long()] = w
+        w = unsorted
+    return w.t().contiguous()
+
+
+def run_check_int4(spec, model32, quant, group_size, shape, dtype, device, decode=4):
+    """(cases, model in `dtype`, its int4 twin, report): the int4 twin against the float32 model
+    that holds its dequantized weights, within K times the error of that model in `dtype` (the
+    same comparison as the kit's check, with the int4 weights as the model's own)."""
+    model = model32.to(dtype)  # in place: model32 is the `dtype` model from here on
+    q_model, report = int4_twin(model, quant, group_size)
+    deq = copy.deepcopy(model).float()  # tensors of its own: `model` stays as it is
+    with torch.no_grad():
+        for name in report.replaced:
+            layer = q_model.get_submodule(name)
+            deq.get_submodule(name).weight.copy_(dequantized_weight(quant, layer))
+    label = "x".join(map(str, shape))
+    inputs = check_inputs(spec, model, shape, dtype, device, 0)
+    ref32 = outputs(spec, deq, inputs, decode=decode)
+    deq16 = deq.to(dtype)
+    ref16 = outputs(spec, deq16, inputs, decode=decode)
+    del deq, deq16
+    ours = outputs(spec, q_model, inputs, decode=decode)
+    names = {
+        "prefill": f"int4 prefill {label}",
+        "decode": f"int4 decode {decode} steps after {label}",
+    }
+    cases = [compare(names[key], ref32[key], ref16[key], ours[key]) for key in ref32]
+    return cases, model, q_model, report
+
+
 @contextlib.contextmanager
 def counting(kit: Kit, spec: Spec):
     """Counts the calls that reach the kit's rope and attention entry points (check only)."""
@@ -991,8 +1065,11 @@ def parse_args(argv=None):
         "--train", default="", help="training-step shapes batch x length (language models)"
     )
     p.add_argument("--check-shape", help="shape of the check's input")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="subset of " + ",".join(CONFIGS))
-    p.add_argument("--kernels", default=",".join(KERNELS), help="kit kernels to map in")
+    p.add_argument(
+        "--configs",
+        help=f"subset of {','.join(CONFIGS)} (with --quant int4: of {','.join(INT4_CONFIGS)})",
+    )
+    p.add_argument("--kernels", help=f"kit kernels to map in (default {','.join(KERNELS)})")
     p.add_argument(
         "--compile-kernels",
         default=",".join(COMPILE_KERNELS),
@@ -1021,6 +1098,14 @@ def parse_args(argv=None):
         help="prefill / denoise compilation: each repeated block (default) or the whole model",
     )
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument(
+        "--quant",
+        choices=["none", "int4"],
+        default="none",
+        help="int4: time the model against its int4 weight-only twin (INT4_CONFIGS; decode "
+        "only unless --shapes names prefill shapes) instead of against the kit",
+    )
+    p.add_argument("--group-size", type=int, default=128, help="int4 quantization group size")
     return p.parse_args(argv)
 
 
@@ -1047,18 +1132,26 @@ def main(argv=None) -> dict:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no GPU visible")
     dtype = getattr(torch, args.dtype or "bfloat16")
-    names = [k for k in args.kernels.split(",") if k]
-    configs = [c for c in args.configs.split(",") if c]
+    int4 = args.quant == "int4"
+    if int4 and spec.kind != "lm":
+        raise SystemExit("--quant int4 takes a language model (llama, qwen3)")
+    if int4 and (args.kernels is not None or args.train):
+        raise SystemExit("--quant int4 times the int4 twin alone: no --kernels, no --train")
+    names = ["quant"] if int4 else [k for k in (args.kernels or ",".join(KERNELS)).split(",") if k]
+    allowed = INT4_CONFIGS if int4 else CONFIGS
+    configs = [c for c in (args.configs or ",".join(allowed)).split(",") if c]
     for c in configs:
-        if c not in CONFIGS:
-            raise SystemExit(f"unknown configuration {c!r}; one of {CONFIGS}")
-    compile_names = compile_kernels(args.compile_kernels, names)
+        if c not in allowed:
+            raise SystemExit(f"unknown configuration {c!r}; one of {allowed}")
+    compile_names = [] if int4 else compile_kernels(args.compile_kernels, names)
     if "compile+kit" in configs and not compile_names:
         raise SystemExit(
             f"--compile-kernels {args.compile_kernels!r} names none of --kernels "
-            f"{args.kernels!r}: compile+kit would map nothing (pass --compile-kernels all)"
+            f"{','.join(names)!r}: compile+kit would map nothing (pass --compile-kernels all)"
         )
     prefill_default, decode_default, check_default = DEFAULTS[(spec.kind, args.size)]
+    if int4:
+        prefill_default = ""  # int4 is decode-first: M > 16 converts the weight per 16 tokens
     shapes = [
         parse_shape(s)
         for s in (args.shapes if args.shapes is not None else prefill_default).split(",")
@@ -1084,7 +1177,9 @@ def main(argv=None) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
         "environment": environment(device),
         "kit": {k: build_info(m) for k, m in kit_modules.items()},
-        "kit_compile": compile_names,
+        "kit_compile": None if int4 else compile_names,
+        "quant": None,  # --quant int4: {"quant", "group_size", "replaced", "skipped"}
+        "configs": configs,
         "model_config": {},
         "routes": {},
         "check": None,
@@ -1101,7 +1196,24 @@ def main(argv=None) -> dict:
         doc["model_config"] = config_dict(model32)
         doc["wall_s"]["build"] = round(time.perf_counter() - t0, 1)
         print(f"[e2e] {spec.cls} ({args.size}) built on {device} in {doc['wall_s']['build']} s")
-        if args.skip_check:
+        if int4:
+            if args.skip_check:
+                model = model32.to(dtype)
+                kit_model, report = int4_twin(model, kit_modules["quant"], args.group_size)
+            else:
+                cases, model, kit_model, report = run_check_int4(
+                    spec, model32, kit_modules["quant"], args.group_size, check_shape, dtype,
+                    device, decode=4 if decodes else 0,
+                )  # fmt: skip
+                doc["check"] = {"passed": all(c["passed"] for c in cases), "k": K, "cases": cases}
+            doc["quant"] = {
+                "quant": "int4",
+                "group_size": args.group_size,
+                "replaced": len(report.replaced),
+                "skipped": dict(report.skipped),
+            }
+            ref32 = None
+        elif args.skip_check:
             model = model32.to(dtype)
             kit_model = twin(model)
             kit.attach(kit_model, device=device)
@@ -1113,7 +1225,8 @@ def main(argv=None) -> dict:
                 decode=4 if decodes else 0,
             )  # fmt: skip
             doc["check"] = {"passed": all(c["passed"] for c in cases), "k": K, "cases": cases}
-            for c in cases:
+        if doc["check"] is not None:
+            for c in doc["check"]["cases"]:
                 print(
                     f"[e2e] check {c['name']}: kit-fp32 max {c['kit_vs_fp32']['max']:.3e} "
                     f"mean {c['kit_vs_fp32']['mean']:.3e}; tolerance ({K:g} x bf16-fp32) max "
@@ -1138,8 +1251,10 @@ def main(argv=None) -> dict:
             "compile": lambda: twin(model),
             "eager+kit": lambda: kit_model,
             "compile+kit": lambda: kit_twin("routes_compile", compile_names),
+            "eager+int4": lambda: kit_model,
+            "compile+int4": lambda: twin(kit_model),
         }
-        bases = {c: makers[c]() for c in CONFIGS}
+        bases = {c: makers[c]() for c in allowed}
         train_bases = {}
         if trains:  # the kit's training layers (and its attention where it trains)
             makers["eager+kit"] = lambda: kit_twin("routes_train", names, training=True)
@@ -1206,7 +1321,7 @@ def measure(args, spec, model, bases, kit, kit_kernels, configs, shapes, decodes
     measure_decode(args, model, bases, configs, decodes, device, doc, results, scopes)
     if trains:
         measure_train(args, spec, train_bases, configs, trains, device, doc, results, scopes)
-    doc["speedups"] = speedups(doc["measurements"])
+    doc["speedups"] = speedups(doc["measurements"], "int4" if doc.get("quant") else "kit")
     results.save()
 
 
@@ -1449,7 +1564,7 @@ def decode_setup(step, prefill_model, shape, args, device):
 
 def record(doc, results, row):
     doc["measurements"].append(row)
-    doc["speedups"] = speedups(doc["measurements"])
+    doc["speedups"] = speedups(doc["measurements"], "int4" if doc.get("quant") else "kit")
     results.save()
     extra = f", {row['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in row else ""
     if "syncs" in row:  # CUDA: where the host time went (time_calls)
@@ -1472,16 +1587,20 @@ def fail(doc, results, what, e):
         torch.cuda.empty_cache()
 
 
-def speedups(rows) -> list[dict]:
+def speedups(rows, variant: str = "kit") -> list[dict]:
+    """Per phase and shape, the ratios of the variant's configurations ("kit", or "int4" for
+    --quant int4) to eager and compile: `<v>_vs_eager`, `compile_<v>_vs_compile` and
+    `compile_<v>_vs_eager` (above 1: the variant is faster)."""
     by = {(r["phase"], r["shape"], r["config"]): r["median_ms"] for r in rows}
     out = []
     for phase, shape in dict.fromkeys((r["phase"], r["shape"]) for r in rows):
-        t = {c: by.get((phase, shape, c)) for c in CONFIGS}
+        t = {c: by.get((phase, shape, c)) for c in ("eager", "compile", f"eager+{variant}",
+                                                    f"compile+{variant}")}  # fmt: skip
         entry = {"phase": phase, "shape": shape}
         for key, num, den in (
-            ("kit_vs_eager", "eager", "eager+kit"),
-            ("compile_kit_vs_compile", "compile", "compile+kit"),
-            ("compile_kit_vs_eager", "eager", "compile+kit"),
+            (f"{variant}_vs_eager", "eager", f"eager+{variant}"),
+            (f"compile_{variant}_vs_compile", "compile", f"compile+{variant}"),
+            (f"compile_{variant}_vs_eager", "eager", f"compile+{variant}"),
         ):
             entry[key] = t[num] / t[den] if t[num] and t[den] else None
         out.append(entry)

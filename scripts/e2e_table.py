@@ -13,7 +13,6 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path("results") / "e2e"
-CONFIGS = ("eager", "eager+kit", "compile", "compile+kit")
 TITLES = {
     ("llama", "full"): "Llama-3-8B",
     ("qwen3", "full"): "Qwen3-8B",
@@ -32,17 +31,19 @@ def _ratio(value) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
 
-def _check_line(doc: dict) -> str:
+def _check_line(doc: dict, variant: str) -> str:
     check = doc.get("check")
     if not check:
         return "Check: skipped."
     parts = [
-        f"{c['name']}: kit−fp32 max {c['kit_vs_fp32']['max']:.2g} ≤ {c['tolerance']['max']:.2g}, "
-        f"mean {c['kit_vs_fp32']['mean']:.2g} ≤ {c['tolerance']['mean']:.2g}"
+        f"{c['name']}: {variant}−fp32 max {c['kit_vs_fp32']['max']:.2g} ≤ "
+        f"{c['tolerance']['max']:.2g}, mean {c['kit_vs_fp32']['mean']:.2g} ≤ "
+        f"{c['tolerance']['mean']:.2g}"
         for c in check["cases"]
     ]
     verdict = "passed" if check["passed"] else "FAILED"
-    return f"Check {verdict} (tolerance {check['k']:g} × the model's own bf16−fp32 error): " + (
+    own = "the model's own" if variant == "kit" else "the dequantized-weight model's own"
+    return f"Check {verdict} (tolerance {check['k']:g} × {own} bf16−fp32 error): " + (
         "; ".join(parts)
     )
 
@@ -50,6 +51,12 @@ def _check_line(doc: dict) -> str:
 def render(doc: dict) -> str:
     env = doc["environment"]
     title = TITLES.get((doc["model"], doc["size"]), f"{doc['model']} ({doc['size']})")
+    # The variant set against eager and compile: the kit, or (--quant int4) the int4 twin.
+    quant = doc.get("quant")
+    variant = "int4" if quant else "kit"
+    configs = ("eager", f"eager+{variant}", "compile", f"compile+{variant}")
+    if quant:
+        title += f", int4 weights (groups of {quant['group_size']}, {quant['replaced']} linears)"
     commit = env["commit"][:12] + (" (dirty)" if env.get("dirty") else "")
     lines = [
         f"**{title}** — {env['device']}, {doc['dtype']}, torch {env['torch']}, transformers "
@@ -59,19 +66,20 @@ def render(doc: dict) -> str:
         + ".",
         "",
         "| phase | shape | "
-        + " | ".join(f"{c} (ms)" for c in CONFIGS)
-        + " | kit vs eager | compile+kit vs compile |",
-        "|---|---|" + "---:|" * (len(CONFIGS) + 2),
+        + " | ".join(f"{c} (ms)" for c in configs)
+        + f" | {variant} vs eager | compile+{variant} vs compile |",
+        "|---|---|" + "---:|" * (len(configs) + 2),
     ]
     times = {(m["phase"], m["shape"], m["config"]): m["median_ms"] for m in doc["measurements"]}
     for s in doc["speedups"]:
-        cells = [_ms(times.get((s["phase"], s["shape"], c))) for c in CONFIGS]
+        cells = [_ms(times.get((s["phase"], s["shape"], c))) for c in configs]
         lines.append(
             f"| {s['phase']} | {s['shape']} | "
             + " | ".join(cells)
-            + f" | {_ratio(s['kit_vs_eager'])} | {_ratio(s['compile_kit_vs_compile'])} |"
+            + f" | {_ratio(s[f'{variant}_vs_eager'])}"
+            + f" | {_ratio(s[f'compile_{variant}_vs_compile'])} |"
         )
-    lines += ["", _check_line(doc)]
+    lines += ["", _check_line(doc, variant)]
     compiled = doc.get("kit_compile")
     if compiled is not None and set(compiled) != set(doc["kit"]):
         lines.append(

@@ -393,3 +393,52 @@ def test_time_interleaved_takes_turns_and_keeps_the_others():
     untimed = ["a", "a", "[", "b", "]", "[", "b", "]"]  # first call and one warm-up each
     rounds = [["a", "[", "b", "]"], ["[", "b", "]", "a"]] * 2
     assert log == untimed + [x for r in rounds for x in r]
+
+
+def test_int4_run_checks_and_times_the_int4_twin(isolated, tmp_path):
+    """--quant int4 (tiny, CPU, eager configurations): every linear but lm_head becomes an int4
+    QuantizedLinear, the check against the dequantized float32 model passes, the decode rows
+    and their ratio are written, and the table names the int4 columns."""
+    import e2e_table
+
+    # load_kit adds the quant build to LOCAL_KERNELS: put it back as it was afterwards.
+    isolated.setenv("LOCAL_KERNELS", os.environ.get("LOCAL_KERNELS", ""))
+    out = tmp_path / "results" / "e2e" / "llama-int4.json"
+    e2e.main(["--model", "llama", "--device", "cpu", "--quant", "int4", "--group-size", "32",
+              "--configs", "eager,eager+int4", "--out", str(out), "--decode-iters", "2"])  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and not doc["errors"], doc["errors"]
+    assert set(doc["kit"]) == {"quant"} and doc["configs"] == ["eager", "eager+int4"]
+    # 2 layers x (q, k, v, o, gate, up, down); lm_head is left.
+    assert doc["quant"]["replaced"] == 14 and set(doc["quant"]["skipped"]) == {"lm_head"}
+    assert doc["check"]["passed"] and len(doc["check"]["cases"]) == 2, doc["check"]
+    rows = {(m["phase"], m["shape"], m["config"]) for m in doc["measurements"]}
+    assert rows == {("decode", "1x32", "eager"), ("decode", "1x32", "eager+int4")}
+    assert doc["speedups"][0]["int4_vs_eager"] > 0
+    table = e2e_table.generated_readme("<!-- BEGIN e2e -->\n<!-- END e2e -->\n", root=tmp_path)
+    assert "| eager+int4 (ms) |" in table and "| int4 vs eager |" in table, table
+    assert "int4 weights (groups of 32, 14 linears)" in table, table
+
+
+def test_int4_check_catches_wrong_int4_weights(isolated):
+    """The int4 check fails when the twin computes with other weights than the ones it reports:
+    the dequantized reference is taken with every scale doubled."""
+    isolated.setenv("LOCAL_KERNELS", os.environ.get("LOCAL_KERNELS", ""))
+    quant = e2e.load_kit(["quant"])["quant"]
+    spec = e2e.SPECS["llama"]
+    real = e2e.dequantized_weight
+    isolated.setattr(e2e, "dequantized_weight", lambda q, layer: 2 * real(q, layer))
+    model32 = e2e.build_model(spec, "tiny", "cpu")
+    cases, *_ = e2e.run_check_int4(spec, model32, quant, 32, (1, 32), torch.bfloat16, "cpu", 0)
+    assert not any(c["passed"] for c in cases), cases
+
+
+def test_int4_mode_refuses_what_it_does_not_time():
+    for argv, message in (
+        (["--model", "ltx", "--quant", "int4"], "language model"),
+        (["--model", "llama", "--quant", "int4", "--train", "1x32"], "no --train"),
+        (["--model", "llama", "--quant", "int4", "--kernels", "rmsnorm"], "no --kernels"),
+        (["--model", "llama", "--quant", "int4", "--configs", "eager+kit"], "unknown config"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            e2e.main([*argv, "--device", "cpu"])
