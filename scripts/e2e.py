@@ -74,9 +74,10 @@ the first prefill / denoise shape, CUDA only; ``--no-profile`` skips it) gives t
 share per op family.
 
 Int4 weights (``--quant int4``, language models): the same run, but the variant set against
-eager and compile is the model's twin whose linears (all but lm_head) are the quant package's
-int4 ``QuantizedLinear`` (``replace_linear_with_quantized(model, "int4", group_size=...)``,
-round to nearest, symmetric): ``INT4_CONFIGS`` = eager, eager+int4, compile, compile+int4.
+eager and compile is the model's twin with int4 weights (``replace_linear_with_quantized(model,
+"int4", group_size=..., fuse_gated_mlp=True)``, round to nearest, symmetric): each MLP a
+``QuantizedGatedMLP`` (two kernels), every other linear but lm_head an int4
+``QuantizedLinear``. ``INT4_CONFIGS`` = eager, eager+int4, compile, compile+int4.
 Decode only unless ``--shapes`` names prefill shapes (the int4 GEMM is decode-first: above 16
 tokens it converts the weight again for every 16). The check compares the int4 twin with the
 float32 model that holds its dequantized weights (exact: (q - z) s), within K times the error of
@@ -687,12 +688,13 @@ def run_check(spec, model32, kit: Kit, shape, dtype, device, prompt_tokens, deco
 
 
 def int4_twin(model, quant, group_size: int):
-    """A twin of `model` whose linears, all but lm_head, are the quant package's int4
-    QuantizedLinear (round to nearest, symmetric, groups of `group_size`); and the report of
-    replace_linear_with_quantized (what was replaced, what was left and why)."""
+    """A twin of `model` whose gated MLPs are the quant package's QuantizedGatedMLP (gate and up
+    in one kernel with the activation in its epilogue, then down) and whose other linears, all
+    but lm_head, are int4 QuantizedLinear (round to nearest, symmetric, groups of `group_size`);
+    and the report of replace_linear_with_quantized (what was replaced, what was left and why)."""
     q_model = twin(model)
     report = quant.replace_linear_with_quantized(
-        q_model, "int4", skip=("lm_head",), group_size=group_size
+        q_model, "int4", skip=("lm_head",), group_size=group_size, fuse_gated_mlp=True
     )
     if not report.num_replaced:
         raise SystemExit(f"--quant int4 replaced no linear: {report}")
@@ -725,7 +727,14 @@ def run_check_int4(spec, model32, quant, group_size, shape, dtype, device, decod
     with torch.no_grad():
         for name in report.replaced:
             layer = q_model.get_submodule(name)
-            deq.get_submodule(name).weight.copy_(dequantized_weight(quant, layer))
+            if isinstance(layer, quant.QuantizedGatedMLP):  # its gate / up / down projections
+                gate, up = quant.unpack_gate_up(dequantized_weight(quant, layer.gate_up))
+                weights = {"gate_proj": gate, "up_proj": up}
+                weights["down_proj"] = dequantized_weight(quant, layer.down)
+                for attr, w in weights.items():
+                    deq.get_submodule(f"{name}.{attr}").weight.copy_(w)
+            else:
+                deq.get_submodule(name).weight.copy_(dequantized_weight(quant, layer))
     label = "x".join(map(str, shape))
     inputs = check_inputs(spec, model, shape, dtype, device, 0)
     ref32 = outputs(spec, deq, inputs, decode=decode)

@@ -56,7 +56,10 @@ def render(doc: dict) -> str:
     variant = "int4" if quant else "kit"
     configs = ("eager", f"eager+{variant}", "compile", f"compile+{variant}")
     if quant:
-        title += f", int4 weights (groups of {quant['group_size']}, {quant['replaced']} linears)"
+        title += (
+            f", int4 weights (groups of {quant['group_size']}, {quant['replaced']} modules "
+            "replaced)"
+        )
     commit = env["commit"][:12] + (" (dirty)" if env.get("dirty") else "")
     lines = [
         f"**{title}** — {env['device']}, {doc['dtype']}, torch {env['torch']}, transformers "

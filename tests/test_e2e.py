@@ -409,15 +409,15 @@ def test_int4_run_checks_and_times_the_int4_twin(isolated, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["complete"] and not doc["errors"], doc["errors"]
     assert set(doc["kit"]) == {"quant"} and doc["configs"] == ["eager", "eager+int4"]
-    # 2 layers x (q, k, v, o, gate, up, down); lm_head is left.
-    assert doc["quant"]["replaced"] == 14 and set(doc["quant"]["skipped"]) == {"lm_head"}
+    # 2 layers x (q, k, v, o and the fused MLP); lm_head is left.
+    assert doc["quant"]["replaced"] == 10 and set(doc["quant"]["skipped"]) == {"lm_head"}
     assert doc["check"]["passed"] and len(doc["check"]["cases"]) == 2, doc["check"]
     rows = {(m["phase"], m["shape"], m["config"]) for m in doc["measurements"]}
     assert rows == {("decode", "1x32", "eager"), ("decode", "1x32", "eager+int4")}
     assert doc["speedups"][0]["int4_vs_eager"] > 0
     table = e2e_table.generated_readme("<!-- BEGIN e2e -->\n<!-- END e2e -->\n", root=tmp_path)
     assert "| eager+int4 (ms) |" in table and "| int4 vs eager |" in table, table
-    assert "int4 weights (groups of 32, 14 linears)" in table, table
+    assert "int4 weights (groups of 32, 10 modules replaced)" in table, table
 
 
 def test_int4_check_catches_wrong_int4_weights(isolated):

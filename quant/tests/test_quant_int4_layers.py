@@ -6,7 +6,7 @@ reloaded from a GPTQ state_dict), and errors."""
 import pytest
 import torch
 import torch.nn as nn
-from quant_linear_cases import cosine
+from quant_linear_cases import cosine, random_input, random_linear
 from test_quant_int4_ops import F32_ROUNDOFF, UNIT_ROUNDOFF, awq_checkpoint, gen, gptq_checkpoint
 
 COMPILE_BACKEND = {"cpu": "aot_eager", "cuda": "inductor"}
@@ -190,6 +190,89 @@ def test_tiny_llama(kernel, int4_device, fmt):
         kernel.replace_linear_with_quantized(other, "int4", group_size=group, zero_point=zero_point)
         assert len(kernel.load_int4_checkpoint(other, state, fmt)) == 14
         assert torch.equal(other(ids).logits, got)
+
+
+@pytest.mark.parametrize("zero_point", [False, True], ids=["sym", "zeros"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_gated_mlp_holds_the_separate_layers(kernel, int4_device, zero_point, bias):
+    """QuantizedGatedMLP.from_linears: gate_up holds exactly the codes, scales, zeros and biases
+    of int4 QuantizedLinears of gate and of up, interleaved in blocks of 64 features, and down
+    those of down's; forward is down(w4a16_gemm_gated(x, gate_up)) bit for bit."""
+    gate = random_linear(256, 192, bias, int4_device, seed=1)
+    up = random_linear(256, 192, bias, int4_device, seed=2)
+    down = random_linear(192, 256, bias, int4_device, seed=3)
+    mlp = kernel.QuantizedGatedMLP.from_linears(
+        gate, up, down, "gelu_tanh", group_size=64, zero_point=zero_point
+    )
+    args = dict(quant="int4", group_size=64, zero_point=zero_point)
+    g, u = (kernel.QuantizedLinear.from_linear(lin, **args) for lin in (gate, up))
+    d = kernel.QuantizedLinear.from_linear(down, **args)
+
+    def interleaved(a, b):  # [rows, N] tables, as pack_gate_up interleaves output features
+        return kernel.pack_gate_up(a.t(), b.t()).t()
+
+    codes = kernel.int4_unpack
+    assert torch.equal(codes(mlp.gate_up.weight), interleaved(codes(g.weight), codes(u.weight)))
+    assert torch.equal(mlp.gate_up.weight_scale, interleaved(g.weight_scale, u.weight_scale))
+    if zero_point:
+        assert torch.equal(mlp.gate_up.weight_zero, interleaved(g.weight_zero, u.weight_zero))
+    if bias:
+        assert torch.equal(mlp.gate_up.bias, kernel.pack_gate_up(g.bias, u.bias))
+    for name in ("weight", "weight_scale", "weight_zero", "bias"):
+        a, b = getattr(mlp.down, name), getattr(d, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+
+    x = random_input((3, 5, 256), torch.bfloat16, int4_device)
+    gu = mlp.gate_up
+    h = kernel.w4a16_gemm_gated(
+        x.reshape(15, 256), gu.weight, gu.weight_scale, gu.weight_zero, bias=gu.bias,
+        activation="gelu_tanh",
+    )  # fmt: skip
+    assert torch.equal(mlp(x), d(h).reshape(3, 5, 256))
+    assert mlp(x.float()).dtype == torch.float32
+
+
+def test_tiny_llama_fused_gated_mlp(kernel, int4_device):
+    """replace_linear_with_quantized(..., fuse_gated_mlp=True) on a tiny Llama: each layer's MLP
+    becomes a QuantizedGatedMLP (the other projections QuantizedLinears), the logits agree with
+    the unfused int4 model's (the same quantized weights; only the rounding of the MLP's
+    intermediate differs: cosine >= 0.999), and the model compiles with fullgraph."""
+    pytest.importorskip("transformers")
+    ids = torch.randint(0, 128, (2, 11), generator=gen(9)).to(int4_device)
+    unfused, fused = tiny_llama(int4_device), tiny_llama(int4_device)
+    with torch.no_grad():
+        kernel.replace_linear_with_quantized(unfused, "int4", group_size=64)
+        report = kernel.replace_linear_with_quantized(
+            fused, "int4", group_size=64, fuse_gated_mlp=True
+        )
+        mlps = [f"model.layers.{i}.mlp" for i in range(2)]
+        assert set(mlps) <= set(report.replaced) and report.num_replaced == 2 + 2 * 4
+        assert all(isinstance(fused.get_submodule(n), kernel.QuantizedGatedMLP) for n in mlps)
+        want, got = unfused(ids).logits, fused(ids).logits
+        assert cosine(got, want) >= 0.999
+        torch._dynamo.reset()
+        compiled = torch.compile(fused, fullgraph=True, backend=COMPILE_BACKEND[int4_device])
+        assert cosine(compiled(ids).logits, got) >= 0.9999
+
+
+def test_gated_mlp_errors(kernel, int4_device):
+    gate = random_linear(128, 128, False, int4_device)
+    up = random_linear(128, 128, False, int4_device)
+    with pytest.raises(ValueError, match="fuse_gated_mlp needs quant='int4'"):
+        kernel.replace_linear_with_quantized(torch.nn.Sequential(gate), "fp8", fuse_gated_mlp=True)
+    with pytest.raises(TypeError, match="down must be a torch.nn.Linear"):
+        kernel.QuantizedGatedMLP.from_linears(gate, up, torch.nn.Identity())
+    with pytest.raises(ValueError, match="gate and up must be"):
+        kernel.QuantizedGatedMLP.from_linears(
+            gate,
+            random_linear(128, 64, False, int4_device),
+            random_linear(128, 128, False, int4_device),
+        )
+    with pytest.raises(ValueError, match="activation must be one of"):
+        kernel.QuantizedGatedMLP(128, 128, "relu")
+    mlp = kernel.QuantizedGatedMLP(128, 128)
+    with pytest.raises(ValueError, match=r"x must have shape \[\.\.\., 128\]"):
+        mlp(torch.zeros(2, 64, device=int4_device))
 
 
 def test_errors(kernel, int4_device):

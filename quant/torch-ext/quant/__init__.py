@@ -59,6 +59,7 @@ from .int4 import (
 
 # The layers reach the functions below through the package, at call time.
 from .quantized_linear import (
+    QuantizedGatedMLP,
     QuantizedLinear,
     ReplaceReport,
     calibrate_input_scales,
@@ -94,6 +95,7 @@ __all__ = [
     "linear_gated",
     # W8A8 linear layers (quantized_linear.py)
     "QuantizedLinear",
+    "QuantizedGatedMLP",
     "ReplaceReport",
     "replace_linear_with_quantized",
     "calibrate_input_scales",

@@ -488,6 +488,149 @@ class QuantizedLinear(nn.Module):
         )
 
 
+# The act_fn classes of transformers' and torch's gated MLPs, by class name, and the fused
+# epilogue that computes them (exact gelu and its tanh form are different functions).
+_GATED_ACTIVATIONS = {
+    "SiLU": "silu",
+    "SiLUActivation": "silu",
+    "GELUTanh": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh",
+    "GELUActivation": "gelu",
+}
+
+
+def gated_activation(act_fn: nn.Module) -> Optional[str]:
+    """The epilogue name of a gated MLP's ``act_fn`` module, or None when no fused epilogue
+    computes it."""
+    if isinstance(act_fn, nn.GELU):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act_fn.approximate)
+    return _GATED_ACTIVATIONS.get(type(act_fn).__name__)
+
+
+class QuantizedGatedMLP(nn.Module):
+    """A gated MLP, ``down(act(x @ gate.T + b_g) * (x @ up.T + b_u))``, in two int4 kernels:
+    gate and up as one weight through ``w4a16_gemm_gated`` (the activation and the product in
+    its epilogue, so the [..., 2 I] product is never written), then ``down``.
+
+    ``gate_up`` is an int4 ``QuantizedLinear(hidden, 2 I)`` holding gate and up interleaved in
+    blocks of 64 output features (``pack_gate_up``'s order; its own forward would return the
+    product without the epilogue), ``down`` an int4 ``QuantizedLinear(I, hidden)``. I must be a
+    multiple of 64. ``forward(x)``: x ``[..., hidden]`` -> ``[..., hidden]`` of x's dtype.
+    """
+
+    def __init__(
+        self,
+        hidden_features: int,
+        intermediate_features: int,
+        activation: str = "silu",
+        *,
+        bias: bool = False,
+        group_size: int = 128,
+        zero_point: bool = False,
+        device=None,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS[1:]:
+            raise ValueError(
+                f"QuantizedGatedMLP: activation must be one of {ACTIVATIONS[1:]}, got "
+                f"{activation!r}"
+            )
+        args = dict(quant="int4", group_size=group_size, zero_point=zero_point, device=device)
+        self.gate_up = QuantizedLinear(
+            hidden_features, 2 * intermediate_features, bias=bias, dtype=dtype, **args
+        )
+        self.down = QuantizedLinear(
+            intermediate_features, hidden_features, bias=bias, dtype=dtype, **args
+        )
+        self.hidden_features = hidden_features
+        self.intermediate_features = intermediate_features
+        self.activation = activation
+
+    @classmethod
+    def from_linears(
+        cls,
+        gate: nn.Linear,
+        up: nn.Linear,
+        down: nn.Linear,
+        activation: str = "silu",
+        *,
+        group_size: int = 128,
+        zero_point: bool = False,
+        dtype: Optional[torch.dtype] = None,
+    ) -> "QuantizedGatedMLP":
+        """The MLP of `gate`, `up` and `down` (nn.Linear, biases on all three or on none),
+        quantized to nearest in groups of `group_size` on their device. Gate and up are
+        quantized as they are (each output feature's groups on its own), then interleaved."""
+        name = "QuantizedGatedMLP.from_linears"
+        for arg, linear in (("gate", gate), ("up", up), ("down", down)):
+            if not isinstance(linear, nn.Linear):
+                raise TypeError(
+                    f"{name}: {arg} must be a torch.nn.Linear, got {type(linear).__name__}"
+                )
+        if gate.weight.shape != up.weight.shape or down.weight.shape != gate.weight.t().shape:
+            raise ValueError(
+                f"{name}: gate and up must be [I, H] and down [H, I], got gate "
+                f"{list(gate.weight.shape)}, up {list(up.weight.shape)}, down "
+                f"{list(down.weight.shape)}"
+            )
+        biases = [lin.bias is not None for lin in (gate, up, down)]
+        if any(biases) and not all(biases):
+            raise ValueError(f"{name}: gate, up and down must all have a bias or none")
+        if dtype is None:
+            dtype = gate.weight.dtype if gate.weight.dtype in OUT_DTYPES else torch.bfloat16
+        layer = cls(
+            gate.in_features,
+            gate.out_features,
+            activation,
+            bias=all(biases),
+            group_size=group_size,
+            zero_point=zero_point,
+            device=gate.weight.device,
+            dtype=dtype,
+        )
+        bias = _package.pack_gate_up(gate.bias, up.bias) if gate.bias is not None else None
+        layer.gate_up.quantize_from_float(_package.pack_gate_up(gate.weight, up.weight), bias)
+        layer.down.quantize_from_float(down.weight, down.bias)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 1 or x.shape[-1] != self.hidden_features:
+            raise ValueError(
+                f"QuantizedGatedMLP.forward: x must have shape [..., {self.hidden_features}], "
+                f"got {list(x.shape)}"
+            )
+        if x.dtype not in INPUT_DTYPES:
+            raise ValueError(
+                f"QuantizedGatedMLP.forward: x must be bfloat16, float16 or float32, got "
+                f"{_dtype_name(x.dtype)}"
+            )
+        g = self.gate_up
+        rows = x.reshape(-1, self.hidden_features).to(g.weight_scale.dtype)
+        bias = g.bias.to(rows.dtype) if g.bias is not None else None
+        h = _package.w4a16_gemm_gated(
+            rows, g.weight, g.weight_scale, g.weight_zero, g.perm, bias, self.activation
+        )
+        return self.down(h).to(x.dtype).reshape(*x.shape[:-1], self.hidden_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_features={self.hidden_features}, "
+            f"intermediate_features={self.intermediate_features}, activation={self.activation!r}"
+        )
+
+
+def _gated_mlp_parts(module: nn.Module) -> Optional[Tuple[nn.Linear, nn.Linear, nn.Linear, str]]:
+    """(gate_proj, up_proj, down_proj, activation) of a transformers-style gated MLP (plain
+    nn.Linear projections and an act_fn with a fused epilogue), else None."""
+    parts = [getattr(module, attr, None) for attr in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(lin) is nn.Linear for lin in parts):
+        return None
+    act = getattr(module, "act_fn", None)
+    activation = gated_activation(act) if isinstance(act, nn.Module) else None
+    return None if activation is None else (*parts, activation)
+
+
 def _check_tensor_shape(name: str, arg: str, t, expected: Tuple[int, ...]) -> None:
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(expected):
         got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -539,12 +682,19 @@ def replace_linear_with_quantized(
     dtype: Optional[torch.dtype] = None,
     group_size: int = 128,
     zero_point: bool = False,
+    fuse_gated_mlp: bool = False,
 ) -> ReplaceReport:
     """Replace, in place, every ``torch.nn.Linear`` of `model` by a ``QuantizedLinear`` with its
     weight and bias quantized (``quant``: ``"fp8"``, ``"int8"`` or ``"fp8_block"``, dynamic
     activation scales that ``calibrate_input_scales`` makes static; or ``"int4"`` with
     ``group_size`` and ``zero_point``, rounded to nearest); returns a ``ReplaceReport``. Prints
     nothing.
+
+    ``fuse_gated_mlp`` (``int4`` only): first replace each transformers-style gated MLP (a module
+    with nn.Linear ``gate_proj``, ``up_proj`` and ``down_proj`` and an ``act_fn`` of silu, gelu
+    or tanh-gelu, as Llama's, Qwen3's, Mistral's and Gemma's) by a ``QuantizedGatedMLP``: two
+    kernels where the unfused MLP runs three GEMMs and the activation. The report names the MLP
+    module; an MLP whose shapes or name keep it out stays a module of linears.
 
     Left as they are, with the reason in the report: modules whose qualified name contains one
     of the ``skip`` substrings (default: ``lm_head``, whose logits are the most sensitive),
@@ -561,11 +711,31 @@ def replace_linear_with_quantized(
         raise ValueError(
             f"{name}: group_size must be one of {INT4_GROUP_SIZES}, got {group_size!r}"
         )
+    if fuse_gated_mlp and quant != "int4":
+        raise ValueError(f"{name}: fuse_gated_mlp needs quant='int4', got {quant!r}")
     int4_args = {"group_size": group_size, "zero_point": zero_point} if quant == "int4" else {}
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
     replaced, skipped = [], {}
+    for qualified, module in list(model.named_modules()) if fuse_gated_mlp else ():
+        parts = _gated_mlp_parts(module) if qualified else None
+        if parts is None:
+            continue
+        gate, up, down, activation = parts
+        # Every projection must fit on its own (the gated form needs I a multiple of 64 too).
+        problems = [
+            _skip_reason(f"{qualified}.{attr}", lin, quant, skip, group_size)
+            for attr, lin in (("gate_proj", gate), ("up_proj", up), ("down_proj", down))
+        ]
+        if any(problems) or up.weight.shape != gate.weight.shape:
+            continue  # the linear walk below reports each projection it leaves
+        parent_name, _, child = qualified.rpartition(".")
+        fused = QuantizedGatedMLP.from_linears(
+            gate, up, down, activation, dtype=dtype, group_size=group_size, zero_point=zero_point
+        )
+        setattr(model.get_submodule(parent_name), child, fused)
+        replaced.append(qualified)
     for qualified, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or not qualified:
             continue
