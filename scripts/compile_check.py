@@ -9,7 +9,9 @@ device code that does not compile from landing.
     python scripts/compile_check.py [KERNEL ...] [--arch 9.0a] [--jobs N] [--sample-instances]
 
 Each .cu of a `backend = "cuda"` component compiles with the flags scripts/build.py passes to
-nvcc (its include folders and cuda-flags from build.toml), in parallel, to a scratch folder.
+nvcc (its include folders and cuda-flags from build.toml), in parallel, to a scratch folder, and
+so does each torch-free driver under <kernel>/benchmarks/probe/ (with the flags of the kernel's
+first CUDA component).
 --sample-instances (what CI runs) compiles, of the translation units a kernel's
 kernel_src/generate_instances.py writes, only those it lists in CI_SAMPLE: one per kernel
 template, since the rest instantiate the same code with other tile constants and each is minutes
@@ -45,6 +47,7 @@ def cuda_sources(project: build.KernelProject) -> list[tuple[str, list[str]]]:
     cutlass = [
         flag for inc in build.cutlass_includes(project, "cuda") for flag in ("-isystem", str(inc))
     ]
+    probe_flags = None
     for comp in project.components:
         if comp.backend != "cuda":
             continue
@@ -54,7 +57,25 @@ def cuda_sources(project: build.KernelProject) -> list[tuple[str, list[str]]]:
         for rel in comp.src:
             if rel.endswith(".cu"):
                 jobs.append((rel, includes + list(comp.cuda_flags)))
-    return jobs
+        if probe_flags is None:  # the probes include the first CUDA component's headers
+            probe_flags = includes + list(comp.cuda_flags)
+    return jobs + (probe_sources(project, probe_flags) if probe_flags is not None else [])
+
+
+def probe_sources(project: build.KernelProject, flags: list[str]) -> list[tuple[str, list[str]]]:
+    """The torch-free standalone drivers under benchmarks/probe/ (kernel timings without torch,
+    built by hand on the GPU machine), with `flags`: compiled here so that a change of the
+    kernels' host API that breaks one does not land. Probes that include torch are built by
+    their Python scripts through torch's extension loader and are not compiled here."""
+    probes = sorted((project.path / "benchmarks" / "probe").glob("*.cu"))
+    return [
+        (str(path.relative_to(project.path)), flags)
+        for path in probes
+        if not any(
+            line.startswith("#include") and ("torch" in line or "c10/" in line)
+            for line in path.read_text().splitlines()
+        )
+    ]
 
 
 def generated_units_to_skip(project: build.KernelProject) -> set[str]:
