@@ -200,8 +200,8 @@ struct Shape {
   static constexpr int kTokens = 8 * kTokens8;
   static constexpr bool kStream = kTiles == 1 && kTokens8 == 1;
   // CTAs per SM: the kernel's register budget (__launch_bounds__), and the wave the host's
-  // split of K fills. The accumulators of two tiles and 16 tokens take more than half the
-  // registers a CTA gets at 4 per SM.
+  // split of K fills. The gated instances' accumulators (two tiles) need more registers than
+  // 4 CTAs an SM leave: 3 at 8 tokens, 2 at 16.
   static constexpr int kMinCtas = kTiles == 1 ? 4 : kTokens8 == 1 ? 3 : 2;
   static constexpr int kStages = 8 / (kTiles * kTokens8) >= 4 ? 8 / (kTiles * kTokens8) : 4;
   // One ring stage of a warp: each lane's 16 bytes of each weight tile, then its two 32-bit
