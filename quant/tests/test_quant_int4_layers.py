@@ -255,6 +255,28 @@ def test_tiny_llama_fused_gated_mlp(kernel, int4_device):
         assert cosine(compiled(ids).logits, got) >= 0.9999
 
 
+def test_fuse_gated_mlp_leaves_what_it_cannot_fuse(kernel, int4_device):
+    """An MLP-shaped module that from_linears would refuse (a bias on some projections only) is
+    not fused: its projections become QuantizedLinears one by one."""
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = random_linear(128, 128, True, int4_device)
+            self.up_proj = random_linear(128, 128, False, int4_device)
+            self.down_proj = random_linear(128, 128, False, int4_device)
+            self.act_fn = nn.SiLU()
+
+    model = nn.Sequential(MLP())
+    report = kernel.replace_linear_with_quantized(model, "int4", fuse_gated_mlp=True)
+    assert report.replaced == ("0.gate_proj", "0.up_proj", "0.down_proj")
+    assert all(
+        isinstance(m, kernel.QuantizedLinear)
+        for m in model[0].children()
+        if m is not model[0].act_fn
+    )
+
+
 def test_gated_mlp_errors(kernel, int4_device):
     gate = random_linear(128, 128, False, int4_device)
     up = random_linear(128, 128, False, int4_device)

@@ -621,10 +621,16 @@ class QuantizedGatedMLP(nn.Module):
 
 
 def _gated_mlp_parts(module: nn.Module) -> Optional[Tuple[nn.Linear, nn.Linear, nn.Linear, str]]:
-    """(gate_proj, up_proj, down_proj, activation) of a transformers-style gated MLP (plain
-    nn.Linear projections and an act_fn with a fused epilogue), else None."""
+    """(gate_proj, up_proj, down_proj, activation) of a transformers-style gated MLP that
+    QuantizedGatedMLP.from_linears takes (plain nn.Linear projections of [I, H], [I, H] and
+    [H, I], biases on all three or none, an act_fn with a fused epilogue), else None."""
     parts = [getattr(module, attr, None) for attr in ("gate_proj", "up_proj", "down_proj")]
     if not all(type(lin) is nn.Linear for lin in parts):
+        return None
+    gate, up, down = parts
+    if up.weight.shape != gate.weight.shape or down.weight.shape != gate.weight.t().shape:
+        return None
+    if len({lin.bias is None for lin in parts}) != 1:
         return None
     act = getattr(module, "act_fn", None)
     activation = gated_activation(act) if isinstance(act, nn.Module) else None
@@ -728,7 +734,7 @@ def replace_linear_with_quantized(
             _skip_reason(f"{qualified}.{attr}", lin, quant, skip, group_size)
             for attr, lin in (("gate_proj", gate), ("up_proj", up), ("down_proj", down))
         ]
-        if any(problems) or up.weight.shape != gate.weight.shape:
+        if any(problems):
             continue  # the linear walk below reports each projection it leaves
         parent_name, _, child = qualified.rpartition(".")
         fused = QuantizedGatedMLP.from_linears(
