@@ -706,9 +706,9 @@ def dequantized_weight(quant, layer) -> torch.Tensor:
     float32 (a 5-bit integer times a 16-bit scale)."""
     codes = quant.int4_unpack(layer.weight).float()  # [K, N]
     s = layer.weight_scale.float().repeat_interleave(layer.group_size, 0)
-    z = 8.0 if layer.weight_zero is None else layer.weight_zero.float()
+    z = 8.0
     if layer.weight_zero is not None:
-        z = z.repeat_interleave(layer.group_size, 0)
+        z = layer.weight_zero.float().repeat_interleave(layer.group_size, 0)
     w = (codes - z) * s
     if layer.perm is not None:
         unsorted = torch.empty_like(w)
